@@ -1,0 +1,25 @@
+"""jaxcd: JAX-native globally constrained decoding.
+
+Constraints (regex, JSON Schema, keywords, Python-style tool calls, explicit
+automata) compile on the host to tensorized automata over the LM's vocabulary;
+GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.gcd`).
+"""
+
+from . import errors, gcd
+from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
+                  compile_regex, compile_tool_call, walk_prefix)
+from .automata.fsa import DFA, NFA
+from .errors import (BudgetTooSmallError, EmptyLanguageError, JaxcdError, PrefixRejectedError,
+                     RegexSyntaxError, SchemaError, UnsupportedRegexError, UnsupportedSchemaError)
+from .tensorize import TensorizedAutomaton
+from .vocab import Vocabulary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Vocabulary", "compile_regex", "compile_json_schema", "compile_keywords",
+    "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix",
+    "TensorizedAutomaton", "NFA", "DFA", "gcd", "errors",
+    "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
+    "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
+]

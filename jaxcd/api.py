@@ -1,0 +1,140 @@
+"""Public compile functions and the host-side mask query."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .automata.fsa import DFA, NFA, determinize, minimize
+from .automata.json_schema import schema_to_regex
+from .automata.keywords import keywords_to_dfa, normalize_groups
+from .automata.pycall import tool_call_nfa
+from .automata.regex import regex_to_nfa
+from .errors import BudgetTooSmallError, PrefixRejectedError
+from .tensorize import TensorizedAutomaton, cache_key, tensorize, unpack_bits
+from .vocab import Vocabulary
+
+__all__ = ["compile_regex", "compile_json_schema", "compile_keywords", "compile_tool_call",
+           "compile_automaton", "allowed_tokens", "walk_prefix"]
+
+
+def _cached(kind: str, source: str, options: dict, vocab: Vocabulary, build, cache):
+    """Build ``tensorize(build(), vocab)``, or load it from the on-disk cache.
+
+    ``cache``: ``False``/``None`` (no cache), ``True`` (``cache_dir()/automata``) or a
+    directory. The key covers the constraint, its options, the vocabulary
+    fingerprint and the storage format.
+    """
+    key = cache_key(kind, source, options, vocab)
+    path = None
+    if cache:
+        from .model_files import cache_dir
+        root = Path(cache) if not isinstance(cache, bool) else cache_dir() / "automata"
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / f"{key}.npz"
+        if path.exists():
+            try:
+                return TensorizedAutomaton.load(path)
+            except Exception:
+                path.unlink(missing_ok=True)
+    fa = tensorize(build(), vocab, key=f"{kind}:{source[:80]}")
+    if path is not None:
+        fa.save(path)
+    return fa
+
+
+def compile_regex(pattern: str, vocab: Vocabulary, flags: int = 0,
+                  cache: bool | str | Path = False) -> TensorizedAutomaton:
+    """Compile a regular expression (Python ``re`` syntax, full-match semantics on
+    UTF-8 text) into a tensorized automaton over ``vocab``.
+
+    >>> fa = compile_regex(r"-?(0|[1-9][0-9]*)", vocab)            # doctest: +SKIP
+    """
+    return _cached("regex", pattern, {"flags": int(flags)}, vocab,
+                   lambda: minimize(determinize(regex_to_nfa(pattern, flags))), cache)
+
+
+def compile_json_schema(schema: dict | str, vocab: Vocabulary,
+                        whitespace_pattern: str | None = None, strict: bool = True,
+                        cache: bool | str | Path = False) -> TensorizedAutomaton:
+    """Compile a JSON Schema (dict or JSON text) via outlines-core's regex builder.
+
+    ``whitespace_pattern``: regex for the free whitespace between JSON tokens
+    (default outlines-core's ``[ ]?``; ``""`` for compact JSON). ``strict``: refuse
+    keywords that would not be enforced.
+    """
+    regex, text = schema_to_regex(schema, whitespace_pattern, strict)
+    import re
+    return _cached("json_schema", text, {"ws": whitespace_pattern}, vocab,
+                   lambda: minimize(determinize(regex_to_nfa(regex, re.ASCII))), cache)
+
+
+def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,
+                     text_pattern: str | None = None,
+                     cache: bool | str | Path = False) -> TensorizedAutomaton:
+    """Text that contains every keyword (each in any of its surface forms), in any
+    order; optionally bounded by ``text_pattern`` (a regex the whole text must match)."""
+    groups = normalize_groups(keywords)
+    return _cached("keywords", json.dumps(groups), {"text": text_pattern}, vocab,
+                   lambda: keywords_to_dfa(groups, text_pattern), cache)
+
+
+def compile_tool_call(tool: dict | str, vocab: Vocabulary,
+                      cache: bool | str | Path = False) -> TensorizedAutomaton:
+    """A Python-style call ``name(arg=value, ...)`` from a tool's JSON Schema."""
+    text = tool if isinstance(tool, str) else json.dumps(tool, sort_keys=True)
+    return _cached("tool_call", text, {}, vocab,
+                   lambda: minimize(determinize(tool_call_nfa(tool))), cache)
+
+
+def compile_automaton(automaton: NFA | DFA, vocab: Vocabulary) -> TensorizedAutomaton:
+    """Tensorize a hand-built byte-level automaton (see :class:`jaxcd.automata.NFA`)."""
+    dfa = automaton if isinstance(automaton, DFA) else determinize(automaton)
+    return tensorize(minimize(dfa), vocab, key="automaton")
+
+
+def walk_prefix(fa: TensorizedAutomaton, prefix_token_ids: Sequence[int],
+                budget: int | None = None, vocab: Vocabulary | None = None) -> int:
+    """Automaton state after ``prefix_token_ids``; raises :class:`PrefixRejectedError`
+    naming the first token that leaves the language (or the budget)."""
+    s = fa.initial_state
+    for i, tok in enumerate(prefix_token_ids):
+        tok = int(tok)
+        nxt = fa.next_state(s, tok)
+        if nxt == fa.dead_state:
+            shown = f" ({vocab.token_bytes[tok]!r})" if vocab is not None and 0 <= tok < len(vocab) else ""
+            raise PrefixRejectedError(
+                f"token {tok}{shown} at position {i} of the prefix is not allowed by "
+                f"the constraint {fa.key!r}")
+        if budget is not None and int(fa.dist[nxt]) > budget - (i + 1):
+            raise PrefixRejectedError(
+                f"token {tok} at position {i}: the prefix can no longer be completed within "
+                f"the budget of {budget} tokens")
+        s = nxt
+    return s
+
+
+def allowed_tokens(fa: TensorizedAutomaton, prefix_token_ids: Sequence[int] = (),
+                   budget: int | None = None) -> np.ndarray:
+    """Tokens allowed after ``prefix_token_ids``: numpy bool ``[vocab_size]``.
+
+    ``budget=None`` is LCD (any continuation length); with a budget ``n`` (tokens,
+    EOS included) it is the GCD mask: a token is allowed iff some valid output
+    ending in EOS within ``n`` tokens starts with ``prefix + token``.
+    """
+    if budget is not None:
+        if not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ValueError(f"budget must be a positive integer, got {budget!r}")
+        if fa.min_budget > budget:
+            raise BudgetTooSmallError(int(budget), fa.min_budget,
+                                      f"constraint {fa.key!r}" if fa.key else "the constraint")
+    s = walk_prefix(fa, prefix_token_ids, budget)
+    if budget is not None:
+        left = budget - len(prefix_token_ids)
+        if left <= 0:
+            return np.zeros(fa.vocab_size, bool)
+        return unpack_bits(fa.mask_words(s, left), fa.vocab_size)
+    return unpack_bits(fa.mask_words(s, None), fa.vocab_size)

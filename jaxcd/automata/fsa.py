@@ -1,0 +1,431 @@
+"""Byte-level finite automata (host side, NumPy): NFA construction, subset
+determinisation, Moore minimisation, trimming, product, union and concatenation.
+
+Conventions
+-----------
+- Alphabet: bytes 0..255. Languages are sets of byte strings.
+- :class:`NFA` has epsilon moves and byte-range transitions; it is the build
+  target of the front-ends (regex, keywords, hand-built automata).
+- :class:`DFA` is column-compressed: ``byte_class[256]`` maps a byte to one of
+  ``C`` equivalence classes and ``trans[Q, C]`` holds the next state or ``-1``
+  (dead). State 0 is the start state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import AutomatonTooLargeError
+from .utf8 import normalize_ranges, utf8_sequences
+
+DEFAULT_MAX_STATES = 200_000
+
+
+# ---------------------------------------------------------------------------------------
+# NFA
+# ---------------------------------------------------------------------------------------
+class NFA:
+    """A byte-level NFA with epsilon moves, built by hand or by the front-ends.
+
+    Example::
+
+        nfa = NFA()
+        s, t = nfa.add_state(), nfa.add_state(accepting=True)
+        nfa.start = s
+        nfa.add_string(s, t, "yes")
+        nfa.add_string(s, t, "no")
+        dfa = minimize(determinize(nfa))
+    """
+
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.trans: list[list[tuple[int, int, int]]] = []
+        self.accepting: set[int] = set()
+        self.start: int = 0
+
+    @property
+    def num_states(self) -> int:
+        return len(self.eps)
+
+    def add_state(self, accepting: bool = False) -> int:
+        self.eps.append([])
+        self.trans.append([])
+        q = len(self.eps) - 1
+        if accepting:
+            self.accepting.add(q)
+        return q
+
+    def _check(self, *states):
+        for q in states:
+            if not (0 <= q < self.num_states):
+                raise ValueError(f"NFA: state {q} does not exist (have {self.num_states})")
+
+    def add_epsilon(self, src: int, dst: int) -> None:
+        self._check(src, dst)
+        self.eps[src].append(dst)
+
+    def add_byte_range(self, src: int, dst: int, lo: int, hi: int) -> None:
+        self._check(src, dst)
+        if not (0 <= lo <= hi <= 255):
+            raise ValueError(f"NFA: bad byte range [{lo}, {hi}]")
+        self.trans[src].append((lo, hi, dst))
+
+    def add_bytes(self, src: int, dst: int, data: bytes) -> None:
+        """A path spelling exactly ``data`` (epsilon if empty)."""
+        self._check(src, dst)
+        if not data:
+            self.add_epsilon(src, dst)
+            return
+        cur = src
+        for i, b in enumerate(data):
+            nxt = dst if i == len(data) - 1 else self.add_state()
+            self.trans[cur].append((b, b, nxt))
+            cur = nxt
+
+    def add_string(self, src: int, dst: int, text: str) -> None:
+        """A path spelling the UTF-8 encoding of ``text``."""
+        self.add_bytes(src, dst, text.encode("utf-8"))
+
+    def add_codepoints(self, src: int, dst: int, ranges: Iterable[tuple[int, int]]) -> None:
+        """Paths spelling exactly one code point from the inclusive ``ranges`` (UTF-8)."""
+        self._check(src, dst)
+        for lo, hi in normalize_ranges(ranges):
+            for seq in utf8_sequences(lo, hi):
+                cur = src
+                for i, (a, b) in enumerate(seq):
+                    nxt = dst if i == len(seq) - 1 else self.add_state()
+                    self.trans[cur].append((a, b, nxt))
+                    cur = nxt
+
+    def embed(self, other: "NFA") -> tuple[int, set[int]]:
+        """Copy ``other`` into this NFA; return (its start, its accepting states)."""
+        off = self.num_states
+        for q in range(other.num_states):
+            self.eps.append([d + off for d in other.eps[q]])
+            self.trans.append([(lo, hi, d + off) for lo, hi, d in other.trans[q]])
+        return other.start + off, {a + off for a in other.accepting}
+
+
+# ---------------------------------------------------------------------------------------
+# DFA
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class DFA:
+    """Deterministic byte automaton; state 0 is the start; ``-1`` in ``trans`` is dead."""
+
+    trans: np.ndarray        # int32 [Q, C]
+    accepting: np.ndarray    # bool [Q]
+    byte_class: np.ndarray   # int32 [256]
+
+    @property
+    def num_states(self) -> int:
+        return int(self.trans.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.trans.shape[1])
+
+    def byte_table(self) -> np.ndarray:
+        """int32 ``[Q, 256]`` next-state table (``-1`` = dead)."""
+        return self.trans[:, self.byte_class]
+
+    def run(self, data: bytes, state: int = 0) -> int:
+        """State after reading ``data`` from ``state`` (``-1`` once dead)."""
+        for b in data:
+            if state < 0:
+                return -1
+            state = int(self.trans[state, self.byte_class[b]])
+        return state
+
+    def accepts(self, data: bytes) -> bool:
+        if self.num_states == 0:
+            return False
+        q = self.run(data)
+        return q >= 0 and bool(self.accepting[q])
+
+    def to_nfa(self) -> NFA:
+        nfa = NFA()
+        for q in range(self.num_states):
+            nfa.add_state(bool(self.accepting[q]))
+        if self.num_states == 0:
+            nfa.add_state()
+            return nfa
+        # byte ranges of each class
+        cls = self.byte_class
+        runs: list[tuple[int, int, int]] = []
+        start = 0
+        for b in range(1, 257):
+            if b == 256 or cls[b] != cls[start]:
+                runs.append((start, b - 1, int(cls[start])))
+                start = b
+        for q in range(self.num_states):
+            for lo, hi, c in runs:
+                d = int(self.trans[q, c])
+                if d >= 0:
+                    nfa.trans[q].append((lo, hi, d))
+        nfa.start = 0
+        return nfa
+
+
+def empty_dfa() -> DFA:
+    return DFA(np.zeros((0, 1), np.int32), np.zeros((0,), bool), np.zeros(256, np.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# determinisation
+# ---------------------------------------------------------------------------------------
+def _byte_classes(nfa: NFA) -> tuple[np.ndarray, list[int]]:
+    bounds = {0, 256}
+    for row in nfa.trans:
+        for lo, hi, _ in row:
+            bounds.add(lo)
+            bounds.add(hi + 1)
+    edges = sorted(bounds)
+    byte_class = np.zeros(256, np.int32)
+    for ci in range(len(edges) - 1):
+        byte_class[edges[ci]:edges[ci + 1]] = ci
+    return byte_class, edges
+
+
+def determinize(nfa: NFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
+    """Subset construction over byte equivalence classes."""
+    n = nfa.num_states
+    if n == 0:
+        return empty_dfa()
+    byte_class, _ = _byte_classes(nfa)
+    # epsilon closures
+    closure: list[frozenset[int] | None] = [None] * n
+
+    def close(q: int) -> frozenset[int]:
+        c = closure[q]
+        if c is None:
+            seen = {q}
+            stack = [q]
+            while stack:
+                x = stack.pop()
+                for y in nfa.eps[x]:
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            c = closure[q] = frozenset(seen)
+        return c
+
+    moves: list[dict[int, set[int]]] = []
+    for q in range(n):
+        m: dict[int, set[int]] = {}
+        for lo, hi, d in nfa.trans[q]:
+            for ci in range(byte_class[lo], byte_class[hi] + 1):
+                m.setdefault(ci, set()).add(d)
+        moves.append(m)
+
+    accepting_nfa = nfa.accepting
+    start = close(nfa.start)
+    ids = {start: 0}
+    order = [start]
+    rows: list[dict[int, int]] = []
+    i = 0
+    while i < len(order):
+        S = order[i]
+        i += 1
+        targets: dict[int, set[int]] = {}
+        for q in S:
+            for ci, ds in moves[q].items():
+                t = targets.get(ci)
+                if t is None:
+                    targets[ci] = set(ds)
+                else:
+                    t |= ds
+        row: dict[int, int] = {}
+        cache: dict[frozenset[int], int] = {}
+        for ci, ds in targets.items():
+            key = frozenset(ds)
+            j = cache.get(key)
+            if j is None:
+                T = frozenset().union(*(close(d) for d in ds))
+                j = ids.get(T)
+                if j is None:
+                    j = len(order)
+                    if j >= max_states:
+                        raise AutomatonTooLargeError(
+                            f"determinisation exceeded {max_states} states; simplify the "
+                            "constraint (e.g. smaller repetition bounds) or raise max_states")
+                    ids[T] = j
+                    order.append(T)
+                cache[key] = j
+            row[ci] = j
+        rows.append(row)
+    C = int(byte_class.max()) + 1
+    trans = np.full((len(order), C), -1, np.int32)
+    for q, row in enumerate(rows):
+        for ci, d in row.items():
+            trans[q, ci] = d
+    accepting = np.array([bool(S & accepting_nfa) for S in order], bool)
+    return DFA(trans, accepting, byte_class)
+
+
+# ---------------------------------------------------------------------------------------
+# trimming and minimisation
+# ---------------------------------------------------------------------------------------
+def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
+    if trans.shape[0] == 0:
+        return np.zeros((0, 1), np.int32), np.zeros(256, np.int32)
+    cols, inv = np.unique(trans.T, axis=0, return_inverse=True)
+    return np.ascontiguousarray(cols.T.astype(np.int32)), inv.reshape(-1).astype(np.int32)[byte_class]
+
+
+def trim(dfa: DFA) -> DFA:
+    """Keep states reachable from the start and co-reachable to an accepting state;
+    renumber in BFS order from the start."""
+    Q = dfa.num_states
+    if Q == 0:
+        return dfa
+    trans = dfa.trans
+    # co-reachable: reverse BFS from accepting states
+    src, col = np.nonzero(trans >= 0)
+    dst = trans[src, col]
+    co = dfa.accepting.copy()
+    frontier = co.copy()
+    while frontier.any():
+        hit = frontier[dst]
+        new = np.zeros(Q, bool)
+        new[src[hit]] = True
+        new &= ~co
+        co |= new
+        frontier = new
+    if not co[0]:
+        return empty_dfa()
+    # reachable from start through co-reachable states, BFS order
+    order = [0]
+    idx = {0: 0}
+    i = 0
+    while i < len(order):
+        q = order[i]
+        i += 1
+        for d in trans[q]:
+            d = int(d)
+            if d >= 0 and co[d] and d not in idx:
+                idx[d] = len(order)
+                order.append(d)
+    remap = np.full(Q + 1, -1, np.int32)
+    remap[np.array(order)] = np.arange(len(order), dtype=np.int32)
+    new_trans = trans[np.array(order)]
+    new_trans = remap[np.where(new_trans >= 0, new_trans, Q)]
+    t2, bc = _compress_columns(new_trans, dfa.byte_class)
+    return DFA(t2, dfa.accepting[np.array(order)], bc)
+
+
+def minimize(dfa: DFA) -> DFA:
+    """Trim, then Moore partition refinement (vectorised); result in BFS order."""
+    dfa = trim(dfa)
+    Q = dfa.num_states
+    if Q == 0:
+        return dfa
+    trans = dfa.trans
+    block = dfa.accepting.astype(np.int64)
+    nblocks = len(np.unique(block))
+    while True:
+        nxt = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
+        sig = np.concatenate([block[:, None], nxt], axis=1)
+        _, inv = np.unique(sig, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        n_new = int(inv.max()) + 1
+        block = inv
+        if n_new == nblocks:
+            break
+        nblocks = n_new
+    # one representative per block
+    reps = np.full(nblocks, -1, np.int64)
+    reps[block[::-1]] = np.arange(Q)[::-1]
+    new_trans = np.where(trans[reps] >= 0, block[np.maximum(trans[reps], 0)], -1).astype(np.int32)
+    accepting = dfa.accepting[reps]
+    # start block first, then BFS order (trim renumbers)
+    start = int(block[0])
+    perm = np.arange(nblocks)
+    perm[[0, start]] = perm[[start, 0]]
+    inv_perm = np.argsort(perm)
+    t = new_trans[perm]
+    t = np.where(t >= 0, inv_perm[np.maximum(t, 0)], -1).astype(np.int32)
+    return trim(DFA(t, accepting[perm], dfa.byte_class))
+
+
+# ---------------------------------------------------------------------------------------
+# combinators
+# ---------------------------------------------------------------------------------------
+def intersect(a: DFA, b: DFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
+    """Product automaton accepting L(a) ∩ L(b) (minimised)."""
+    if a.num_states == 0 or b.num_states == 0:
+        return empty_dfa()
+    pair = a.byte_class.astype(np.int64) * b.num_classes + b.byte_class
+    uniq, byte_class = np.unique(pair, return_inverse=True)
+    ca, cb = uniq // b.num_classes, uniq % b.num_classes
+    ids = {(0, 0): 0}
+    order = [(0, 0)]
+    rows = []
+    i = 0
+    while i < len(order):
+        qa, qb = order[i]
+        i += 1
+        da = a.trans[qa, ca]
+        db = b.trans[qb, cb]
+        row = np.full(len(uniq), -1, np.int32)
+        for c in np.nonzero((da >= 0) & (db >= 0))[0]:
+            key = (int(da[c]), int(db[c]))
+            j = ids.get(key)
+            if j is None:
+                j = len(order)
+                if j >= max_states:
+                    raise AutomatonTooLargeError(f"product automaton exceeded {max_states} states")
+                ids[key] = j
+                order.append(key)
+            row[c] = j
+        rows.append(row)
+    trans = np.stack(rows).astype(np.int32)
+    acc = np.array([a.accepting[x] and b.accepting[y] for x, y in order], bool)
+    return minimize(DFA(trans, acc, byte_class.astype(np.int32)))
+
+
+def _as_nfa(x) -> NFA:
+    return x.to_nfa() if isinstance(x, DFA) else x
+
+
+def union(*parts: "NFA | DFA") -> NFA:
+    """NFA accepting the union of the parts' languages."""
+    out = NFA()
+    s = out.add_state()
+    f = out.add_state(accepting=True)
+    out.start = s
+    for p in parts:
+        ps, pacc = out.embed(_as_nfa(p))
+        out.add_epsilon(s, ps)
+        for q in pacc:
+            out.add_epsilon(q, f)
+    return out
+
+
+def concat(*parts: "NFA | DFA") -> NFA:
+    """NFA accepting the concatenation of the parts' languages."""
+    out = NFA()
+    cur = out.add_state()
+    out.start = cur
+    for p in parts:
+        ps, pacc = out.embed(_as_nfa(p))
+        out.add_epsilon(cur, ps)
+        cur = out.add_state()
+        for q in pacc:
+            out.add_epsilon(q, cur)
+    out.accepting = {cur}
+    return out
+
+
+def literal_dfa(strings: Sequence[bytes]) -> DFA:
+    """Minimal DFA of a finite set of byte strings."""
+    nfa = NFA()
+    s, f = nfa.add_state(), nfa.add_state(accepting=True)
+    nfa.start = s
+    for x in strings:
+        nfa.add_bytes(s, f, x)
+    return minimize(determinize(nfa))

@@ -1,0 +1,150 @@
+"""GCD and LCD on the device (JAX) — DESIGN.md §3.
+
+Pure functions over a :class:`~jaxcd.tensorize.TensorizedAutomaton` ``fa`` (whose
+arrays should be on the device: ``fa = fa.to_device()``). All work on one sequence
+and ``vmap`` over particles with fixed shapes.
+
+Backward (once per constraint and budget ``n``)::
+
+    β_n = f
+    β_t = 1{ T_out · ((T_in β_{t+1}) ∘ (B_f 1_V)) }          t = n-1 … 0
+
+in index form: ``β_t[s] = max_{e: src(e)=s} β_{t+1}[dst(e)]`` (every stored edge has
+a non-empty label). ``tables.beta[t, s] = 1`` iff some path of exactly ``n - t``
+tokens leads from ``s`` to ``⊥``.
+
+Forward (per step; the token-level automaton is deterministic, so the state set
+``a_t`` is one state ``s``)::
+
+    w_{t+1} = (T_outᵀ a_t) ∘ (T_in β_{t+1})
+    m_{t+1} = 1{ w_{t+1}ᵀ B_f }      = cum_masks[base[s] + Σ_e w_{t+1}[e]]
+    a_{t+1} = δ(s, x_{t+1})
+
+(the one-row form is exact: live edges are a prefix of the dist-sorted edge list,
+see :mod:`jaxcd.tensorize`). LCD uses ``β_∞ = 1`` on every live state (the automaton
+is trimmed) — no budget guarantee.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import BudgetTooSmallError
+from .tensorize import TensorizedAutomaton
+
+
+class BudgetTables(NamedTuple):
+    """``beta``: bool ``[n + 1, num_states]``; ``beta[t]`` is ``β_t`` for budget ``n``
+    (for LCD, every row is ``β_∞``)."""
+
+    beta: jax.Array
+
+    @property
+    def budget(self) -> int:
+        return self.beta.shape[0] - 1
+
+
+class ConstraintState(NamedTuple):
+    """Per-sequence constraint state a particle carries: automaton state and the
+    number of tokens generated so far (EOS padding included)."""
+
+    state: jax.Array   # int32 []
+    t: jax.Array       # int32 []
+
+
+def check_budget(fa: TensorizedAutomaton, budget: int) -> None:
+    """Raise :class:`BudgetTooSmallError` (naming the smallest budget that works) if
+    ``β_0(s_0) = 0``. Host-side, before any decoding."""
+    if not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise ValueError(f"budget must be a positive integer (tokens, EOS included), got {budget!r}")
+    need = int(np.asarray(fa.dist)[fa.initial_state])
+    if need > budget:
+        raise BudgetTooSmallError(int(budget), need, f"constraint {fa.key!r}" if fa.key else
+                                  "the constraint")
+
+
+@partial(jax.jit, static_argnames=("budget",))
+def backward(fa: TensorizedAutomaton, budget: int) -> BudgetTables:
+    """β tables for budget ``n`` by the backward recursion (a ``lax.scan``)."""
+    S = fa.num_states
+    beta_n = jnp.arange(S) == fa.final_state
+
+    def step(b_next, _):
+        b = jax.ops.segment_max(b_next[fa.edge_dst].astype(jnp.int32), fa.edge_src,
+                                num_segments=S) > 0
+        return b, b
+
+    _, betas = jax.lax.scan(step, beta_n, None, length=budget)
+    beta = jnp.concatenate([betas[::-1], beta_n[None]], axis=0)
+    return BudgetTables(beta)
+
+
+def lcd_tables(fa: TensorizedAutomaton, max_len: int) -> BudgetTables:
+    """Tables that make :func:`mask` compute the LCD mask for ``max_len`` steps."""
+    live = jnp.asarray(fa.dist) < (1 << 30)
+    return BudgetTables(jnp.broadcast_to(live, (max_len + 1, fa.num_states)))
+
+
+def init_state(fa: TensorizedAutomaton) -> ConstraintState:
+    return ConstraintState(jnp.int32(fa.initial_state), jnp.int32(0))
+
+
+def _num_live_edges(fa, beta_next, state):
+    return jnp.sum(beta_next[fa.out_dst[state]].astype(jnp.int32))
+
+
+def mask_words(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintState) -> jax.Array:
+    """Bit-packed next-token mask, uint32 ``[W]``; all zero once the budget is spent."""
+    n = tables.beta.shape[0] - 1
+    beta_next = tables.beta[jnp.minimum(cs.t + 1, n)]
+    k = _num_live_edges(fa, beta_next, cs.state)
+    row = fa.out_start[cs.state] + cs.state + k
+    words = fa.cum_masks[row]
+    return jnp.where(cs.t < n, words, jnp.zeros_like(words))
+
+
+def unpack(words: jax.Array, vocab_size: int) -> jax.Array:
+    """uint32 ``[..., W]`` -> bool ``[..., vocab_size]``."""
+    bits = (words[..., :, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
+    return bits.reshape(words.shape[:-1] + (-1,))[..., :vocab_size].astype(bool)
+
+
+def mask(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintState) -> jax.Array:
+    """Next-token mask, bool ``[vocab_size]``: ``m_{t+1}`` of DESIGN.md §3."""
+    return unpack(mask_words(fa, tables, cs), fa.vocab_size)
+
+
+def next_state(fa: TensorizedAutomaton, state: jax.Array, token: jax.Array) -> jax.Array:
+    """``δ(state, token)``; ``fa.dead_state`` if the token is not allowed from ``state``."""
+    D = fa.out_dst.shape[1]
+    start = fa.out_start[state]
+    deg = fa.out_start[state + 1] - start
+    rows = start + state + 1 + jnp.arange(D)
+    rows = jnp.minimum(rows, fa.cum_masks.shape[0] - 1)
+    word = fa.cum_masks[rows, token >> 5]
+    hit = ((word >> (token & 31).astype(jnp.uint32)) & 1).astype(bool) & (jnp.arange(D) < deg)
+    first = jnp.argmax(hit)
+    return jnp.where(jnp.any(hit), fa.out_dst[state, first], fa.dead_state).astype(jnp.int32)
+
+
+def advance(fa: TensorizedAutomaton, cs: ConstraintState, token: jax.Array) -> ConstraintState:
+    """State after emitting ``token``."""
+    return ConstraintState(next_state(fa, cs.state, token), cs.t + 1)
+
+
+def is_accepting(fa: TensorizedAutomaton, cs: ConstraintState) -> jax.Array:
+    """True once the sequence has ended in ``⊥`` (a valid output followed by EOS)."""
+    return cs.state == fa.final_state
+
+
+# Jitted entry points for single sequences; vmap them (or jit(vmap(...))) for particles.
+mask_jit = jax.jit(mask)
+mask_words_jit = jax.jit(mask_words)
+advance_jit = jax.jit(advance)
+batched_mask_words = jax.jit(jax.vmap(mask_words, in_axes=(None, None, 0)))
+batched_advance = jax.jit(jax.vmap(advance, in_axes=(None, 0, 0)))
