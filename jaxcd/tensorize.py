@@ -201,100 +201,76 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # lifting
 # ---------------------------------------------------------------------------------------
-@dataclass
-class _FirstByteIndex:
-    perm: np.ndarray     # ordinary-token positions sorted by first byte
-    start: np.ndarray    # [257] offsets
-
-
-def _first_byte_index(vocab: Vocabulary) -> _FirstByteIndex:
-    cache = vocab._extra
-    if "fbi" not in cache:
-        mat, lens = vocab.byte_matrix
-        first = mat[:, 0].astype(np.int64)
-        perm = np.argsort(first, kind="stable").astype(np.int64)
-        counts = np.bincount(first, minlength=256)
-        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        cache["fbi"] = _FirstByteIndex(perm, start)
-    return cache["fbi"]
-
-
-def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 23):
+def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 22):
     """All token transitions from DFA states reachable by whole tokens.
 
     Returns ``(states, src, tok, dst)``: ``states`` are the reachable DFA states in BFS
     order (start first); ``src``/``dst`` index into ``states``; ``tok`` are token ids.
-    Vectorised over (state, token) pairs: a pair is dropped as soon as the DFA dies,
-    so the cost follows the number of live pairs, not ``S × V × max_len``.
+
+    Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
+    level by level for all frontier states at once, a pair is dropped as soon as the
+    DFA dies, and shared token prefixes are read once — the cost follows the number
+    of live (state, prefix) pairs, never ``S × V × max_len``.
     """
-    mat, lens = vocab.byte_matrix
-    ids = vocab.ordinary_ids
+    trie = vocab.trie
     Q = dfa.num_states
     table = np.full((Q + 1, 256), Q, np.int32)
     bt = dfa.byte_table()
     table[:Q] = np.where(bt >= 0, bt, Q)
-    fbi = _first_byte_index(vocab)
-    counts_by_byte = np.diff(fbi.start)
+    has_first = trie.first_node >= 0
+    first_bytes = np.nonzero(has_first)[0]
+    first_nodes = trie.first_node[first_bytes]
 
     index = {0: 0}
     order = [0]
     out_src, out_tok, out_dst = [], [], []
-    frontier = [0]
-    while frontier:
-        nxt_frontier = []
+    frontier = np.array([0], np.int64)
+    while len(frontier):
         round_dsts = []
-        # chunk the frontier so that pairs stay bounded
-        fr = np.array(frontier, np.int64)
-        live = table[fr] != Q                        # [F, 256]
-        per_state = (live * counts_by_byte[None, :]).sum(1)
-        chunks, cur_chunk, acc = [], [], 0
-        for i, c in enumerate(per_state):
-            if cur_chunk and acc + c > max_pairs:
-                chunks.append(cur_chunk)
-                cur_chunk, acc = [], 0
-            cur_chunk.append(i)
-            acc += c
-        if cur_chunk:
-            chunks.append(cur_chunk)
-        for ch in chunks:
-            ch = np.array(ch)
-            qi, bi = np.nonzero(live[ch])
-            cnt = counts_by_byte[bi]
-            total = int(cnt.sum())
+        # depth 0: (state, first byte) pairs
+        cur = table[frontier[:, None], first_bytes[None, :]]          # [F, nb]
+        fi, bi = np.nonzero(cur != Q)
+        src_state = frontier[fi]
+        node = first_nodes[bi]
+        cur = cur[fi, bi]
+        while len(node):
+            # emit tokens that end at these nodes
+            ecount = trie.end_start[node + 1] - trie.end_start[node]
+            has = ecount > 0
+            if has.any():
+                n_h, c_h = node[has], ecount[has]
+                reps = np.repeat(np.arange(len(n_h)), c_h)
+                offs = np.repeat(trie.end_start[n_h] - (np.cumsum(c_h) - c_h), c_h)
+                toks = trie.end_tokens[offs + np.arange(len(reps))]
+                s_h, d_h = src_state[has][reps], cur[has][reps]
+                out_src.append(s_h)
+                out_tok.append(toks)
+                out_dst.append(d_h)
+                round_dsts.append(d_h)
+            # expand to children
+            ccount = trie.child_start[node + 1] - trie.child_start[node]
+            keep = ccount > 0
+            node, cur, src_state, ccount = node[keep], cur[keep], src_state[keep], ccount[keep]
+            total = int(ccount.sum())
             if total == 0:
-                continue
-            rep_q = np.repeat(qi, cnt)
-            starts = np.repeat(fbi.start[bi] - (np.cumsum(cnt) - cnt), cnt)
-            pos = fbi.perm[starts + np.arange(total)]
-            src_state = fr[ch][rep_q]
-            cur = np.repeat(table[fr[ch][qi], bi], cnt)
-            j = 1
-            while len(pos):
-                fin = lens[pos] == j
-                if fin.any():
-                    out_src.append(src_state[fin])
-                    out_tok.append(pos[fin])
-                    out_dst.append(cur[fin])
-                    round_dsts.append(cur[fin])
-                keep = ~fin
-                pos, cur, src_state = pos[keep], cur[keep], src_state[keep]
-                if not len(pos):
-                    break
-                cur = table[cur, mat[pos, j]]
-                alive = cur != Q
-                pos, cur, src_state = pos[alive], cur[alive], src_state[alive]
-                j += 1
+                break
+            reps = np.repeat(np.arange(len(node)), ccount)
+            child = np.repeat(trie.child_start[node] - (np.cumsum(ccount) - ccount),
+                              ccount) + np.arange(total)
+            nxt = table[cur[reps], trie.node_byte[child]]
+            alive = nxt != Q
+            node, cur, src_state = child[alive], nxt[alive], src_state[reps[alive]]
+        new = []
         if round_dsts:
-            for d in np.unique(np.concatenate(round_dsts)):
-                d = int(d)
+            for d in np.unique(np.concatenate(round_dsts)).tolist():
                 if d not in index:
                     index[d] = len(order)
                     order.append(d)
-                    nxt_frontier.append(d)
-        frontier = nxt_frontier
+                    new.append(d)
+        frontier = np.array(new, np.int64)
     if out_src:
         src = np.concatenate(out_src)
-        tok = ids[np.concatenate(out_tok)]
+        tok = np.concatenate(out_tok)
         dst = np.concatenate(out_dst)
     else:
         src = tok = dst = np.zeros(0, np.int64)
@@ -337,7 +313,14 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
 
     # group into edges (unique (src, dst) pairs)
     pair = src * S + dst
-    uniq, edge_of_pair = np.unique(pair, return_inverse=True)
+    if S * S <= (1 << 25):
+        present = np.bincount(pair, minlength=S * S) > 0
+        uniq = np.nonzero(present)[0]
+        lookup = np.zeros(S * S, np.int64)
+        lookup[uniq] = np.arange(len(uniq))
+        edge_of_pair = lookup[pair]
+    else:
+        uniq, edge_of_pair = np.unique(pair, return_inverse=True)
     e_src, e_dst = uniq // S, uniq % S
     dist = _bfs_dist(S, e_src, e_dst, final)
     dist[dead] = INF_DIST
@@ -377,18 +360,10 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     col = np.arange(E) - out_start[e_src2]
     out_dst[e_src2, col] = e_dst2
 
-    # labels -> packed words, then cumulative OR per state segment
-    label = np.zeros((E, W), np.uint32)
-    order_p = np.argsort(pe, kind="stable")
-    pe, ptok = pe[order_p], ptok[order_p]
-    bounds = np.searchsorted(pe, np.arange(0, E + 1))
-    chunk = max(1, (1 << 26) // max(V, 1))
-    for a in range(0, E, chunk):
-        b = min(E, a + chunk)
-        m = np.zeros((b - a, W * 32), bool)
-        lo, hi = bounds[a], bounds[b]
-        m[pe[lo:hi] - a, ptok[lo:hi]] = True
-        label[a:b] = np.packbits(m, axis=1, bitorder="little").view("<u4")
+    # labels -> packed words (distinct bits of one word: OR == sum, exact in float64)
+    word = pe * W + (ptok >> 5)
+    bit = np.left_shift(1, ptok & 31).astype(np.float64)
+    label = np.bincount(word, weights=bit, minlength=E * W).astype(np.uint32).reshape(E, W)
     cum = np.zeros((E + S2, W), np.uint32)
     for s in np.nonzero(deg)[0]:
         a, b = out_start[s], out_start[s + 1]

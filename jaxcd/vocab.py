@@ -198,6 +198,71 @@ class Vocabulary:
             mat[sel, j] = buf[starts[sel] + j]
         return mat, lens
 
+    @cached_property
+    def trie(self) -> "TokenTrie":
+        """Byte trie of the ordinary tokens (for vectorised token lifting)."""
+        return TokenTrie.build(self)
+
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """Concatenated bytes of ordinary tokens (EOS and other specials are skipped)."""
         return b"".join(self.token_bytes[int(i)] for i in ids)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenTrie:
+    """Byte trie of the ordinary tokens, stored level by level as flat arrays.
+
+    Nodes are numbered so that the nodes of depth ``j`` (prefixes of ``j + 1`` bytes)
+    are ``level_start[j] .. level_start[j + 1] - 1`` and the children of a node are
+    contiguous: ``child_start[n] .. child_start[n + 1] - 1``. ``node_byte[n]`` is the
+    last byte of the prefix; ``first_node[b]`` is the depth-0 node of byte ``b``
+    (``-1`` if no token starts with ``b``). Tokens ending at node ``n`` are
+    ``end_tokens[end_start[n] : end_start[n + 1]]`` (token ids).
+    """
+
+    node_byte: np.ndarray
+    child_start: np.ndarray
+    level_start: np.ndarray
+    first_node: np.ndarray
+    end_start: np.ndarray
+    end_tokens: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node_byte.shape[0])
+
+    @classmethod
+    def build(cls, vocab: "Vocabulary") -> "TokenTrie":
+        mat, lens = vocab.byte_matrix
+        ids = vocab.ordinary_ids
+        L = mat.shape[1]
+        node_of_tok = np.full(len(ids), -1, np.int64)   # node of the prefix so far
+        node_bytes, parents, level_start = [], [], [0]
+        total = 0
+        for j in range(L):
+            sel = np.nonzero(lens > j)[0]
+            parent = node_of_tok[sel] if j else np.zeros(len(sel), np.int64)
+            key = parent * 256 + mat[sel, j]
+            uniq, inv = np.unique(key, return_inverse=True)   # sorted by parent, then byte
+            node_of_tok[sel] = total + inv
+            node_bytes.append((uniq % 256).astype(np.uint8))
+            parents.append(uniq // 256 if j else np.full(len(uniq), -1, np.int64))
+            total += len(uniq)
+            level_start.append(total)
+        node_byte = np.concatenate(node_bytes)
+        parent = np.concatenate(parents)
+        N = len(node_byte)
+        # children are contiguous because each level is sorted by parent
+        counts = np.bincount(parent[parent >= 0], minlength=N)
+        child_start = np.zeros(N + 1, np.int64)
+        child_start[1:] = np.cumsum(counts)
+        child_start += level_start[1] if N else 0
+        # child_start must point into the global numbering: children of level-j nodes
+        # live in level j+1, in parent order, so a running sum works from level_start[1].
+        first_node = np.full(256, -1, np.int64)
+        first_node[node_byte[:level_start[1]]] = np.arange(level_start[1])
+        end_node = node_of_tok
+        order = np.argsort(end_node, kind="stable")
+        end_start = np.searchsorted(end_node[order], np.arange(N + 1))
+        return cls(node_byte, child_start, np.asarray(level_start, np.int64), first_node,
+                   end_start.astype(np.int64), ids[order].astype(np.int64))

@@ -325,13 +325,24 @@ def minimize(dfa: DFA) -> DFA:
     if Q == 0:
         return dfa
     trans = dfa.trans
+    C = trans.shape[1]
+    rng = np.random.default_rng(0x6A78)
+    mult = rng.integers(1, 1 << 62, size=(2, C + 1), dtype=np.int64) | 1
     block = dfa.accepting.astype(np.int64)
     nblocks = len(np.unique(block))
     while True:
         nxt = np.where(trans >= 0, block[np.maximum(trans, 0)], -1)
         sig = np.concatenate([block[:, None], nxt], axis=1)
-        _, inv = np.unique(sig, axis=0, return_inverse=True)
+        # two 64-bit polynomial hashes of each row (wrapping arithmetic), then verify
+        h = (sig[:, :, None] * mult.T[None]).sum(1)                 # [Q, 2]
+        _, inv = np.unique(h[:, 0] ^ (h[:, 1] * np.int64(0x9E3779B97F4A7C15 - (1 << 64))),
+                           return_inverse=True)
         inv = inv.reshape(-1)
+        reps = np.full(int(inv.max()) + 1, -1, np.int64)
+        reps[inv[::-1]] = np.arange(len(inv))[::-1]
+        if not (sig == sig[reps[inv]]).all():                       # hash collision
+            _, inv = np.unique(sig, axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
         n_new = int(inv.max()) + 1
         block = inv
         if n_new == nblocks:

@@ -1,0 +1,498 @@
+"""A Llama-family decoder (Llama / SmolLM / Mistral-style, Qwen2 with Q/K/V biases) in
+Flax NNX, with a preallocated KV cache, behind :class:`jaxcd.lm.interface.LanguageModel`.
+
+The model
+---------
+For tokens ``x_1..x_T`` with hidden width ``H``, ``L`` blocks, ``n_h`` query heads,
+``n_kv`` key/value heads (group size ``G = n_h / n_kv``) and head width ``D``::
+
+    h_0 = E[x]                                         E: [V, H] token embedding
+    a   = h + Attn(RMSNorm(h))                         per block
+    h'  = a + W_down (silu(W_gate n) * (W_up n)),  n = RMSNorm(a)
+    logits = RMSNorm(h_L) W_out,  W_out = E^T when the embedding is tied
+
+    RMSNorm(h) = w * h / sqrt(mean(h^2) + eps)          (in float32)
+
+Attention (grouped-query): ``q = h W_q (+b_q)`` ``[T, n_h, D]``, ``k, v`` ``[T, n_kv, D]``;
+query head ``j`` reads key/value head ``j // G``. Rotary embeddings ("rotate-half"
+form, as in transformers) at integer position ``p``::
+
+    θ_i = inv_freq_i = rope_theta^(-2i/D),  i < D/2
+    rope(u, p) = u * cos(p θ) + rotate_half(u) * sin(p θ),
+    rotate_half([u1, u2]) = [-u2, u1],   cos/sin repeated to length D
+
+    Attn = softmax(q k^T / sqrt(D) + mask) v, then W_o.
+
+Positions and padding
+---------------------
+Prompts are LEFT-padded to ``[B, P]``. Row ``b`` has ``offset_b = P - len_b`` padding
+slots; a token at slot ``s`` has position ``s - offset_b`` (so the first real token has
+position 0, whatever the padding). A query at slot ``i`` may attend key slot ``j`` iff
+``offset_b <= j <= i`` (pad queries attend only themselves, which keeps everything
+finite; their outputs are never used).
+
+The cache
+---------
+``max_len`` (static) slots per row. The state is a dict whose leaves all have the batch
+axis first (so particle systems can reorder rows with ``x[ancestors]``)::
+
+    k, v:   tuple of L arrays [B, max_len, n_kv, D]   (compute dtype)
+    slot:   int32 [B]  next slot to write (equal across rows; = P after prefill)
+    offset: int32 [B]  padding slots of each row
+
+Prefill writes slots ``[0, P)``; each :meth:`JaxLM.step` writes slot ``slot`` with
+``lax.dynamic_update_slice`` (in place under jit when the state is a loop carry or is
+donated) and attends over the whole cache under the mask above (costs ``O(max_len)``
+per token, negligible for the short contexts of constrained decoding). Writing past
+``max_len`` is silently clamped by XLA, so ``max_len`` must cover prompt + new tokens.
+
+Precision: float32 by default (matmuls at ``Precision.HIGHEST``, so GPUs do not
+silently use TF32); ``dtype=jnp.bfloat16`` stores weights and activations in bfloat16
+while RMSNorm, softmax and log-probabilities stay float32.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from .gguf_weights import LlamaConfig, load_gguf, read_gguf_config
+
+PyTree = Any
+
+#: How many times each jitted entry point has been traced (tests check for recompiles).
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+_NEG = -1e30  # finite "minus infinity" for masked attention scores
+
+
+# ----------------------------------------------------------------------------- modules
+class RMSNorm(nnx.Module):
+    """``y = w * x / sqrt(mean(x^2, -1) + eps)``, computed in float32, returned in
+    ``x.dtype``. ``x``: ``[..., H]``."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = float(eps)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return y.astype(x.dtype) * self.weight[...].astype(x.dtype)
+
+
+def _rotate_half(u: jax.Array) -> jax.Array:
+    half = u.shape[-1] // 2
+    return jnp.concatenate([-u[..., half:], u[..., :half]], axis=-1)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+    """``positions`` int ``[B, T]`` -> ``(cos, sin)`` float32 ``[B, T, D]`` with angles
+    ``positions * inv_freq`` repeated twice along the last axis."""
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    ang = jnp.concatenate([ang, ang], axis=-1)
+    return jnp.cos(ang), jnp.sin(ang)
+
+
+def apply_rope(u: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """``u`` ``[B, T, heads, D]``, ``cos/sin`` ``[B, T, D]`` -> rotated ``u`` (same dtype)."""
+    c, s = cos[:, :, None, :], sin[:, :, None, :]
+    uf = u.astype(jnp.float32)
+    return (uf * c + _rotate_half(uf) * s).astype(u.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision) -> jax.Array:
+    """Grouped-query attention.
+
+    Args:
+      q: ``[B, T, n_h, D]``; k, v: ``[B, S, n_kv, D]``; mask: bool ``[B, T, S]``
+        (True = may attend).
+    Returns:
+      ``[B, T, n_h * D]``: ``softmax(q k^T / sqrt(D) masked) v`` per head, head ``j``
+      using key/value head ``j // G``. Scores and softmax in float32.
+    """
+    B, T, nh, D = q.shape
+    nkv = k.shape[2]
+    qg = q.reshape(B, T, nkv, nh // nkv, D)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=precision,
+                        preferred_element_type=jnp.float32) * (1.0 / np.sqrt(D))
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v, precision=precision)
+    return out.reshape(B, T, nh * D)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with rotary embeddings (see module docstring)."""
+
+    def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
+        H, D = cfg.hidden_size, cfg.head_dim
+        kw = dict(dtype=dtype, param_dtype=dtype, precision=precision, rngs=rngs)
+        self.q_proj = nnx.Linear(H, cfg.num_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.k_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.v_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.o_proj = nnx.Linear(cfg.num_heads * D, H, use_bias=False, **kw)
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, D
+        self.precision = precision
+
+    def qkv(self, x, cos, sin):
+        """``x`` ``[B, T, H]`` -> rotated ``q`` ``[B, T, n_h, D]``, ``k`` and ``v``
+        ``[B, T, n_kv, D]``."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, ``[.., H] -> [.., H]`` via width ``F``."""
+
+    def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
+        H, F = cfg.hidden_size, cfg.intermediate_size
+        kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=precision, rngs=rngs)
+        self.gate_proj = nnx.Linear(H, F, **kw)
+        self.up_proj = nnx.Linear(H, F, **kw)
+        self.down_proj = nnx.Linear(F, H, **kw)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block. :meth:`__call__` returns the new hidden states and
+    the (possibly updated) key/value tensors that the caller keeps as cache."""
+
+    def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        self.attn = Attention(cfg, dtype=dtype, precision=precision, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        self.mlp = MLP(cfg, dtype=dtype, precision=precision, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, cache=None, slot=None):
+        """Two modes.
+
+        * ``cache is None`` (prefill / full recompute): ``x`` ``[B, T, H]``; attends over
+          its own ``T`` keys with ``mask`` ``[B, T, T]``; returns ``(x', k, v)`` with
+          ``k, v`` ``[B, T, n_kv, D]``.
+        * ``cache = (k_cache, v_cache)`` ``[B, S, n_kv, D]`` (decode): writes this step's
+          ``T`` keys/values at slot ``slot`` (scalar int32), attends over all ``S``
+          slots with ``mask`` ``[B, T, S]``; returns ``(x', k_cache', v_cache')``.
+        """
+        q, k, v = self.attn.qkv(self.attn_norm(x), cos, sin)
+        if cache is not None:
+            kc, vc = cache
+            z = jnp.zeros((), jnp.int32)
+            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (z, slot, z, z))
+            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (z, slot, z, z))
+        h = attend(q, k, v, mask, self.attn.precision)
+        x = x + self.attn.o_proj(h)
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, k, v
+
+
+class LlamaModel(nnx.Module):
+    """Embedding, ``L`` :class:`Block` s, final RMSNorm and output projection."""
+
+    def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, precision=None,
+                 rngs: nnx.Rngs):
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
+                               rngs=rngs)
+        self.layers = nnx.List([Block(cfg, dtype=dtype, precision=precision, rngs=rngs)
+                                for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
+                                      dtype=dtype, param_dtype=dtype, precision=precision,
+                                      rngs=rngs)
+        self.tie_embeddings = cfg.tie_embeddings
+        self.precision = precision
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Final norm and output projection: ``h`` ``[..., H]`` -> float32 ``[..., V]``."""
+        n = self.norm(h)
+        if self.tie_embeddings:
+            emb = self.embed.embedding[...]
+            out = jnp.einsum("...h,vh->...v", n.astype(emb.dtype), emb,
+                             precision=self.precision, preferred_element_type=jnp.float32)
+        else:
+            out = self.lm_head(n)
+        return out.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- JaxLM
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+class JaxLM:
+    """A Llama-family LM implementing :class:`jaxcd.lm.interface.LanguageModel`.
+
+    Hashable and comparable by ``(config, dtype, precision)`` only: it is a static jit
+    argument, and the weights travel separately as ``params`` (the ``nnx.State`` of a
+    :class:`LlamaModel`). ``lm.params`` holds the weights the LM was loaded with, for
+    convenience (``lm.prefill(lm.params, ...)``). Note that jit caches keep a reference
+    to the static LM object they were traced with.
+
+    ``prefill`` / ``step`` are jitted (and traceable, so they can be called inside a
+    decoder's own ``jit``/``scan``). Use :meth:`generate_greedy` for host-side tests.
+    """
+
+    def __init__(self, config: LlamaConfig, dtype=jnp.float32, params: PyTree | None = None,
+                 precision: str | None = "highest"):
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        if self.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise ValueError(f"JaxLM: dtype must be float32, bfloat16 or float16, got {self.dtype}")
+        self.precision = precision
+        self.vocab_size = config.vocab_size
+        self.eos_token_id = config.eos_token_id
+        self.bos_token_id = config.bos_token_id
+        self.pad_token_id = config.pad_token_id if config.pad_token_id >= 0 else 0
+        self.inv_freq = config.rope_inv_freq()
+        abstract = nnx.eval_shape(lambda: LlamaModel(
+            config, dtype=self.dtype, precision=self._jax_precision(), rngs=nnx.Rngs(0)))
+        self.graphdef, self._abstract_state = nnx.split(abstract)
+        self.params = params
+        self._key = (config, self.dtype.name, precision)
+
+    def _jax_precision(self):
+        if self.precision is None:
+            return None
+        if isinstance(self.precision, str):
+            return jax.lax.Precision[self.precision.upper()]
+        return self.precision
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __eq__(self, other):
+        return isinstance(other, JaxLM) and self._key == other._key
+
+    def __repr__(self):
+        c = self.config
+        return (f"JaxLM({c.arch}, L={c.num_layers}, H={c.hidden_size}, heads={c.num_heads}/"
+                f"{c.num_kv_heads}, V={c.vocab_size}, dtype={self.dtype.name})")
+
+    # -- construction ------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike | None = None, dtype=jnp.float32,
+                  precision: str | None = "highest") -> "JaxLM":
+        """Load a Llama/Qwen2 GGUF (``None`` = the default SmolLM2-135M-Instruct Q4_1),
+        de-quantised to ``dtype``. Raises :class:`ModelFileError` for bad files."""
+        cfg, pure = load_gguf(path, dtype=np.float32)
+        lm = cls(cfg, dtype=dtype, precision=precision)
+        lm.params = lm.params_from_pure_dict(pure)
+        return lm
+
+    def params_from_pure_dict(self, pure: dict) -> nnx.State:
+        """Turn a nested dict of arrays (layout of :func:`load_gguf`) into the
+        ``nnx.State`` pytree this LM's functions take, checking every shape."""
+        state = jax.tree.map(lambda x: x, self._abstract_state)  # fresh copy
+
+        def conv(path, abstract, value):
+            value = np.asarray(value)
+            if value.shape != abstract.shape:
+                raise ValueError(f"parameter {'/'.join(map(str, path))}: shape {value.shape}, "
+                                 f"expected {abstract.shape}")
+            return jnp.asarray(value, dtype=abstract.dtype)
+
+        flat_abs = dict(nnx.traversals.flatten_mapping(state.to_pure_dict()))
+        flat_val = dict(nnx.traversals.flatten_mapping(pure))
+        missing = set(flat_abs) - set(flat_val)
+        extra = set(flat_val) - set(flat_abs)
+        if missing or extra:
+            raise ValueError(f"params_from_pure_dict: missing {sorted(map(str, missing))[:5]}, "
+                             f"unexpected {sorted(map(str, extra))[:5]}")
+        conv_flat = {k: conv(k, flat_abs[k], flat_val[k]) for k in flat_abs}
+        nnx.replace_by_pure_dict(state, nnx.traversals.unflatten_mapping(conv_flat))
+        return state
+
+    def model(self, params: PyTree) -> LlamaModel:
+        """The NNX module with ``params`` merged in (inside or outside jit)."""
+        return nnx.merge(self.graphdef, params)
+
+    # -- pure implementations ------------------------------------------------------------
+    def _check_prompt(self, prompt_ids, prompt_lengths, max_len):
+        if prompt_ids.ndim != 2:
+            raise ValueError(f"prompt_ids must be [batch, prompt_len], got shape {prompt_ids.shape}")
+        B, P = prompt_ids.shape
+        if tuple(prompt_lengths.shape) != (B,):
+            raise ValueError(f"prompt_lengths must have shape [{B}], got {prompt_lengths.shape}")
+        if P < 1:
+            raise ValueError("prompt_ids must have at least one column")
+        if max_len < P:
+            raise ValueError(f"max_len={max_len} is smaller than the prompt length {P}")
+        if max_len > self.config.context_length:
+            raise ValueError(f"max_len={max_len} exceeds the model's context length "
+                             f"{self.config.context_length}")
+        if _is_concrete(prompt_lengths):
+            lens = np.asarray(prompt_lengths)
+            if lens.min() < 1 or lens.max() > P:
+                raise ValueError(f"prompt_lengths must be in [1, {P}], got {lens.tolist()}")
+
+    def _forward_prompt(self, params, prompt_ids, prompt_lengths):
+        """Full causal forward over left-padded prompts. Returns hidden states
+        ``[B, P, H]``, per-layer ``(k, v)`` ``[B, P, n_kv, D]`` and ``offset`` ``[B]``."""
+        model = self.model(params)
+        B, P = prompt_ids.shape
+        offset = (P - prompt_lengths).astype(jnp.int32)
+        slots = jnp.arange(P, dtype=jnp.int32)
+        positions = jnp.maximum(slots[None, :] - offset[:, None], 0)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        i, j = slots[:, None], slots[None, :]
+        mask = (j <= i)[None] & ((j[None] >= offset[:, None, None]) | (i == j)[None])
+        x = model.embed(prompt_ids.astype(jnp.int32))
+        kvs = []
+        for layer in model.layers:
+            x, k, v = layer(x, cos, sin, mask)
+            kvs.append((k, v))
+        return model, x, kvs, offset
+
+    def _prefill(self, params, prompt_ids, prompt_lengths, max_len: int):
+        TRACE_COUNTS["prefill"] += 1
+        model, x, kvs, offset = self._forward_prompt(params, prompt_ids, prompt_lengths)
+        B, P = prompt_ids.shape
+        pad = ((0, 0), (0, max_len - P), (0, 0), (0, 0))
+        state = {
+            "k": tuple(jnp.pad(k.astype(self.dtype), pad) for k, _ in kvs),
+            "v": tuple(jnp.pad(v.astype(self.dtype), pad) for _, v in kvs),
+            "slot": jnp.full((B,), P, jnp.int32),
+            "offset": offset,
+        }
+        logits = model.logits(x[:, -1])
+        return state, jax.nn.log_softmax(logits, axis=-1)
+
+    def _step(self, params, state, tokens):
+        TRACE_COUNTS["step"] += 1
+        model = self.model(params)
+        slot_b, offset = state["slot"], state["offset"]
+        slot = slot_b[0]
+        S = state["k"][0].shape[1]
+        cos, sin = rope_cos_sin((slot_b - offset)[:, None], self.inv_freq)
+        j = jnp.arange(S, dtype=jnp.int32)[None, None, :]
+        mask = (j >= offset[:, None, None]) & (j <= slot)
+        x = model.embed(tokens.astype(jnp.int32)[:, None])
+        ks, vs = [], []
+        for layer, kc, vc in zip(model.layers, state["k"], state["v"]):
+            x, kc, vc = layer(x, cos, sin, mask, cache=(kc, vc), slot=slot)
+            ks.append(kc)
+            vs.append(vc)
+        new_state = {"k": tuple(ks), "v": tuple(vs), "slot": slot_b + 1, "offset": offset}
+        return new_state, jax.nn.log_softmax(model.logits(x[:, 0]), axis=-1)
+
+    # -- the interface ----------------------------------------------------------------------
+    def prefill(self, params: PyTree, prompt_ids: jax.Array, prompt_lengths: jax.Array,
+                max_len: int) -> tuple[PyTree, jax.Array]:
+        """Run the left-padded prompts ``[B, P]`` (lengths ``[B]``) through the model and
+        allocate a cache of ``max_len`` (static) slots. Returns ``(state, logprobs
+        [B, V] float32)`` of the token after each prompt."""
+        prompt_ids = jnp.asarray(prompt_ids)
+        prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32) if _is_concrete(prompt_lengths) \
+            else prompt_lengths
+        self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
+        return _prefill_jit(self, params, prompt_ids, prompt_lengths, int(max_len))
+
+    def step(self, params: PyTree, state: PyTree, tokens: jax.Array) -> tuple[PyTree, jax.Array]:
+        """Append ``tokens`` ``[B]`` at the next slot. Returns ``(state', logprobs [B, V])``.
+        The caller must not step more than ``max_len - P`` times."""
+        return _step_jit(self, params, state, jnp.asarray(tokens))
+
+    # -- extras ---------------------------------------------------------------------------
+    def logprobs_all(self, params: PyTree, prompt_ids, prompt_lengths) -> jax.Array:
+        """Full recompute without a cache: float32 ``[B, P, V]`` next-token
+        log-probabilities after every slot of the left-padded ``prompt_ids`` (rows at
+        padding slots are meaningless)."""
+        prompt_ids = jnp.asarray(prompt_ids)
+        prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+        self._check_prompt(prompt_ids, prompt_lengths, prompt_ids.shape[1])
+        return _all_jit(self, params, prompt_ids, prompt_lengths)
+
+    def _logprobs_all(self, params, prompt_ids, prompt_lengths):
+        TRACE_COUNTS["all"] += 1
+        model, x, _, _ = self._forward_prompt(params, prompt_ids, prompt_lengths)
+        return jax.nn.log_softmax(model.logits(x), axis=-1)
+
+    def generate_greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                        params: PyTree | None = None, stop_at_eos: bool = True,
+                        max_len: int | None = None) -> list[list[int]]:
+        """Greedy continuation of each token list (host loop around the jitted, buffer-
+        donating step). Returns the new tokens per prompt, cut after EOS when
+        ``stop_at_eos``."""
+        from .interface import pad_prompts
+
+        params = self.params if params is None else params
+        if params is None:
+            raise ValueError("generate_greedy: no params (load with JaxLM.from_gguf or pass params=)")
+        if max_new_tokens < 1:
+            return [[] for _ in prompts]
+        ids, lens = pad_prompts(prompts, pad_id=self.pad_token_id)
+        max_len = ids.shape[1] + max_new_tokens if max_len is None else max_len
+        if max_len < ids.shape[1] + max_new_tokens - 1:
+            raise ValueError(f"max_len={max_len} cannot hold {ids.shape[1]} prompt slots and "
+                             f"{max_new_tokens} new tokens")
+        state, lp = self.prefill(params, ids, lens, max_len)
+        tok = jnp.argmax(lp, axis=-1).astype(jnp.int32)
+        out = [tok]
+        for _ in range(max_new_tokens - 1):
+            state, lp = _step_jit_donate(self, params, state, tok)
+            tok = jnp.argmax(lp, axis=-1).astype(jnp.int32)
+            out.append(tok)
+        toks = np.asarray(jnp.stack(out, axis=1))
+        result = []
+        for row in toks.tolist():
+            if stop_at_eos and self.eos_token_id in row:
+                row = row[: row.index(self.eos_token_id) + 1]
+            result.append(row)
+        return result
+
+    def generate_greedy_scan(self, params: PyTree, prompt_ids, prompt_lengths,
+                             max_new_tokens: int) -> jax.Array:
+        """Greedy decoding as ONE jitted program (prefill + ``lax.scan`` over steps).
+        Returns int32 ``[B, max_new_tokens]`` (no EOS handling)."""
+        prompt_ids = jnp.asarray(prompt_ids)
+        prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+        self._check_prompt(prompt_ids, prompt_lengths, prompt_ids.shape[1] + max_new_tokens)
+        return _scan_jit(self, params, prompt_ids, prompt_lengths, int(max_new_tokens))
+
+    def _generate_scan(self, params, prompt_ids, prompt_lengths, n: int):
+        TRACE_COUNTS["scan"] += 1
+        state, lp = self._prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + n)
+        tok = jnp.argmax(lp, axis=-1).astype(jnp.int32)
+
+        def body(carry, _):
+            state, tok = carry
+            state, lp = self._step(params, state, tok)
+            nxt = jnp.argmax(lp, axis=-1).astype(jnp.int32)
+            return (state, nxt), tok
+
+        (_, last), toks = jax.lax.scan(body, (state, tok), None, length=n - 1)
+        return jnp.concatenate([toks.T, last[:, None]], axis=1) if n > 1 else tok[:, None]
+
+
+# module-level jitted entry points (LM static; params/state/tokens traced)
+_prefill_jit = jax.jit(lambda lm, p, ids, lens, max_len: lm._prefill(p, ids, lens, max_len),
+                       static_argnums=(0, 4))
+_step_jit = jax.jit(lambda lm, p, s, t: lm._step(p, s, t), static_argnums=0)
+_step_jit_donate = jax.jit(lambda lm, p, s, t: lm._step(p, s, t), static_argnums=0,
+                           donate_argnums=2)
+_all_jit = jax.jit(lambda lm, p, ids, lens: lm._logprobs_all(p, ids, lens), static_argnums=0)
+_scan_jit = jax.jit(lambda lm, p, ids, lens, n: lm._generate_scan(p, ids, lens, n),
+                    static_argnums=(0, 4))
+
+
+def step_donated(lm: JaxLM, params: PyTree, state: PyTree, tokens: jax.Array):
+    """Like ``lm.step`` but donates ``state`` so the cache is updated in place (the
+    passed-in ``state`` must not be used afterwards)."""
+    return _step_jit_donate(lm, params, state, jnp.asarray(tokens))
+
+
+__all__ = ["JaxLM", "LlamaModel", "LlamaConfig", "TRACE_COUNTS", "step_donated",
+           "read_gguf_config", "rope_cos_sin", "apply_rope", "attend"]
