@@ -148,3 +148,29 @@ mask_words_jit = jax.jit(mask_words)
 advance_jit = jax.jit(advance)
 batched_mask_words = jax.jit(jax.vmap(mask_words, in_axes=(None, None, 0)))
 batched_advance = jax.jit(jax.vmap(advance, in_axes=(None, 0, 0)))
+
+
+@partial(jax.jit, static_argnames=("num_walks",))
+def random_walks(key: jax.Array, fa: TensorizedAutomaton, tables: BudgetTables,
+                 num_walks: int) -> tuple[jax.Array, jax.Array]:
+    """Masked random walks: ``num_walks`` sequences of ``n`` tokens, each token drawn
+    uniformly from the current mask (a stand-in for an LM; used by tests and the
+    demo). Returns ``(tokens int32 [num_walks, n], final_state int32 [num_walks])``.
+    A walk whose mask is empty (possible under LCD tables) keeps emitting EOS and
+    stays in its state (it will not be accepting)."""
+    n = tables.beta.shape[0] - 1
+
+    def one(k):
+        def step(cs, k_t):
+            m = mask(fa, tables, cs)
+            logits = jnp.where(m, 0.0, -jnp.inf)
+            tok = jax.random.categorical(k_t, logits)
+            tok = jnp.where(jnp.any(m), tok, fa.eos_id).astype(jnp.int32)
+            nxt = advance(fa, cs, tok)
+            nxt = ConstraintState(jnp.where(jnp.any(m), nxt.state, cs.state), nxt.t)
+            return nxt, tok
+
+        cs, toks = jax.lax.scan(step, init_state(fa), jax.random.split(k, n))
+        return toks, cs.state
+
+    return jax.vmap(one)(jax.random.split(key, num_walks))
