@@ -124,6 +124,7 @@ PRE_TOKENIZER_SPLITS = {
 }
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")
+_SUPPORTED_DOC = "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE; not Gemma's variant)"
 
 
 # ----------------------------------------------------------------------------- reading
@@ -297,6 +298,13 @@ def build_backend_tokenizer(meta: dict, where: str = "GGUF file"):
         raise VocabularyError(
             f"{where}: tokenizer.ggml.token_type has {len(token_type)} entries for "
             f"{len(tokens)} tokens")
+    for key in _SPECIAL_IDS.values():
+        index = meta.get(key)
+        if index is not None and not 0 <= index < len(tokens):
+            gguf_key = {"unk_token_id": "unknown_token_id", "pad_token_id": "padding_token_id"}.get(key, key)
+            raise VocabularyError(
+                f"{where}: tokenizer.ggml.{gguf_key} = {index} is outside the vocabulary "
+                f"(size {len(tokens)})")
     if model == "gpt2":
         tok, defaults = _byte_level_backend(meta, where)
     elif model == "llama" and arch not in _UNSUPPORTED_SENTENCEPIECE_ARCHS:
@@ -305,7 +313,7 @@ def build_backend_tokenizer(meta: dict, where: str = "GGUF file"):
         what = f"{model!r}" + (f" for architecture {arch!r}" if model == "llama" else "")
         raise VocabularyError(
             f"{where}: unsupported GGUF tokenizer model {what} (tokenizer.ggml.model); "
-            f"jaxcd builds {', '.join(SUPPORTED_TOKENIZER_MAPPING_DOC)}")
+            f"jaxcd builds {_SUPPORTED_DOC}")
 
     # 1. the builder class's own default special tokens (only those the vocabulary has)
     model_vocab = tok.get_vocab(with_added_tokens=False)
@@ -343,16 +351,9 @@ def build_backend_tokenizer(meta: dict, where: str = "GGUF file"):
         kwargs.setdefault("add_bos_token", True)
     for name, key in _SPECIAL_IDS.items():
         index = meta.get(key)
-        if index is not None and not 0 <= index < len(tokens):
-            raise VocabularyError(
-                f"{where}: tokenizer.ggml.{key.replace('unk_', 'unknown_').replace('pad_', 'padding_')}"
-                f" = {index} is outside the vocabulary (size {len(tokens)})")
         kwargs[name] = tokens[index] if index is not None else None
     return tok, kwargs
 
-
-SUPPORTED_TOKENIZER_MAPPING_DOC = ("'gpt2' (byte-level BPE)",
-                                   "'llama' (SentencePiece BPE; not Gemma's variant)")
 
 
 # ----------------------------------------------------------------------------- caching
@@ -448,7 +449,14 @@ def load_tokenizer(gguf_path: str | os.PathLike | None = None, *, use_cache: boo
                               stacklevel=2)
 
     meta = read_gguf_tokenizer_metadata(path)
-    backend, kwargs = build_backend_tokenizer(meta, where=str(path))
+    try:
+        backend, kwargs = build_backend_tokenizer(meta, where=str(path))
+    except VocabularyError:
+        raise
+    except Exception as exc:  # e.g. tokenizers rejecting a merge of unknown tokens
+        raise VocabularyError(
+            f"{path}: the tokenizer metadata does not form a valid tokenizer: "
+            f"{type(exc).__name__}: {exc}") from exc
     tokenizer = _wrap(kwargs, path, tokenizer_object=backend)
     if folder is not None:
         try:
