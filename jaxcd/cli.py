@@ -95,7 +95,7 @@ def cmd_generate(args) -> int:
     s = res.stats
     print(f"[jaxcd] method={s['method']} budget={s['budget']} samples={s['num_samples']} "
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
-          f"compile={s["compile_s"]:.2f}s decode(incl. jit)={s["decode_s"]:.2f}s "
+          f"compile={s['compile_s']:.2f}s decode(incl. jit)={s['decode_s']:.2f}s "
           f"({s['ms_per_step']:.1f} ms/step for the batch)", file=sys.stderr)
     return 0
 
