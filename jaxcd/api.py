@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 from pathlib import Path
 from typing import Sequence
@@ -19,6 +21,20 @@ from .vocab import Vocabulary
 
 __all__ = ["compile_regex", "compile_json_schema", "compile_keywords", "compile_tool_call",
            "compile_automaton", "allowed_tokens", "walk_prefix"]
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Compilation allocates many short-lived sets; with a large heap (tokenizer,
+    vocabulary) Python's cyclic GC would rescan it over and over (measured: 120 ms of
+    a 130 ms determinisation). Nothing built here is cyclic, so pause it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _cached(kind: str, source: str, options: dict, vocab: Vocabulary, build, cache):
@@ -40,7 +56,8 @@ def _cached(kind: str, source: str, options: dict, vocab: Vocabulary, build, cac
                 return TensorizedAutomaton.load(path)
             except Exception:
                 path.unlink(missing_ok=True)
-    fa = tensorize(build(), vocab, key=f"{kind}:{source[:80]}")
+    with _gc_paused():
+        fa = tensorize(build(), vocab, key=f"{kind}:{source[:80]}")
     if path is not None:
         fa.save(path)
     return fa
@@ -92,8 +109,9 @@ def compile_tool_call(tool: dict | str, vocab: Vocabulary,
 
 def compile_automaton(automaton: NFA | DFA, vocab: Vocabulary) -> TensorizedAutomaton:
     """Tensorize a hand-built byte-level automaton (see :class:`jaxcd.automata.NFA`)."""
-    dfa = automaton if isinstance(automaton, DFA) else determinize(automaton)
-    return tensorize(minimize(dfa), vocab, key="automaton")
+    with _gc_paused():
+        dfa = automaton if isinstance(automaton, DFA) else determinize(automaton)
+        return tensorize(minimize(dfa), vocab, key="automaton")
 
 
 def walk_prefix(fa: TensorizedAutomaton, prefix_token_ids: Sequence[int],

@@ -221,33 +221,38 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 22):
     first_bytes = np.nonzero(has_first)[0]
     first_nodes = trie.first_node[first_bytes]
 
-    index = {0: 0}
-    order = [0]
+    # Lift every DFA state at once (chunked to bound memory): one pass over the trie
+    # levels instead of one pass per BFS round. Reachability by whole tokens is
+    # computed afterwards on the (small) state graph.
     out_src, out_tok, out_dst = [], [], []
-    frontier = np.array([0], np.int64)
-    while len(frontier):
-        round_dsts = []
-        # depth 0: (state, first byte) pairs
-        cur = table[frontier[:, None], first_bytes[None, :]]          # [F, nb]
+    live_first = table[:Q][:, first_bytes] != Q                       # [Q, nb]
+    est = live_first.sum(1) * max(1, len(trie.node_byte) // max(len(first_bytes), 1))
+    chunks, cur_chunk, acc = [], [], 0
+    for q in range(Q):
+        if cur_chunk and acc + est[q] > max_pairs:
+            chunks.append(cur_chunk)
+            cur_chunk, acc = [], 0
+        cur_chunk.append(q)
+        acc += est[q]
+    if cur_chunk:
+        chunks.append(cur_chunk)
+    for ch in chunks:
+        states_c = np.asarray(ch, np.int64)
+        cur = table[states_c[:, None], first_bytes[None, :]]
         fi, bi = np.nonzero(cur != Q)
-        src_state = frontier[fi]
+        src_state = states_c[fi]
         node = first_nodes[bi]
         cur = cur[fi, bi]
         while len(node):
-            # emit tokens that end at these nodes
             ecount = trie.end_start[node + 1] - trie.end_start[node]
             has = ecount > 0
             if has.any():
                 n_h, c_h = node[has], ecount[has]
                 reps = np.repeat(np.arange(len(n_h)), c_h)
                 offs = np.repeat(trie.end_start[n_h] - (np.cumsum(c_h) - c_h), c_h)
-                toks = trie.end_tokens[offs + np.arange(len(reps))]
-                s_h, d_h = src_state[has][reps], cur[has][reps]
-                out_src.append(s_h)
-                out_tok.append(toks)
-                out_dst.append(d_h)
-                round_dsts.append(d_h)
-            # expand to children
+                out_tok.append(trie.end_tokens[offs + np.arange(len(reps))])
+                out_src.append(src_state[has][reps])
+                out_dst.append(cur[has][reps])
             ccount = trie.child_start[node + 1] - trie.child_start[node]
             keep = ccount > 0
             node, cur, src_state, ccount = node[keep], cur[keep], src_state[keep], ccount[keep]
@@ -260,23 +265,31 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 22):
             nxt = table[cur[reps], trie.node_byte[child]]
             alive = nxt != Q
             node, cur, src_state = child[alive], nxt[alive], src_state[reps[alive]]
-        new = []
-        if round_dsts:
-            for d in np.unique(np.concatenate(round_dsts)).tolist():
-                if d not in index:
-                    index[d] = len(order)
-                    order.append(d)
-                    new.append(d)
-        frontier = np.array(new, np.int64)
     if out_src:
         src = np.concatenate(out_src)
         tok = np.concatenate(out_tok)
         dst = np.concatenate(out_dst)
     else:
         src = tok = dst = np.zeros(0, np.int64)
+    # states reachable from the start by whole tokens, BFS order
+    pairs = np.unique(src * Q + dst)
+    es, ed = pairs // Q, pairs % Q
+    starts = np.searchsorted(es, np.arange(Q + 1))
+    index = {0: 0}
+    order = [0]
+    i = 0
+    while i < len(order):
+        q = order[i]
+        i += 1
+        for d in ed[starts[q]:starts[q + 1]].tolist():
+            if d not in index:
+                index[d] = len(order)
+                order.append(d)
     remap = np.full(Q, -1, np.int64)
     remap[np.array(order)] = np.arange(len(order))
-    return np.array(order), remap[src], tok.astype(np.int64), remap[dst]
+    keep = remap[src] >= 0
+    return (np.array(order), remap[src[keep]], tok[keep].astype(np.int64),
+            remap[dst[keep]])
 
 
 def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) -> np.ndarray:

@@ -142,3 +142,12 @@ def test_minimisation_is_minimal_on_known_case():
 def test_regex_errors(pattern, exc, needle):
     with pytest.raises(exc, match=needle):
         regex_to_nfa(pattern)
+
+
+def test_stored_unicode_tables_match_python():
+    """The precomputed \\d \\s \\w ranges (jaxcd/data) equal what this Python's re uses."""
+    from jaxcd.automata.regex import _compute_category, _stored_categories, _unicode_category
+    if not _stored_categories():
+        pytest.skip("stored tables are for another Unicode version; computed at run time")
+    for name in ("digit", "space", "word"):
+        assert _unicode_category(name) == _compute_category(name)

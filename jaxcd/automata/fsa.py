@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -91,15 +92,28 @@ class NFA:
         self.add_bytes(src, dst, text.encode("utf-8"))
 
     def add_codepoints(self, src: int, dst: int, ranges: Iterable[tuple[int, int]]) -> None:
-        """Paths spelling exactly one code point from the inclusive ``ranges`` (UTF-8)."""
+        """Paths spelling exactly one code point from the inclusive ``ranges`` (UTF-8).
+
+        Large classes (``.``, ``\\w``, ``[^"]``) are inserted as their minimal byte DFA
+        (cached per class), which keeps later determinisation small."""
         self._check(src, dst)
-        for lo, hi in normalize_ranges(ranges):
-            for seq in utf8_sequences(lo, hi):
+        key = tuple(normalize_ranges(ranges))
+        seqs = [seq for lo, hi in key for seq in utf8_sequences(lo, hi)]
+        if len(seqs) <= 4:
+            for seq in seqs:
                 cur = src
                 for i, (a, b) in enumerate(seq):
                     nxt = dst if i == len(seq) - 1 else self.add_state()
                     self.trans[cur].append((a, b, nxt))
                     cur = nxt
+            return
+        runs, num_states, accept = _class_fragment(key)
+        ids = {0: src, accept: dst}
+        for q in range(1, num_states):
+            if q != accept:
+                ids[q] = self.add_state()
+        for q, lo, hi, d in runs:
+            self.trans[ids[q]].append((lo, hi, ids[d]))
 
     def embed(self, other: "NFA") -> tuple[int, set[int]]:
         """Copy ``other`` into this NFA; return (its start, its accepting states)."""
@@ -430,6 +444,44 @@ def concat(*parts: "NFA | DFA") -> NFA:
             out.add_epsilon(q, cur)
     out.accepting = {cur}
     return out
+
+
+@lru_cache(maxsize=4096)
+def _class_fragment(ranges: tuple) -> tuple[list, int, int]:
+    """Minimal DFA reading exactly one UTF-8 encoded code point of ``ranges``:
+    ``(transitions (q, lo, hi, dst), num_states, accepting state)``; state 0 starts."""
+    nfa = NFA()
+    s, f = nfa.add_state(), nfa.add_state(accepting=True)
+    nfa.start = s
+    for lo, hi in ranges:
+        for seq in utf8_sequences(lo, hi):
+            cur = s
+            for i, (a, b) in enumerate(seq):
+                nxt = f if i == len(seq) - 1 else nfa.add_state()
+                nfa.trans[cur].append((a, b, nxt))
+                cur = nxt
+    dfa = minimize(determinize(nfa))
+    accept = int(np.nonzero(dfa.accepting)[0][0])
+    runs = []
+    for q, lo, hi, d in _byte_runs(dfa):
+        runs.append((q, lo, hi, d))
+    return runs, dfa.num_states, accept
+
+
+def _byte_runs(dfa: DFA):
+    """(state, lo, hi, dst) for maximal byte runs with the same destination."""
+    table = dfa.byte_table()
+    for q in range(dfa.num_states):
+        row = table[q]
+        b = 0
+        while b < 256:
+            d = int(row[b])
+            e = b
+            while e + 1 < 256 and row[e + 1] == d:
+                e += 1
+            if d >= 0:
+                yield q, b, e, d
+            b = e + 1
 
 
 def literal_dfa(strings: Sequence[bytes]) -> DFA:

@@ -49,8 +49,30 @@ def _all_code_points() -> str:
 
 
 @lru_cache(maxsize=None)
+def _stored_categories() -> dict:
+    """Ranges precomputed by :func:`_compute_category` for this Unicode version
+    (``jaxcd/data/unicode_classes.json``); empty if the Python's tables differ."""
+    import json
+    import unicodedata
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "data" / "unicode_classes.json"
+    try:
+        data = json.loads(path.read_text())
+    except OSError:
+        return {}
+    return data if data.get("unidata_version") == unicodedata.unidata_version else {}
+
+
+@lru_cache(maxsize=None)
 def _unicode_category(name: str) -> tuple[tuple[int, int], ...]:
     """Code-point ranges that Python's ``re`` puts in \\d, \\s or \\w (str patterns)."""
+    stored = _stored_categories().get(name)
+    if stored is not None:
+        return tuple(tuple(r) for r in stored)
+    return _compute_category(name)
+
+
+def _compute_category(name: str) -> tuple[tuple[int, int], ...]:
     pat = {"digit": r"\d+", "space": r"\s+", "word": r"\w+"}[name]
     text = _all_code_points()
     out = []
