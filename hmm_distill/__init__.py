@@ -1,0 +1,26 @@
+"""hmm_distill: a Flax HMM distilled from language-model samples by EM.
+
+Pure functions over ``(π, A, B)`` (:mod:`hmm_distill.hmm`), the NNX module
+(:class:`HMM`), Baum–Welch EM with data parallelism (:mod:`hmm_distill.em`),
+initialisations (:mod:`hmm_distill.init`), checkpoints
+(:mod:`hmm_distill.checkpoint`), LM sampling (:mod:`hmm_distill.sampler`) and the
+training job (:mod:`hmm_distill.train`). CLI: ``python -m hmm_distill`` /
+``hmm-distill`` (:mod:`hmm_distill.cli`).
+"""
+
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .errors import (CheckpointError, CheckpointMismatchError, ConfigError, HMMDistillError,
+                     InvalidParamsError, NonFiniteStatisticsError, SampleDataError,
+                     SampleDirMismatchError, VocabularyMismatchError)
+from .hmm import (Counts, HMMParams, backward, expected_counts, forward, log_likelihood, m_step,
+                  mix_params, posteriors, predictive_logprobs, random_params, sample)
+from .model import HMM
+
+__all__ = [
+    "HMM", "HMMParams", "Counts", "forward", "backward", "log_likelihood", "posteriors",
+    "expected_counts", "m_step", "mix_params", "predictive_logprobs", "sample", "random_params",
+    "Checkpoint", "save_checkpoint", "load_checkpoint",
+    "HMMDistillError", "InvalidParamsError", "SampleDataError", "SampleDirMismatchError",
+    "VocabularyMismatchError", "CheckpointError", "CheckpointMismatchError",
+    "NonFiniteStatisticsError", "ConfigError",
+]

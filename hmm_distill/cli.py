@@ -1,0 +1,196 @@
+"""Command line: ``hmm-distill`` / ``python -m hmm_distill``.
+
+Subcommands::
+
+    sample  draw LM continuations into a sample directory (sharded .npy + metadata.json)
+    train   Baum–Welch distillation of an HMM from a sample directory
+    eval    held-out log-likelihood of a checkpoint on a sample directory
+    info    print a checkpoint's metadata
+
+Examples::
+
+    python -m hmm_distill sample --lm gguf --out data/smol --num-seqs 4000 --length 128
+    python -m hmm_distill sample --lm toy:512 --out data/toy --num-seqs 4000 --length 64
+    python -m hmm_distill train --data data/smol --out runs/smol-h128            # resumes if interrupted
+    python -m hmm_distill train --config cfg.json --epochs 20                     # flags override the file
+    python -m hmm_distill eval --ckpt runs/smol-h128/hmm.safetensors --data data/smol
+
+Errors the user can fix (bad files, mismatched vocabularies, bad config) print one
+line ``error: ...`` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from .errors import ConfigError, HMMDistillError
+
+
+def _add_sample(sub):
+    p = sub.add_parser("sample", help="sample LM continuations (sharded .npy + metadata.json)")
+    p.add_argument("--lm", default="gguf",
+                   help="gguf[:PATH] (default SmolLM2-135M), table:PATH.npz, toy:V[:SEED], hmm:CKPT")
+    p.add_argument("--out", required=True, help="sample directory (resumed if it exists)")
+    p.add_argument("--num-seqs", type=int, default=4000)
+    p.add_argument("--length", "-T", type=int, default=128, help="tokens per sequence (EOS-padded)")
+    p.add_argument("--shard-size", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prompts", help="file with one prompt per line (default: start from BOS)")
+    p.add_argument("--prompt-format", choices=("text", "ids"), default="text")
+    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS to file prompts")
+    p.add_argument("--fingerprint", help="override the vocabulary fingerprint recorded")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _add_train(sub):
+    from .train import TrainConfig
+
+    p = sub.add_parser("train", help="distil an HMM by EM from a sample directory")
+    p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
+    helps = {
+        "data": "sample directory", "out": "run directory (checkpoints, metrics, plot)",
+        "hidden_size": "H", "mode": "minibatch | full", "init": "cluster | random",
+        "step_offset": "k0 in eta_k=(k+k0)^-kappa", "step_kappa": "kappa in (0.5, 1]",
+        "devices": "devices for data-parallel EM (default: all)",
+    }
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in ("plot", "progress"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
+        if f.name in ("max_seqs", "devices"):
+            typ = int
+        elif f.name == "init_noise":
+            typ = float
+        p.add_argument(flag, dest=f.name, type=typ, default=None,
+                       help=f"{helps.get(f.name, '')} (default {f.default!r})".strip())
+    p.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _cmd_sample(a) -> int:
+    from .lms import load_lm
+    from .sampler import read_prompts, run_sampling
+
+    loaded = load_lm(a.lm)
+    texts, ids = None, None
+    if a.prompts:
+        bos = None if a.no_bos else getattr(loaded.lm, "bos_token_id", None)
+        if bos is not None and bos < 0:
+            bos = None
+        texts, ids = read_prompts(a.prompts, fmt=a.prompt_format,
+                                  tokenizer_loader=loaded.tokenizer_loader, bos=bos)
+    meta = run_sampling(loaded.lm, loaded.params, a.out, num_seqs=a.num_seqs, length=a.length,
+                        shard_size=a.shard_size, batch_size=a.batch_size, seed=a.seed,
+                        temperature=a.temperature, prompt_ids=ids, prompt_texts=texts,
+                        model_name=loaded.name, fingerprint=a.fingerprint or loaded.fingerprint,
+                        progress=not a.no_progress)
+    n = sum(s["num_seqs"] for s in meta["shards"])
+    unf = sum(s["num_unfinished"] for s in meta["shards"])
+    print(f"{a.out}: {n} sequences of {a.length} tokens in {len(meta['shards'])} shard(s); "
+          f"{unf} did not reach EOS; {meta.get('tokens_per_s', 0):.0f} tokens/s")
+    return 0
+
+
+def _cmd_train(a) -> int:
+    from .train import TrainConfig, train
+
+    base = {}
+    if a.config:
+        try:
+            base = json.loads(Path(a.config).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read config file {a.config}: {e}") from e
+        if not isinstance(base, dict):
+            raise ConfigError(f"config file {a.config} must hold a JSON object")
+    for f in dataclasses.fields(TrainConfig):
+        v = getattr(a, f.name, None)
+        if v is not None:
+            base[f.name] = v
+    if a.no_plot:
+        base["plot"] = False
+    if a.no_progress:
+        base["progress"] = False
+    cfg = TrainConfig.from_dict(base)
+    res = train(cfg, resume=not a.no_resume)
+    last = res.metrics[-1] if res.metrics else {}
+    print(f"done: {res.run_dir}/hmm.safetensors; held-out {last.get('heldout_ll', float('nan')):.4f} "
+          f"nats/token vs unigram {last.get('unigram_heldout_ll', float('nan')):.4f}")
+    return 0
+
+
+def _cmd_eval(a) -> int:
+    import numpy as np
+
+    from . import hmm as F
+    from .checkpoint import load_checkpoint
+    from .data import load_samples
+    from .em import EM
+    from .train import evaluate
+
+    s = load_samples(a.data, max_seqs=a.max_seqs)
+    ck = load_checkpoint(a.ckpt, expect_vocab_size=s.vocab_size, expect_fingerprint=s.fingerprint)
+    ll = evaluate(EM(), F.as_params(*ck.params), s.tokens, a.batch_size)
+    c = np.bincount(s.tokens.ravel(), minlength=s.vocab_size)
+    print(json.dumps({"ckpt": str(a.ckpt), "data": str(a.data), "num_seqs": int(s.tokens.shape[0]),
+                      "ll_per_token": ll, "num_distinct_tokens": int((c > 0).sum())}))
+    return 0
+
+
+def _cmd_info(a) -> int:
+    from .checkpoint import load_checkpoint
+
+    ck = load_checkpoint(a.ckpt)
+    print(json.dumps({"path": str(ck.path), "hidden_size": ck.hidden_size, "vocab_size": ck.vocab_size,
+                      "vocab_fingerprint": ck.fingerprint, "eos_token_id": ck.eos_token_id,
+                      "epoch": ck.epoch, "step": ck.step, "config": ck.config, "extra": ck.extra},
+                     indent=1))
+    return 0
+
+
+def _user_errors() -> tuple:
+    errs = [HMMDistillError]
+    try:
+        from jaxcd.errors import JaxcdError
+
+        errs.append(JaxcdError)
+    except Exception:  # pragma: no cover
+        pass
+    return tuple(errs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hmm-distill", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    _add_sample(sub)
+    _add_train(sub)
+    p = sub.add_parser("eval", help="held-out log-likelihood of a checkpoint")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--max-seqs", type=int)
+    p.add_argument("--batch-size", type=int, default=128)
+    p = sub.add_parser("info", help="print checkpoint metadata")
+    p.add_argument("--ckpt", required=True)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    cmd = {"sample": _cmd_sample, "train": _cmd_train, "eval": _cmd_eval, "info": _cmd_info}[a.cmd]
+    try:
+        return cmd(a)
+    except _user_errors() as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+r"""Baum–Welch EM, full-batch and mini-batch, data-parallel over a device mesh.
+
+E-step (per batch): :func:`hmm_distill.hmm.expected_counts`. With a mesh of ``D``
+devices the batch axis is sharded (``P('data')``), each device computes the counts
+of its ``N/D`` sequences and ``lax.psum`` sums them (``jax.shard_map``); parameters
+are replicated. Batches are padded with fully masked rows (which contribute exactly
+zero) to a fixed size divisible by ``D``, so one compiled program serves all batches.
+
+M-step: :func:`hmm_distill.hmm.m_step` (normalised counts + pseudocount ``λ``).
+
+* Full-batch EM: counts summed over all batches of the training set, then one
+  M-step per epoch: ``θ ← M(Σ_b s_b)``. Never decreases the training likelihood
+  (with ``λ = 0``; with ``λ > 0`` it never decreases the penalised likelihood).
+* Mini-batch (stochastic) EM: after each batch ``b_k``,
+  ``θ ← (1 - η_k) θ + η_k M(s_{b_k})`` with ``η_k = min(1, (k + k₀)^{-κ})``,
+  ``κ ∈ (0.5, 1]`` (Robbins–Monro conditions ``Σ η = ∞``, ``Σ η² < ∞``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from . import hmm as F
+from .errors import ConfigError
+from .hmm import Counts, HMMParams
+
+AXIS = "data"
+
+
+def step_size(k: int, k0: float = 2.0, kappa: float = 0.7) -> float:
+    """Stochastic-EM step size ``η_k = min(1, (k + k0)^-κ)`` for update ``k = 0, 1, ...``."""
+    if not 0.5 < kappa <= 1.0:
+        raise ConfigError(f"step-size exponent kappa must be in (0.5, 1], got {kappa}")
+    if k0 < 0:
+        raise ConfigError(f"step-size offset k0 must be >= 0, got {k0}")
+    return float(min(1.0, (k + k0) ** (-kappa))) if k + k0 > 0 else 1.0
+
+
+def make_mesh(num_devices: int | None = None, devices=None) -> Mesh:
+    """1-D mesh ``('data',)`` over the first ``num_devices`` devices (default all)."""
+    devs = list(devices if devices is not None else jax.devices())
+    if num_devices is not None:
+        if num_devices < 1 or num_devices > len(devs):
+            raise ConfigError(f"asked for {num_devices} devices, {len(devs)} available")
+        devs = devs[:num_devices]
+    return Mesh(np.array(devs), (AXIS,))
+
+
+def pad_batch(tokens: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pad ``tokens [n, T]`` (and ``mask``) with fully masked rows up to ``size`` rows."""
+    tokens = np.asarray(tokens, np.int32)
+    n, T = tokens.shape
+    if mask is None:
+        mask = np.ones((n, T), bool)
+    if n > size:
+        raise ValueError(f"batch of {n} rows does not fit the compiled batch size {size}")
+    if n == size:
+        return tokens, np.asarray(mask, bool)
+    tok = np.zeros((size, T), np.int32)
+    msk = np.zeros((size, T), bool)
+    tok[:n], msk[:n] = tokens, mask
+    return tok, msk
+
+
+def _finite(c: Counts) -> jax.Array:
+    return (jnp.all(jnp.isfinite(c.start)) & jnp.all(jnp.isfinite(c.trans))
+            & jnp.isfinite(jnp.sum(c.emit_vh)) & jnp.isfinite(c.loglik))
+
+
+class EM:
+    """Compiled EM steps over a mesh (``mesh=None``: the default device, no sharding).
+
+    Methods take host or device arrays ``tokens int32 [N, T]``, ``mask bool [N, T]``
+    with ``N`` divisible by the mesh size (see :func:`pad_batch`), and parameters in
+    either layout (:class:`~hmm_distill.hmm.HMMParams` or, faster, the token-major
+    :class:`~hmm_distill.hmm.HMMParamsT`); results keep the layout given.
+    """
+
+    def __init__(self, mesh: Mesh | None = None):
+        self.mesh = mesh
+        self.num_devices = 1 if mesh is None else int(mesh.size)
+        if mesh is None:
+            counts_fn = F.expected_counts
+            ll_fn = F.log_likelihood
+        else:
+            def local_counts(params, tokens, mask):
+                c = F.expected_counts(params, tokens, mask)
+                return jax.tree.map(lambda x: jax.lax.psum(x, AXIS), c)
+
+            counts_fn = jax.shard_map(local_counts, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+                                      out_specs=P(), check_vma=False)
+            ll_fn = jax.shard_map(F.log_likelihood, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+                                  out_specs=P(AXIS), check_vma=False)
+        self._counts_fn = counts_fn
+
+        @jax.jit
+        def counts(params, tokens, mask):
+            c = counts_fn(params, tokens, mask)
+            return c, _finite(c)
+
+        @jax.jit
+        def minibatch(params, tokens, mask, eta, lam, lam_b):
+            c = counts_fn(params, tokens, mask)
+            new = F.m_step(c, params, lam, lam_b)
+            mixed = F.mix_params(params, new, eta)
+            stats = (c.loglik, c.n_tokens, c.n_impossible)
+            return mixed, stats, _finite(c)
+
+        self._counts = counts
+        self._minibatch = minibatch
+        self._loglik = jax.jit(ll_fn)
+        self._mstep = jax.jit(F.m_step)
+
+    # -- data placement ------------------------------------------------------------------------
+    def put(self, tokens, mask):
+        """Place a batch on the mesh (batch axis sharded)."""
+        tokens = jnp.asarray(tokens, jnp.int32) if self.mesh is None else tokens
+        if self.mesh is None:
+            return tokens, jnp.asarray(mask, bool)
+        if tokens.shape[0] % self.num_devices:
+            raise ConfigError(f"batch of {tokens.shape[0]} rows is not divisible by "
+                              f"{self.num_devices} devices; pad it with pad_batch")
+        sh = NamedSharding(self.mesh, P(AXIS))
+        return (jax.device_put(np.asarray(tokens, np.int32), sh),
+                jax.device_put(np.asarray(mask, bool), sh))
+
+    def replicate(self, params: HMMParams) -> HMMParams:
+        if self.mesh is None:
+            return params
+        return jax.device_put(params, NamedSharding(self.mesh, P()))
+
+    # -- steps --------------------------------------------------------------------------------
+    def counts(self, params: HMMParams, tokens, mask) -> tuple[Counts, jax.Array]:
+        """E-step counts of a batch (summed over devices) and an all-finite flag."""
+        t, m = self.put(tokens, mask)
+        return self._counts(params, t, m)
+
+    def m_step(self, counts: Counts, params: HMMParams, pseudocount: float,
+               emission_pseudocount: float | None = None) -> HMMParams:
+        lam_b = pseudocount if emission_pseudocount is None else emission_pseudocount
+        return self._mstep(counts, params, float(pseudocount), float(lam_b))
+
+    def minibatch_step(self, params: HMMParams, tokens, mask, eta: float, pseudocount: float,
+                       emission_pseudocount: float | None = None):
+        """``θ ← (1-η)θ + η M(s_batch)``. Returns ``(params, (loglik, n_tokens, n_impossible),
+        finite_flag)``; the log-likelihood is that of the batch before the update."""
+        t, m = self.put(tokens, mask)
+        lam_b = pseudocount if emission_pseudocount is None else emission_pseudocount
+        return self._minibatch(params, t, m, float(eta), float(pseudocount), float(lam_b))
+
+    def log_likelihood(self, params: HMMParams, tokens, mask) -> jax.Array:
+        t, m = self.put(tokens, mask)
+        return self._loglik(params, t, m)
+
+
+def full_batch_em(params: HMMParams, batches, *, iterations: int, pseudocount: float = 0.0,
+                  emission_pseudocount: float | None = None, engine: EM | None = None,
+                  callback=None) -> tuple[HMMParams, list[float]]:
+    """Run ``iterations`` full-batch EM iterations over ``batches`` (a list of
+    ``(tokens, mask)`` already padded to a common size divisible by the mesh size).
+
+    Returns the final parameters and the training log-likelihood *before* each
+    iteration (so the list is non-decreasing for ``pseudocount = 0``).
+    """
+    engine = engine or EM()
+    public = isinstance(params, HMMParams)
+    params = engine.replicate(F.to_token_major(params) if public else params)
+    history = []
+    for it in range(iterations):
+        total = None
+        for tok, msk in batches:
+            c, ok = engine.counts(params, tok, msk)
+            if not bool(ok):
+                from .errors import NonFiniteStatisticsError
+                raise NonFiniteStatisticsError(f"non-finite expected counts at EM iteration {it}")
+            total = c if total is None else F.add_counts(total, c)
+        history.append(float(total.loglik))
+        params = engine.m_step(total, params, pseudocount, emission_pseudocount)
+        if callback is not None:
+            callback(it, params, total)
+    return (F.from_token_major(params) if public else params), history

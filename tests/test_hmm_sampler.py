@@ -1,0 +1,185 @@
+"""The LM sampler, checked exactly against TableLM: the empirical distribution of
+whole sampled sequences matches the LM's probabilities (chi-square, fixed seed), EOS
+padding, resumable shards, independence of the batch size."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from jaxcd.lm.interface import TableLM
+from hmm_distill import hmm as F
+from hmm_distill.data import load_samples
+from hmm_distill.errors import SampleDataError, SampleDirMismatchError
+from hmm_distill.lms import HMMLanguageModel, load_lm, table_fingerprint
+from hmm_distill.sampler import read_prompts, run_sampling, sample_continuations, sequence_keys
+
+V, EOS, T = 3, 2, 4
+
+
+def _table_lm():
+    def fn(prefix):  # depends on the whole prefix; EOS more likely later
+        k = len(prefix)
+        s = sum(prefix)
+        return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
+    return TableLM.from_function(fn, V, depth=T, eos_token_id=EOS)
+
+
+def _exact_distribution(lm, temperature=1.0):
+    """Probabilities of every EOS-padded length-T sequence (sampled at temperature τ)."""
+    logp, children = (np.asarray(a, np.float64) for a in lm.params)
+    children = children.astype(int)
+    probs = {}
+    for seq in itertools.product(range(V), repeat=T):
+        if EOS in seq:  # canonical: everything after the first EOS is EOS
+            i = seq.index(EOS)
+            if any(t != EOS for t in seq[i:]):
+                continue
+            n = i + 1
+        else:
+            n = T
+        node, total = 0, 1.0
+        for v in seq[:n]:
+            q = np.exp(logp[node] / temperature)
+            total *= q[v] / q.sum()
+            node = children[node, v]
+        probs[seq] = total
+    return probs
+
+
+@pytest.mark.parametrize("temperature,num", [(1.0, 20000), (0.5, 8000)])
+def test_sampled_sequences_match_table_lm(temperature, num):
+    lm = _table_lm()
+    exact = _exact_distribution(lm, temperature)
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9)
+    ids = np.full((num, 1), EOS, np.int32)
+    lens = np.ones(num, np.int32)
+    toks = np.asarray(sample_continuations(lm, lm.params, ids, lens, sequence_keys(0, np.arange(num)),
+                                           length=T, temperature=temperature))
+    assert toks.shape == (num, T) and toks.dtype == np.int32
+    # EOS padding: after the first EOS only EOS
+    after = np.maximum.accumulate(toks == EOS, axis=1)
+    assert np.all(toks[after] == EOS)
+    keys = list(exact)
+    index = {s: i for i, s in enumerate(keys)}
+    counts = np.zeros(len(keys))
+    for row in map(tuple, toks):
+        counts[index[row]] += 1  # KeyError = an impossible sequence was sampled
+    expected = np.array([exact[s] for s in keys]) * num
+    # pool rare cells (expected < 5) so the chi-square approximation holds
+    rare = expected < 5
+    obs, exp = counts[~rare], expected[~rare]
+    if rare.any():
+        obs, exp = np.append(obs, counts[rare].sum()), np.append(exp, expected[rare].sum())
+    assert len(obs) >= 10
+    stat, pval = chisquare(obs, exp)
+    assert pval > 1e-3, (stat, pval, len(obs))
+
+
+def test_greedy_and_hmm_lm():
+    lm = _table_lm()
+    toks = np.asarray(sample_continuations(lm, lm.params, np.full((3, 1), EOS, np.int32),
+                                           np.ones(3, np.int32), sequence_keys(0, np.arange(3)),
+                                           length=T, temperature=0.0))
+    assert np.all(toks == toks[0])  # argmax is deterministic
+    # an HMM behind the LM interface: sample marginals equal the HMM's own sampler's
+    p = F.random_params(jax.random.key(0), 3, 5, noise=2.0)
+    hlm = HMMLanguageModel(p, eos_token_id=4)
+    n = 6000
+    toks = np.asarray(sample_continuations(hlm, hlm.params, np.zeros((n, 1), np.int32),
+                                           np.ones(n, np.int32), sequence_keys(1, np.arange(n)),
+                                           length=2, temperature=1.0))
+    xs = np.array(F.sample(p, jax.random.key(2), n, 2)[0])
+    xs[:, 1] = np.where(xs[:, 0] == 4, 4, xs[:, 1])  # EOS padding
+    for t in range(2):
+        np.testing.assert_allclose(np.bincount(toks[:, t], minlength=5) / n,
+                                   np.bincount(xs[:, t], minlength=5) / n, atol=0.03)
+
+
+def test_run_sampling_shards_resume_and_batch_independence(tmp_path):
+    lm = _table_lm()
+    kw = dict(num_seqs=50, length=T, shard_size=20, seed=3, temperature=1.0, model_name="table",
+              fingerprint=table_fingerprint(V, EOS), progress=False)
+    d = tmp_path / "s"
+    meta = run_sampling(lm, lm.params, d, batch_size=8, **kw)
+    assert [s["num_seqs"] for s in meta["shards"]] == [20, 20, 10] and meta["complete"]
+    data = load_samples(d, expect_vocab_size=V, expect_fingerprint=table_fingerprint(V, EOS))
+    assert data.tokens.shape == (50, T) and data.eos_token_id == EOS
+    # other batch size -> identical samples (per-sequence keys)
+    d2 = tmp_path / "s2"
+    run_sampling(lm, lm.params, d2, batch_size=16, **kw)
+    np.testing.assert_array_equal(load_samples(d2).tokens, data.tokens)
+    # resume: remove one shard and corrupt another; complete shards are kept untouched
+    os.remove(d / "shard_00001.npy")
+    (d / "shard_00002.npy").write_bytes(b"partial")
+    t0 = os.stat(d / "shard_00000.npy").st_mtime_ns
+    run_sampling(lm, lm.params, d, batch_size=8, **kw)
+    assert os.stat(d / "shard_00000.npy").st_mtime_ns == t0
+    np.testing.assert_array_equal(load_samples(d).tokens, data.tokens)
+    # extending the run adds shards; the earlier ones stay
+    meta = run_sampling(lm, lm.params, d, batch_size=8, **{**kw, "num_seqs": 70})
+    ext = load_samples(d).tokens
+    assert ext.shape == (70, T) and len(meta["shards"]) == 4
+    np.testing.assert_array_equal(ext[:40], data.tokens[:40])
+    # different settings in the same directory are refused
+    with pytest.raises(SampleDirMismatchError, match="seed"):
+        run_sampling(lm, lm.params, d, batch_size=8, **{**kw, "seed": 4})
+
+
+def test_prompts_and_lm_specs(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("1 0\n\n0 0 1\n")
+    texts, ids = read_prompts(f, fmt="ids", bos=EOS)
+    assert ids == [[EOS, 1, 0], [EOS, 0, 0, 1]] and len(texts) == 2
+
+    class FakeTok:
+        def encode(self, text, add_special_tokens=False):
+            return [len(w) % V for w in text.split()]
+
+    _, ids = read_prompts(f, fmt="text", tokenizer_loader=FakeTok)
+    assert ids == [[1, 1], [1, 1, 1]]
+    with pytest.raises(SampleDataError, match="no prompts"):
+        (tmp_path / "e.txt").write_text("\n")
+        read_prompts(tmp_path / "e.txt", fmt="ids")
+    # prompts are recorded and cycled
+    lm = _table_lm()
+    meta = run_sampling(lm, lm.params, tmp_path / "d", num_seqs=5, length=T, shard_size=5,
+                        batch_size=5, prompt_ids=[[EOS, 1, 0], [EOS]], prompt_texts=["a", "b"],
+                        progress=False)
+    assert meta["prompts"] == ["a", "b"] and meta["prompt_ids"] == [[EOS, 1, 0], [EOS]]
+    with pytest.raises(SampleDataError, match="outside the vocabulary"):
+        run_sampling(lm, lm.params, tmp_path / "d3", num_seqs=5, length=T, prompt_ids=[[7]],
+                     progress=False)
+    # LM specs
+    toy = load_lm("toy:16:1")
+    assert toy.lm.vocab_size == 16 and toy.fingerprint == table_fingerprint(16, 15)
+    np.savez(tmp_path / "t.npz", logprobs=np.asarray(lm.params[0]), children=np.asarray(lm.params[1]),
+             eos_token_id=EOS)
+    tab = load_lm(f"table:{tmp_path / 't.npz'}")
+    assert tab.lm == lm
+    from hmm_distill.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown --lm"):
+        load_lm("bogus:1")
+
+
+def test_sample_cli_with_hmm_lm(tmp_path, capsys):
+    from hmm_distill.checkpoint import save_checkpoint
+    from hmm_distill.cli import main
+
+    p = F.random_params(jax.random.key(0), 3, 6)
+    ck = save_checkpoint(tmp_path / "planted.safetensors", p, fingerprint="fp-x", eos_token_id=5)
+    out = tmp_path / "samples"
+    rc = main(["sample", "--lm", f"hmm:{ck}", "--out", str(out), "--num-seqs", "30", "--length", "7",
+               "--shard-size", "16", "--batch-size", "8", "--no-progress"])
+    assert rc == 0
+    s = load_samples(out, expect_fingerprint="fp-x", expect_vocab_size=6)
+    assert s.tokens.shape == (30, 7)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["model"].startswith("hmm:") and len(meta["shards"]) == 2
