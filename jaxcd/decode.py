@@ -36,6 +36,56 @@ class SampleOutput(NamedTuple):
     logprob: jax.Array       # float32 [B]  Σ log p_lm of the sampled tokens up to EOS
 
 
+def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.ConstraintState,
+                  logp: jax.Array) -> jax.Array:
+    """``logp`` float ``[B, V_lm]`` with every token outside the GCD/LCD mask of each row
+    set to ``-inf`` (``cs``: one :class:`~jaxcd.gcd.ConstraintState` per row).
+
+    Works on the packed words directly: one gather of ``W = ceil(V/32)`` uint32 per row
+    (:func:`jaxcd.gcd.mask_words`), then a shift-and-test per logit fused into the
+    ``where`` — no bool ``[B, V]`` mask is materialised. Ids ``>= fa.vocab_size`` (an LM
+    head wider than the tokenizer) are disallowed; automaton ids beyond ``V_lm`` are
+    dropped.
+    """
+    words = jax.vmap(gcd.mask_words, in_axes=(None, None, 0))(fa, tables, cs)   # [B, W]
+    B, V = logp.shape
+    W_need = -(-V // 32)
+    if words.shape[1] < W_need:                      # LM head wider than the automaton
+        words = jnp.pad(words, ((0, 0), (0, W_need - words.shape[1])))
+    elif words.shape[1] > W_need:
+        words = words[:, :W_need]
+    ids = jnp.arange(V, dtype=jnp.uint32)
+    bit = (words[:, ids >> 5] >> (ids & 31)) & jnp.uint32(1)             # [B, V], fused
+    allowed = bit != 0
+    if V > fa.vocab_size and -(-fa.vocab_size // 32) * 32 > fa.vocab_size:
+        allowed = allowed & (jnp.arange(V) < fa.vocab_size)   # (bits past V_fa are 0 anyway)
+    return jnp.where(allowed, logp, -jnp.inf)
+
+
+def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrained: bool,
+            greedy: bool):
+    """One decoding step without the LM: mask, sample (one key for the whole batch, as
+    in :func:`sample`), bookkeeping, automaton advance (vmapped over the batch)."""
+    masked = masked_logits(fa, tables, cs, logp) if constrained else logp
+    if greedy:
+        tok = jnp.argmax(masked, axis=-1)
+    else:
+        tok = jax.random.categorical(k, masked / temperature, axis=-1)
+    tok = jnp.where(done, eos, tok).astype(jnp.int32)
+    lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
+    total = total + jnp.where(done, 0.0, lp)
+    if constrained:
+        cs = jax.vmap(gcd.advance, in_axes=(None, 0, 0))(fa, cs, tok)
+    done = done | (tok == eos)
+    return tok, cs, done, total
+
+
+def _init_cs(fa, B: int, constrained: bool) -> gcd.ConstraintState:
+    if constrained:
+        return jax.vmap(lambda _: gcd.init_state(fa))(jnp.arange(B))
+    return gcd.ConstraintState(jnp.zeros(B, jnp.int32), jnp.zeros(B, jnp.int32))
+
+
 @partial(jax.jit, static_argnames=("lm", "budget", "constrained", "greedy"))
 def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_lengths: jax.Array,
            fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *, budget: int,
@@ -45,30 +95,12 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
     max_len = prompt_ids.shape[1] + budget
     lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)
     eos = lm.eos_token_id
-    if constrained:
-        cs = jax.vmap(lambda _: gcd.init_state(fa))(jnp.arange(B))
-    else:
-        cs = gcd.ConstraintState(jnp.zeros(B, jnp.int32), jnp.zeros(B, jnp.int32))
+    cs = _init_cs(fa, B, constrained)
 
     def step(carry, k):
         lm_state, logp, cs, done, total = carry
-        if constrained:
-            m = jax.vmap(gcd.mask, in_axes=(None, None, 0))(fa, tables, cs)
-            m = m[:, :logp.shape[1]] if m.shape[1] >= logp.shape[1] else jnp.pad(
-                m, ((0, 0), (0, logp.shape[1] - m.shape[1])))
-            masked = jnp.where(m, logp, -jnp.inf)
-        else:
-            masked = logp
-        if greedy:
-            tok = jnp.argmax(masked, axis=-1)
-        else:
-            tok = jax.random.categorical(k, masked / temperature, axis=-1)
-        tok = jnp.where(done, eos, tok).astype(jnp.int32)
-        lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
-        total = total + jnp.where(done, 0.0, lp)
-        if constrained:
-            cs = jax.vmap(gcd.advance, in_axes=(None, 0, 0))(fa, cs, tok)
-        done = done | (tok == eos)
+        tok, cs, done, total = _select(k, logp, fa, tables, cs, done, total, temperature, eos,
+                                       constrained=constrained, greedy=greedy)
         lm_state, logp = lm.step(params, lm_state, tok)
         return (lm_state, logp, cs, done, total), tok
 
@@ -88,3 +120,88 @@ def tables_for(fa: TensorizedAutomaton, method: str, budget: int) -> gcd.BudgetT
     if method == "lcd":
         return gcd.lcd_tables(fa, budget)
     return None
+
+
+# ---------------------------------------------------------------------------------------
+# step-wise sampling: a host loop around the LM's own compiled step
+# ---------------------------------------------------------------------------------------
+@partial(jax.jit, static_argnames=("constrained", "greedy"))
+def _select_jit(keys, t, logp, fa, tables, cs, done, total, temperature, eos, *,
+                constrained: bool, greedy: bool):
+    return _select(keys[t], logp, fa, tables, cs, done, total, temperature, eos,
+                   constrained=constrained, greedy=greedy)
+
+
+@partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _lm_step_donated(lm, params, state, tokens):
+    return lm.step(params, state, tokens)
+
+
+def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
+                    fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *,
+                    budget: int, max_len: int, constrained: bool, temperature: float = 1.0,
+                    greedy: bool = False, stop_when_done: bool = True,
+                    jit_lm: bool = True) -> SampleOutput:
+    """Like :func:`sample`, but the loop over the ``budget`` steps runs on the host.
+
+    Per step it calls the LM's step (compiled once per LM, batch size and ``max_len``)
+    and ONE small jitted function that masks, samples and advances the automata of
+    the whole batch (compiled per constraint/table shape, in well under a second). So
+    many constraints, budgets and methods reuse a single compiled LM — what
+    :func:`sample` cannot do, since it compiles one program per (LM, batch, budget,
+    method, constraint shape). Keep the batch size, the prompt width (left-pad with
+    :func:`~jaxcd.lm.interface.pad_prompts` and ``length=``) and ``max_len`` fixed
+    across calls to avoid recompiling the LM.
+
+    Same randomness as :func:`sample`: ``keys = split(key, budget)`` and step ``t``
+    draws the whole batch with ``keys[t]``, so given the same log-probabilities the
+    tokens are the same (bit-identical for :class:`~jaxcd.lm.interface.TableLM`; for a
+    real LM, XLA may round the scanned program's logits differently from the stand-alone
+    step's, so a rare near-tie draw can differ — the distribution is the same). ``max_len`` (static for the LM) must be at least ``prompt_len + budget - 1``
+    (the last token is never fed back). With ``stop_when_done`` (default) the loop
+    stops as soon as every row has emitted EOS and pads the rest with EOS, exactly as
+    :func:`sample` would have produced them.
+
+    ``jit_lm=True`` runs ``lm.step`` under a jit that donates the LM state (the KV
+    cache is updated in place instead of copied every step); ``jit_lm=False`` calls
+    ``lm.step`` as is (host-side LMs such as :class:`~jaxcd.lm.torch_adapter.TorchLM`).
+    """
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    B, P = prompt_ids.shape
+    budget = int(budget)
+    if budget < 1:
+        raise ValueError(f"budget must be a positive integer, got {budget}")
+    if max_len < P + budget - 1:
+        raise ValueError(f"max_len={max_len} cannot hold the prompt ({P} slots) and "
+                         f"{budget - 1} fed-back tokens (need >= {P + budget - 1})")
+    if constrained:
+        if fa is None or tables is None:
+            raise ValueError("constrained=True needs fa and tables")
+        if tables.beta.shape[0] - 1 < budget:
+            raise ValueError(f"tables were built for {tables.beta.shape[0] - 1} steps, "
+                             f"fewer than budget={budget}")
+    eos = jnp.int32(lm.eos_token_id)
+    temperature = jnp.float32(temperature)
+    keys = jax.random.split(key, budget)
+    lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, int(max_len))
+    cs = _init_cs(fa, B, constrained)
+    done = jnp.zeros(B, bool)
+    total = jnp.zeros(B, jnp.float32)
+    step_fn = (lambda st, tok: _lm_step_donated(lm, params, st, tok)) if jit_lm else \
+        (lambda st, tok: lm.step(params, st, tok))
+    toks = []
+    for t in range(budget):
+        tok, cs, done, total = _select_jit(keys, np.int32(t), logp, fa, tables, cs, done, total,
+                                           temperature, eos, constrained=constrained,
+                                           greedy=greedy)
+        toks.append(tok)
+        if t + 1 == budget or (stop_when_done and bool(jnp.all(done))):
+            break
+        lm_state, logp = step_fn(lm_state, tok)
+    tokens = jnp.stack(toks, axis=1)
+    if tokens.shape[1] < budget:
+        tokens = jnp.pad(tokens, ((0, 0), (0, budget - tokens.shape[1])),
+                         constant_values=lm.eos_token_id)
+    valid = (cs.state == fa.final_state) if constrained else done
+    return SampleOutput(tokens, valid, done, total)

@@ -123,7 +123,9 @@ def _open_reader(path: Path):
     except ModelFileError:
         raise
     except Exception as e:  # truncated / corrupt files raise ValueError, IndexError, ...
-        raise ModelFileError(f"{path}: cannot read GGUF file ({type(e).__name__}: {e})") from e
+        size = path.stat().st_size if path.exists() else 0
+        raise ModelFileError(f"{path}: cannot read GGUF file, corrupt or truncated? ({size} bytes; "
+                             f"{type(e).__name__}: {e})") from e
 
 
 def _field(reader, key: str, path: Path, default: Any = ModelFileError) -> Any:
