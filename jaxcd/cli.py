@@ -36,16 +36,20 @@ DEMO_PROMPT = ("You can call tools. Call get_weather for the 3-day forecast in P
                "celsius. Answer with the JSON tool call only.")
 
 
+class UsageError(Exception):
+    """A user error detected by the CLI itself (printed without a traceback, exit 2)."""
+
+
 def _read_json_file(path: str, what: str):
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as e:
-        raise SystemExit(f"jaxcd: cannot read {what} file {path}: {e.strerror}")
+        raise UsageError(f"cannot read {what} file {path}: {e.strerror}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise SystemExit(f"jaxcd: {what} file {path} is not valid JSON: {e}")
+        raise UsageError(f"{what} file {path} is not valid JSON: {e}")
 
 
 def _parse_keywords(text: str):
@@ -79,9 +83,9 @@ def cmd_generate(args) -> int:
     if args.tool:
         constraint["tool"] = _read_json_file(args.tool, "tool")
     if len(constraint) > 1:
-        raise SystemExit("jaxcd: give only one of --schema, --regex, --keywords, --tool")
+        raise UsageError("give only one of --schema, --regex, --keywords, --tool")
     if not constraint and args.method != "none":
-        raise SystemExit(f"jaxcd: --method {args.method} needs a constraint "
+        raise UsageError(f"--method {args.method} needs a constraint "
                          "(--schema, --regex, --keywords or --tool); use --method none without")
     res = G.generate(args.prompt, method=args.method, budget=args.budget,
                      temperature=args.temperature, seed=args.seed,
@@ -160,7 +164,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (JaxcdError, ValueError, FileNotFoundError) as e:
+    except (UsageError, JaxcdError, ValueError, FileNotFoundError) as e:
         print(f"jaxcd: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

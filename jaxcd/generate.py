@@ -7,6 +7,7 @@ applies to the generated tokens only. Budgets count new tokens, EOS included.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -93,12 +94,14 @@ class GenerationResult:
 def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=None, tool=None,
              method: str = "gcd", budget: int = 128, temperature: float = 1.0, seed: int = 0,
              num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
-             whitespace_pattern: str | None = None) -> GenerationResult:
+             whitespace_pattern: str | None = None, batch_size: int = 16,
+             progress: bool = True) -> GenerationResult:
     """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
     ``budget`` tokens), ``"lcd"`` (step-local masks; may run out of budget) or
-    ``"none"``. ``temperature=0`` is greedy. A budget too small for the constraint
+    ``"none"``. ``temperature=0`` is greedy. Samples are decoded ``batch_size`` at a
+    time (one compiled program; a progress bar on stderr when there are several batches). A budget too small for the constraint
     raises :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
 
     Example::
@@ -128,11 +131,29 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
                          f"model's context length ({ctx})")
     fa_dev = fa.to_device() if fa is not None else None
     tables = tables_for(fa_dev, method, budget) if fa is not None else None
-    ids, lens = pad_prompts([prompt_ids] * num_samples, pad_id=getattr(m.lm, "pad_token_id", 0))
+    # Rows are decoded in chunks of at most `batch_size` (one compiled program: the last
+    # chunk is padded to the same shape); a progress bar on stderr when there are several.
+    bs = max(1, min(int(batch_size), num_samples))
+    n_chunks = -(-num_samples // bs)
+    ids, lens = pad_prompts([prompt_ids] * bs, pad_id=getattr(m.lm, "pad_token_id", 0))
     t1 = time.perf_counter()
-    out = sample(jax.random.PRNGKey(seed), m.lm, m.params, ids, lens, fa_dev, tables,
-                 budget=budget, constrained=method != "none",
-                 temperature=float(max(temperature, 1e-6)), greedy=temperature == 0)
+    key = jax.random.PRNGKey(seed)
+    chunks = []
+    bar = None
+    if n_chunks > 1 and progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=num_samples, desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
+    for c in range(n_chunks):
+        k = key if n_chunks == 1 else jax.random.fold_in(key, c)
+        out = sample(k, m.lm, m.params, ids, lens, fa_dev, tables,
+                     budget=budget, constrained=method != "none",
+                     temperature=float(max(temperature, 1e-6)), greedy=temperature == 0)
+        chunks.append(jax.device_get(out))
+        if bar is not None:
+            bar.update(min(bs, num_samples - c * bs))
+    if bar is not None:
+        bar.close()
+    out = type(chunks[0])(*(np.concatenate(f)[:num_samples] for f in zip(*chunks)))
     toks = np.asarray(out.tokens)
     dt = time.perf_counter() - t1
     eos = m.lm.eos_token_id

@@ -1,0 +1,96 @@
+"""`jaxcd generate` end to end (subprocess): outputs are valid and within the budget
+(checked with `re.fullmatch` / `jsonschema`, not jaxcd), stdout carries only the text,
+and user errors give one clear message, exit status 2 and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ENV = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+
+
+def jaxcd(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jaxcd", *args], capture_output=True,
+                          text=True, env=ENV, timeout=timeout)
+
+
+def assert_user_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stdout == ""
+    for n in needles:
+        assert n.lower() in r.stderr.lower(), (n, r.stderr[-2000:])
+
+
+def test_generate_regex_valid_within_budget(smol_tokenizer):
+    pattern = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    budget = 12
+    r = jaxcd("generate", "--regex", pattern, "--prompt", "When did Apollo 11 land?",
+              "--budget", str(budget), "--num-samples", "3", "--seed", "1", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 3
+    for row in rows:
+        assert re.fullmatch(pattern, row["text"]), row
+        # the text re-tokenises to at most budget - 1 tokens plus EOS; the count jaxcd
+        # reports is the generated tokens before EOS
+        assert row["valid"] and row["ended"] and row["tokens"] <= budget - 1
+    assert "ms/step" in r.stderr          # stats go to stderr, not stdout
+
+
+def test_generate_schema_file(tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(schema))
+    r = jaxcd("generate", "--schema", str(f), "--prompt", "Give me a JSON object.",
+              "--budget", "10", "--num-samples", "2", "--whitespace", "")
+    assert r.returncode == 0, r.stderr[-3000:]
+    import jsonschema
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        jsonschema.validate(json.loads(line), schema)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--regex", "(", "--budget", "8"], ["regex"]),
+    (["--regex", r"[0-9]{10}", "--budget", "3"], ["budget", "smallest"]),
+    (["--keywords", ",", "--budget", "8"], ["keyword"]),
+    (["--schema", "/nonexistent/schema.json"], ["cannot read schema file"]),
+    (["--method", "gcd"], ["needs a constraint"]),
+    (["--regex", "a", "--budget", "0"], ["budget"]),
+    (["--regex", "a", "--num-samples", "0"], ["num_samples"]),
+    (["--model", "/nonexistent/model.gguf", "--regex", "a"], ["model.gguf"]),
+])
+def test_user_errors(args, needles):
+    assert_user_error(jaxcd("generate", *args), *needles)
+
+
+def test_mutually_exclusive_constraints():
+    r = jaxcd("generate", "--regex", "a", "--keywords", "b")
+    assert r.returncode == 2 and "not allowed with" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_files(tmp_path):
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    assert_user_error(jaxcd("generate", "--schema", str(bad_json)), "not valid JSON")
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + os.urandom(256))
+    assert_user_error(jaxcd("generate", "--model", str(corrupt), "--regex", "a"),
+                      "corrupt.gguf")
+    unsupported = tmp_path / "schema.json"
+    unsupported.write_text(json.dumps({"type": "integer", "minimum": 3}))
+    assert_user_error(jaxcd("generate", "--schema", str(unsupported)), "minimum")
+
+
+def test_prompt_longer_than_context():
+    r = jaxcd("generate", "--regex", "a", "--budget", "4", "--prompt", "hello " * 9000)
+    assert_user_error(r, "context length")
