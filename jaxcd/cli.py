@@ -122,7 +122,7 @@ def cmd_demo(args) -> int:
                          num_samples=args.num_samples, model=model)
         ok = sum(_validate("schema", DEMO_SCHEMA, t) and v for t, v in zip(res.texts, res.valid))
         print(f"\n== {method.upper()} budget={budget}: {ok}/{len(res.texts)} valid "
-              f"(schema-checked), {res.stats['ms_per_step']:.1f} ms/step")
+              f"(schema-checked), {res.stats['ms_per_step']:.1f} ms/step incl. compilation")
         for t, v in list(zip(res.texts, res.valid))[:3]:
             print(f"  [{'valid' if v else 'INVALID'}] {t}")
     return 0
