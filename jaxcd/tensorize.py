@@ -201,78 +201,239 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------------------
 # lifting
 # ---------------------------------------------------------------------------------------
-def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 22):
+@dataclass(frozen=True)
+class Lifted:
+    """Token transitions of a byte DFA over a vocabulary (see :func:`lift_transitions`).
+
+    ``states``: the DFA states reachable from the start by whole tokens, BFS order
+    (start first); every other array indexes into it. Transitions come in two forms,
+    disjoint: individual ones ``src[i] --tok[i]--> dst[i]``, and bulk ones — every token
+    of the packed set ``rows[bulk_row[j]]`` (uint32 ``[R, W]``) goes
+    ``bulk_src[j] --> bulk_dst[j]``.
+    """
+
+    states: np.ndarray
+    src: np.ndarray
+    tok: np.ndarray
+    dst: np.ndarray
+    bulk_src: np.ndarray
+    bulk_dst: np.ndarray
+    bulk_row: np.ndarray
+    rows: np.ndarray
+
+    def triples(self, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All transitions as ``(src, tok, dst)`` (bulk ones expanded; for tests)."""
+        src, tok, dst = [self.src], [self.tok], [self.dst]
+        for s, d, r in zip(self.bulk_src, self.bulk_dst, self.bulk_row):
+            t = np.nonzero(unpack_bits(self.rows[r], vocab_size))[0]
+            src.append(np.full(len(t), s))
+            tok.append(t)
+            dst.append(np.full(len(t), d))
+        return (np.concatenate(src).astype(np.int64), np.concatenate(tok).astype(np.int64),
+                np.concatenate(dst).astype(np.int64))
+
+
+def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, out) -> None:
+    """Continue the trie walk from ``(src, node, cur)`` pairs (``node``'s byte already
+    read, DFA now in ``cur``): emit ``(src, token, state)`` for every token ending at or
+    below ``node`` whose bytes keep the DFA alive. Frontiers larger than ``max_pairs``
+    are split (depth first), which bounds memory."""
+    end_token, ccount, cstart, nbyte = trie.end_token, trie.child_count, trie.child_start, \
+        trie.node_byte
+    stack = [(src, node, cur)]
+    while stack:
+        src, node, cur = stack.pop()
+        et = end_token[node]
+        ends = et >= 0
+        if ends.any():
+            out[0].append(src[ends])
+            out[1].append(et[ends])
+            out[2].append(cur[ends])
+        multi = et == -2                               # duplicate byte strings (rare)
+        if multi.any():
+            n_m = node[multi]
+            c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
+            reps = np.repeat(np.arange(len(n_m)), c_m)
+            offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+            out[0].append(src[multi][reps])
+            out[1].append(trie.end_tokens[offs + np.arange(len(reps))])
+            out[2].append(cur[multi][reps])
+        cc = ccount[node]
+        keep = cc > 0
+        if not keep.all():
+            node, cur, src, cc = node[keep], cur[keep], src[keep], cc[keep]
+        if len(node) == 0:
+            continue
+        csum = np.cumsum(cc)
+        total = int(csum[-1])
+        reps = np.repeat(np.arange(len(node)), cc)
+        child = np.repeat(cstart[node] - (csum - cc), cc) + np.arange(total)
+        nxt = table[cur[reps], nbyte[child]]
+        alive = np.nonzero(nxt != dead)[0]
+        if len(alive) == 0:
+            continue
+        src, node, cur = src[reps[alive]], child[alive], nxt[alive]
+        for i in range(0, len(src), max_pairs):
+            stack.append((src[i:i + max_pairs], node[i:i + max_pairs], cur[i:i + max_pairs]))
+
+
+def _run_groups(dfa: DFA, min_bytes: int):
+    """Candidate byte sets for run shortcuts: for each state, the bytes leading to its
+    most common successor (its "dominant" target); states grouped by that byte set.
+    Yields ``(sigma bool[256], member states)`` for sets of at least ``min_bytes``."""
+    Q, C = dfa.trans.shape
+    trans = np.where(dfa.trans >= 0, dfa.trans, Q).astype(np.int64)
+    size = np.bincount(dfa.byte_class, minlength=C)
+    key = (np.arange(Q)[:, None] * (Q + 1) + trans).ravel()
+    uk, inv = np.unique(key, return_inverse=True)
+    cnt = np.bincount(inv.ravel(), weights=np.tile(size, Q))
+    tq, tt = uk // (Q + 1), uk % (Q + 1)
+    cnt[tt == Q] = -1
+    order = np.lexsort((-cnt, tq))
+    first = order[np.searchsorted(tq[order], np.arange(Q))]
+    dom, dom_bytes = tt[first], cnt[first]
+    cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
+    if len(cand) == 0:
+        return
+    sig = trans[cand] == dom[cand, None]                              # [n, C]
+    _, ginv = np.unique(np.packbits(sig, axis=1), axis=0, return_inverse=True)
+    ginv = ginv.ravel()
+    for g in range(int(ginv.max()) + 1):
+        members = cand[ginv == g]
+        yield sig[np.argmax(ginv == g)][dfa.byte_class], members
+
+
+def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                  vocab_size: int, min_tokens: int):
+    """Lift the tokens spelled only with bytes of ``sigma`` in bulk.
+
+    For a state ``q`` whose run ``c_0 = q, c_{j+1} = D(c_j)`` only visits states where
+    every byte of ``sigma`` leads to one and the same state ``D(c_j)`` (or none), a
+    token of ``L`` bytes all in ``sigma`` goes to ``c_L`` — for all such tokens at once.
+    (Inside a JSON string with ``maxLength: 80`` the run is the 80-state counter; in an
+    unbounded string body it is a self-loop.) Every other token has a first byte outside
+    ``sigma``, at a trie node of depth ``k`` (an "exit" node) reached in state ``c_k``:
+    the walk starts there, so only those subtrees are walked.
+
+    Returns ``None`` (not worth it / no member qualifies) or
+    ``(ok_members, chain [Lp+1, G], exit nodes, pure tokens, their lengths)``.
+    """
+    N = trie.num_nodes
+    ls = trie.level_start
+    parent = trie.parent
+    in_sigma = sigma[trie.node_byte]
+    pure = in_sigma.copy()
+    for j in range(1, len(ls) - 1):
+        a, b = ls[j], ls[j + 1]
+        lvl = pure[a:b]
+        lvl &= pure[parent[a:b]]
+        if not lvl.any():
+            pure[b:] = False
+            break
+    ends = np.nonzero(pure & (trie.end_token != -1))[0]
+    if len(ends) == 0 or np.count_nonzero(trie.end_token[ends] >= 0) < min_tokens:
+        return None
+    depth = trie.depth
+    pure_depth = int(depth[pure].max()) + 1                # longest all-sigma prefix (bytes)
+    # D: the common sigma-successor of each state (dead absorbs; -1: not uniform)
+    sub = table[:, sigma]
+    D = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+    chain = np.empty((pure_depth + 1, len(members)), np.int64)
+    chain[0] = members
+    ok = np.ones(len(members), bool)
+    for j in range(pure_depth):
+        d = D[chain[j]]
+        ok &= d >= 0
+        chain[j + 1] = np.where(d >= 0, d, dead)
+    if not ok.any():
+        return None
+    parent_pure = np.ones(N, bool)
+    parent_pure[ls[1]:] = pure[parent[ls[1]:]]
+    exits = np.nonzero(~in_sigma & parent_pure)[0]
+    # pure tokens (with duplicates of a byte string expanded) and their lengths
+    c_e = trie.end_start[ends + 1] - trie.end_start[ends]
+    reps = np.repeat(np.arange(len(ends)), c_e)
+    offs = np.repeat(trie.end_start[ends] - (np.cumsum(c_e) - c_e), c_e)
+    toks = trie.end_tokens[offs + np.arange(len(reps))]
+    lens = depth[ends][reps] + 1
+    return ok, chain[:, ok], exits, toks, lens
+
+
+def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
+                     min_run_bytes: int = 8, min_run_tokens: int = 64) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
-    Returns ``(states, src, tok, dst)``: ``states`` are the reachable DFA states in BFS
-    order (start first); ``src``/``dst`` index into ``states``; ``tok`` are token ids.
-
     Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
-    level by level for all frontier states at once, a pair is dropped as soon as the
-    DFA dies, and shared token prefixes are read once — the cost follows the number
-    of live (state, prefix) pairs, never ``S × V × max_len``.
+    level by level for many states at once, a pair is dropped as soon as the DFA dies,
+    and shared token prefixes are read once. States inside long runs of "any of these
+    bytes" (string bodies, counted repetitions like ``{0,80}``, ``[a-z]+``) get the
+    tokens spelled only with those bytes in bulk, as packed bit rows, and are walked
+    only below the first byte outside the run (see :func:`_run_shortcut`): the cost
+    follows the number of (state, prefix) pairs that are not in such a run.
     """
     trie = vocab.trie
     Q = dfa.num_states
+    V = vocab.vocab_size
+    W = (V + 31) // 32
     table = np.full((Q + 1, 256), Q, np.int32)
     bt = dfa.byte_table()
     table[:Q] = np.where(bt >= 0, bt, Q)
-    has_first = trie.first_node >= 0
-    first_bytes = np.nonzero(has_first)[0]
-    first_nodes = trie.first_node[first_bytes]
 
-    # Lift every DFA state at once (chunked to bound memory): one pass over the trie
-    # levels instead of one pass per BFS round. Reachability by whole tokens is
-    # computed afterwards on the (small) state graph.
-    out_src, out_tok, out_dst = [], [], []
-    live_first = table[:Q][:, first_bytes] != Q                       # [Q, nb]
-    est = live_first.sum(1) * max(1, len(trie.node_byte) // max(len(first_bytes), 1))
-    chunks, cur_chunk, acc = [], [], 0
-    for q in range(Q):
-        if cur_chunk and acc + est[q] > max_pairs:
-            chunks.append(cur_chunk)
-            cur_chunk, acc = [], 0
-        cur_chunk.append(q)
-        acc += est[q]
-    if cur_chunk:
-        chunks.append(cur_chunk)
-    for ch in chunks:
-        states_c = np.asarray(ch, np.int64)
-        cur = table[states_c[:, None], first_bytes[None, :]]
-        fi, bi = np.nonzero(cur != Q)
-        src_state = states_c[fi]
-        node = first_nodes[bi]
-        cur = cur[fi, bi]
-        while len(node):
-            ecount = trie.end_start[node + 1] - trie.end_start[node]
-            has = ecount > 0
-            if has.any():
-                n_h, c_h = node[has], ecount[has]
-                reps = np.repeat(np.arange(len(n_h)), c_h)
-                offs = np.repeat(trie.end_start[n_h] - (np.cumsum(c_h) - c_h), c_h)
-                out_tok.append(trie.end_tokens[offs + np.arange(len(reps))])
-                out_src.append(src_state[has][reps])
-                out_dst.append(cur[has][reps])
-            ccount = trie.child_start[node + 1] - trie.child_start[node]
-            keep = ccount > 0
-            node, cur, src_state, ccount = node[keep], cur[keep], src_state[keep], ccount[keep]
-            total = int(ccount.sum())
-            if total == 0:
-                break
-            reps = np.repeat(np.arange(len(node)), ccount)
-            child = np.repeat(trie.child_start[node] - (np.cumsum(ccount) - ccount),
-                              ccount) + np.arange(total)
-            nxt = table[cur[reps], trie.node_byte[child]]
-            alive = nxt != Q
-            node, cur, src_state = child[alive], nxt[alive], src_state[reps[alive]]
-    if out_src:
-        src = np.concatenate(out_src)
-        tok = np.concatenate(out_tok)
-        dst = np.concatenate(out_dst)
-    else:
-        src = tok = dst = np.zeros(0, np.int64)
+    out: tuple[list, list, list] = ([], [], [])
+    bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
+    n_rows = 0
+    shortcut = np.zeros(Q, bool)
+    for sigma, members in _run_groups(dfa, min_run_bytes):
+        res = _run_shortcut(trie, table, Q, sigma, members, V, min_run_tokens)
+        if res is None:
+            continue
+        ok, chain, exits, toks, lens = res
+        members = members[ok]
+        shortcut[members] = True
+        # bulk rows: the pure tokens of each length
+        uL, li = np.unique(lens, return_inverse=True)
+        packed = np.zeros(len(uL) * W, np.uint32)
+        np.bitwise_or.at(packed, li.ravel() * W + (toks >> 5),
+                         np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+        rows.append(packed.reshape(len(uL), W))
+        dst = chain[uL]                                             # [nL, G]
+        li2, gi = np.nonzero(dst != Q)
+        bulk_src.append(members[gi])
+        bulk_dst.append(dst[li2, gi])
+        bulk_row.append(n_rows + li2)
+        n_rows += len(uL)
+        # walk below the exit nodes, chunked over members
+        xb = trie.node_byte[exits]
+        xd = trie.depth[exits]
+        step = max(1, max_pairs // max(len(exits), 1))
+        for g0 in range(0, len(members), step):
+            before = chain[:, g0:g0 + step][xd]                      # [X, g]
+            nxt = table[before, xb[:, None]]
+            xi, gi = np.nonzero(nxt != Q)
+            if len(xi):
+                _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
+
+    normal = np.nonzero(~shortcut)[0]
+    if len(normal):
+        first_bytes = np.nonzero(trie.first_node >= 0)[0]
+        first_nodes = trie.first_node[first_bytes]
+        step = max(1, max_pairs // max(len(first_bytes), 1))
+        for g0 in range(0, len(normal), step):
+            qs = normal[g0:g0 + step]
+            cur = table[qs[:, None], first_bytes[None, :]]
+            fi, bi = np.nonzero(cur != Q)
+            if len(fi):
+                _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
+
+    def cat(parts, dtype=np.int64):
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+    src, tok, dst = cat(out[0]), cat(out[1]), cat(out[2])
+    bsrc, bdst, brow = cat(bulk_src), cat(bulk_dst), cat(bulk_row)
+    rows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
+
     # states reachable from the start by whole tokens, BFS order
-    pairs = np.unique(src * Q + dst)
+    pairs = np.unique(np.concatenate([src * Q + dst, bsrc * Q + bdst]))
     es, ed = pairs // Q, pairs % Q
     starts = np.searchsorted(es, np.arange(Q + 1))
     index = {0: 0}
@@ -288,8 +449,9 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 22):
     remap = np.full(Q, -1, np.int64)
     remap[np.array(order)] = np.arange(len(order))
     keep = remap[src] >= 0
-    return (np.array(order), remap[src[keep]], tok[keep].astype(np.int64),
-            remap[dst[keep]])
+    bkeep = remap[bsrc] >= 0
+    return Lifted(np.array(order), remap[src[keep]], tok[keep], remap[dst[keep]],
+                  remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
 
 
 def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) -> np.ndarray:
@@ -314,15 +476,19 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     """Lift a (minimised) byte DFA over ``vocab`` and build the tensorized automaton."""
     if dfa.num_states == 0:
         raise EmptyLanguageError(f"the constraint {key or ''} accepts no string at all".replace("  ", " "))
-    states, src, tok, dst = lift_transitions(dfa, vocab)
+    lifted = lift_transitions(dfa, vocab)
+    states = lifted.states
     n_live = len(states)
     final, dead = n_live, n_live + 1
     S = n_live + 2
     acc = np.nonzero(dfa.accepting[states])[0]
     eos = vocab.eos_id
-    src = np.concatenate([src, acc, [final]])
-    dst = np.concatenate([dst, np.full(len(acc), final), [final]])
-    tok = np.concatenate([tok, np.full(len(acc) + 1, eos)])
+    src = np.concatenate([lifted.src, acc, [final]])
+    dst = np.concatenate([lifted.dst, np.full(len(acc), final), [final]])
+    tok = np.concatenate([lifted.tok, np.full(len(acc) + 1, eos)])
+    n_ind = len(src)
+    src = np.concatenate([src, lifted.bulk_src])
+    dst = np.concatenate([dst, lifted.bulk_dst])
 
     # group into edges (unique (src, dst) pairs)
     pair = src * S + dst
@@ -334,6 +500,7 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
         edge_of_pair = lookup[pair]
     else:
         uniq, edge_of_pair = np.unique(pair, return_inverse=True)
+        edge_of_pair = edge_of_pair.ravel()
     e_src, e_dst = uniq // S, uniq % S
     dist = _bfs_dist(S, e_src, e_dst, final)
     dist[dead] = INF_DIST
@@ -359,9 +526,7 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     E = len(E_ids)
     edge_rank = np.full(len(uniq), -1, np.int64)
     edge_rank[E_ids] = np.arange(E)
-    pe = edge_rank[edge_of_pair]
-    ok = pe >= 0
-    pe, ptok = pe[ok], tok[ok]
+    pe_all = edge_rank[edge_of_pair]
 
     V = vocab.vocab_size
     W = (V + 31) // 32
@@ -373,14 +538,26 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     col = np.arange(E) - out_start[e_src2]
     out_dst[e_src2, col] = e_dst2
 
-    # labels -> packed words (distinct bits of one word: OR == sum, exact in float64)
-    word = pe * W + (ptok >> 5)
-    bit = np.left_shift(1, ptok & 31).astype(np.float64)
-    label = np.bincount(word, weights=bit, minlength=E * W).astype(np.uint32).reshape(E, W)
+    # labels -> packed words. Out-labels of a state are disjoint (DFA), and so are
+    # the bulk rows and individual tokens of one edge: OR == sum everywhere below.
+    # cum_masks row base[s] + k = L_{e_1} | ... | L_{e_k}: rows of a state's block are
+    # filled by a running sum (no carries: disjoint bits).
     cum = np.zeros((E + S2, W), np.uint32)
-    for s in np.nonzero(deg)[0]:
-        a, b = out_start[s], out_start[s + 1]
-        cum[a + s + 1: b + s + 1] = np.bitwise_or.accumulate(label[a:b], axis=0)
+    row_of_edge = np.arange(E) + e_src2 + 1                      # base[src] + rank + 1
+    pe = pe_all[:n_ind]
+    ok = pe >= 0
+    pe, ptok = pe[ok], tok[ok]
+    flat = cum.reshape(-1)
+    np.bitwise_or.at(flat, row_of_edge[pe] * W + (ptok >> 5),
+                     np.left_shift(np.uint32(1), (ptok & 31).astype(np.uint32)))
+    be = pe_all[n_ind:]
+    bok = be >= 0
+    for e, r in zip(row_of_edge[be[bok]].tolist(), lifted.bulk_row[bok].tolist()):
+        cum[e] |= lifted.rows[r]
+    for s in np.nonzero(deg > 1)[0]:
+        a = out_start[s] + s + 1
+        b = out_start[s + 1] + s + 1
+        np.cumsum(cum[a:b], axis=0, dtype=np.uint32, out=cum[a:b])
     return TensorizedAutomaton(
         edge_src=e_src2.astype(np.int32), edge_dst=e_dst2.astype(np.int32),
         out_start=out_start, out_dst=out_dst, cum_masks=cum,

@@ -231,6 +231,34 @@ class TokenTrie:
     def num_nodes(self) -> int:
         return int(self.node_byte.shape[0])
 
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """int64 ``[N]``: parent node (``-1`` at depth 0)."""
+        parent = np.full(self.num_nodes, -1, np.int64)
+        counts = np.diff(self.child_start)
+        parent[self.child_start[0]:] = np.repeat(np.arange(self.num_nodes), counts)
+        return parent
+
+    @cached_property
+    def depth(self) -> np.ndarray:
+        """int64 ``[N]``: bytes before the node's last byte (0 for depth-0 nodes)."""
+        return np.repeat(np.arange(len(self.level_start) - 1), np.diff(self.level_start))
+
+    @cached_property
+    def end_token(self) -> np.ndarray:
+        """int64 ``[N]``: the token ending at each node, ``-1`` if none; ``-2`` where
+        several tokens share the byte string (see ``end_start``/``end_tokens``)."""
+        count = np.diff(self.end_start)
+        out = np.where(count == 0, -1, -2).astype(np.int64)
+        one = count == 1
+        out[one] = self.end_tokens[self.end_start[:-1][one]]
+        return out
+
+    @cached_property
+    def child_count(self) -> np.ndarray:
+        """int64 ``[N]``: number of children of each node."""
+        return np.diff(self.child_start)
+
     @classmethod
     def build(cls, vocab: "Vocabulary") -> "TokenTrie":
         mat, lens = vocab.byte_matrix
