@@ -13,7 +13,9 @@ M-step: :func:`hmm_distill.hmm.m_step` (normalised counts + pseudocount ``λ``).
   (with ``λ = 0``; with ``λ > 0`` it never decreases the penalised likelihood).
 * Mini-batch (stochastic) EM: after each batch ``b_k``,
   ``θ ← (1 - η_k) θ + η_k M(s_{b_k})`` with ``η_k = min(1, (k + k₀)^{-κ})``,
-  ``κ ∈ (0.5, 1]`` (Robbins–Monro conditions ``Σ η = ∞``, ``Σ η² < ∞``).
+  ``κ ∈ (0.5, 1]`` (Robbins–Monro conditions ``Σ η = ∞``, ``Σ η² < ∞``). The
+  training job passes the pseudocount scaled by the batch's share of the data,
+  ``λ|b|/N`` (see :mod:`hmm_distill.train`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ from .errors import ConfigError
 from .hmm import Counts, HMMParams
 
 AXIS = "data"
+
+
+def _shard_map(f, mesh, in_specs, out_specs):
+    """``jax.shard_map`` (jax >= 0.6) or ``jax.experimental.shard_map.shard_map`` (older)."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    from jax.experimental.shard_map import shard_map  # pragma: no cover - old jax
+
+    return shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
 
 
 def step_size(k: int, k0: float = 2.0, kappa: float = 0.7) -> float:
@@ -92,10 +103,8 @@ class EM:
                 c = F.expected_counts(params, tokens, mask)
                 return jax.tree.map(lambda x: jax.lax.psum(x, AXIS), c)
 
-            counts_fn = jax.shard_map(local_counts, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
-                                      out_specs=P(), check_vma=False)
-            ll_fn = jax.shard_map(F.log_likelihood, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
-                                  out_specs=P(AXIS), check_vma=False)
+            counts_fn = _shard_map(local_counts, mesh, (P(), P(AXIS), P(AXIS)), P())
+            ll_fn = _shard_map(F.log_likelihood, mesh, (P(), P(AXIS), P(AXIS)), P(AXIS))
         self._counts_fn = counts_fn
 
         @jax.jit

@@ -13,7 +13,10 @@ r"""Initialisations for EM.
   3. frequency-weighted k-means (k-means++ seeding, Lloyd iterations) into
      ``k = min(H, #seen tokens)`` clusters ``z(v)``; if ``k < H`` the remaining
      states are copies of the largest clusters (the noise below separates them);
-  4. ``B_h ∝ (1 - ε) c_v [z(v) = h] / Σ_{z(v')=h} c_{v'} + ε p_unigram(v)``,
+  4. ``B_h ∝ (1 - ε) c_v [z(v) = h] / Σ_{z(v')=h} c_{v'} + ε p_unigram(v)`` with the
+     add-one unigram ``p_unigram(v) = (c_v + 1) / (Σ c + V)``, so tokens never seen in
+     the training data keep a small positive probability (a held-out sequence is never
+     impossible under the initial model),
      ``A_{h,h'} ∝ #(z(x_t)=h, z(x_{t+1})=h') + 1``, ``π_h ∝ #(z(x_1) = h) + 1``,
      each multiplied by ``exp(σ·N(0,1))`` noise and renormalised.
 
@@ -137,7 +140,7 @@ def cluster_init(tokens: np.ndarray, hidden_size: int, vocab_size: int, *, seed:
     z = np.full(V, -1, np.int64)
     z[seen] = lab
     # emissions
-    unigram = counts / counts.sum()
+    unigram = (counts + 1.0) / (counts.sum() + V)  # add-one: unseen tokens stay possible
     Bc = np.zeros((k, V))
     Bc[lab, seen] = counts[seen]
     Bc /= np.maximum(Bc.sum(1, keepdims=True), 1e-300)

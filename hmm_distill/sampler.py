@@ -165,6 +165,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                 f"{out} holds samples made with different settings ("
                 + "; ".join(f"{k}: existing {old.get(k)!r} vs requested {meta[k]!r}" for k in diff[:4])
                 + "); use another --out directory")
+        if "tokens_per_s" in old:  # keep the throughput of the run that made the shards
+            meta["tokens_per_s"] = old["tokens_per_s"]
 
     prompt_mat, prompt_len = pad_prompts(prompt_ids, pad_id=0)
     num_shards = -(-num_seqs // shard_size)

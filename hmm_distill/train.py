@@ -7,8 +7,13 @@ Each epoch:
 
 * ``mode="full"``: one Baum–Welch iteration, ``θ ← M(Σ_batches s_b)``;
 * ``mode="minibatch"``: a pass over the shuffled training set in batches of
-  ``batch_size`` sequences, ``θ ← (1 - η_k) θ + η_k M(s_{b_k})`` with
-  ``η_k = min(1, (k + k₀)^{-κ})`` (``k`` counts updates over the whole run);
+  ``batch_size`` sequences, ``θ ← (1 - η_k) θ + η_k M_{λ|b|/N}(s_{b_k})`` with
+  ``η_k = min(1, (k + k₀)^{-κ})`` (``k`` counts updates over the whole run). The
+  pseudocounts of a batch's M-step are scaled by the batch's share ``|b|/N`` of the
+  ``N`` training sequences: ``M(s_b + λ|b|/N) = M((N/|b|) s_b + λ)``, the MAP estimate
+  as if the whole training set looked like this batch, so mini-batch and full-batch
+  EM smooth with the same prior (an unscaled ``λ`` would weigh the prior ``N/|b|``
+  times more per update and, at ``V = 49152``, drown a batch's emission counts);
 
 then the held-out per-token log-likelihood (natural log, averaged over all ``T``
 positions including EOS padding) is computed and compared with a unigram baseline
@@ -65,7 +70,7 @@ class TrainConfig:
     mode: str = "minibatch"            #: "minibatch" or "full"
     batch_size: int = 128              #: sequences per E-step batch
     pseudocount: float = 1e-2          #: λ added to start / transition counts
-    emission_pseudocount: float = 1e-4  #: λ_B added to emission counts
+    emission_pseudocount: float = 1e-2  #: λ_B added to emission counts
     step_offset: float = 2.0           #: k₀ of η_k = (k + k₀)^-κ
     step_kappa: float = 0.7            #: κ ∈ (0.5, 1]
     init: str = "cluster"              #: "cluster" (data-driven) or "random"
@@ -304,8 +309,9 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
             for b in range(n_batches):
                 tok, msk = pad_batch(train_tok[perm[b * bs:(b + 1) * bs]], None, bs)
                 eta = step_size(step, cfg.step_offset, cfg.step_kappa)
+                share = min(bs, n_train - b * bs) / n_train  # |b| / N (see module docstring)
                 params, (ll, nt, nimp), ok = engine.minibatch_step(
-                    params, tok, msk, eta, cfg.pseudocount, cfg.emission_pseudocount)
+                    params, tok, msk, eta, cfg.pseudocount * share, cfg.emission_pseudocount * share)
                 if not bool(ok):
                     raise NonFiniteStatisticsError(
                         f"non-finite expected counts in epoch {epoch + 1}, batch {b} of {cfg.data}")
