@@ -255,6 +255,21 @@ class TokenTrie:
         return out
 
     @cached_property
+    def tokens_by_first_byte(self) -> np.ndarray:
+        """int64 ``[256]``: number of tokens whose first byte is ``b``."""
+        count = np.diff(self.end_start)
+        # every node's subtree is a contiguous range of each deeper level; sum level by
+        # level from the leaves up
+        sub = count.astype(np.int64)
+        ls = self.level_start
+        for j in range(len(ls) - 2, 0, -1):
+            a, b = ls[j], ls[j + 1]
+            np.add.at(sub, self.parent[a:b], sub[a:b])
+        out = np.zeros(256, np.int64)
+        out[self.node_byte[:ls[1]]] = sub[:ls[1]]
+        return out
+
+    @cached_property
     def child_count(self) -> np.ndarray:
         """int64 ``[N]``: number of children of each node."""
         return np.diff(self.child_start)
