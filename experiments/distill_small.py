@@ -144,6 +144,9 @@ def main(argv=None):
         "num_heldout": int(held.shape[0]), "heldout_text_tokens": n_text,
         "heldout_padded_tokens": int(held.size),
         "sampling": {"tokens_per_s": meta.get("tokens_per_s"), "wall_s_this_call": sample_wall,
+                     # the run that made the shards (possibly an earlier, resumed call)
+                     "seconds_total": (samples.tokens.size / meta["tokens_per_s"]
+                                       if meta.get("tokens_per_s") else None),
                      "unfinished": int(sum(s["num_unfinished"] for s in meta["shards"])),
                      "temperature": meta["temperature"], "from": "BOS", "batch_size": args.batch_size},
         "hidden_size": args.hidden_size, "epochs": args.epochs, "train_batch": args.train_batch,

@@ -215,3 +215,25 @@ def test_cli_train_eval_and_errors(data_dir, tmp_path, capsys):
     assert "mode must be" in capsys.readouterr().err
     assert main(["info", "--ckpt", str(tmp_path / "cfg.json")]) == 2
     assert "cfg.json" in capsys.readouterr().err
+
+
+def test_docs_quickstart_runs(tmp_path, monkeypatch, capsys):
+    """The quick-start commands and the Python snippet of docs/hmm_distill.md run as written."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "hmm_distill.md").read_text()
+    block = doc.split("<!-- quickstart -->")[1].split("<!-- /quickstart -->")[0]
+    cmds = [ln for ln in block.splitlines() if ln.startswith("hmm-distill ")]
+    assert len(cmds) == 4
+    monkeypatch.chdir(tmp_path)
+    for cmd in cmds:
+        assert main(shlex.split(cmd)[1:]) == 0, cmd
+    cfg = json.loads((tmp_path / "runs/toy/config.json").read_text())
+    assert cfg["hidden_size"] == 16 and cfg["epochs"] == 3
+    assert (tmp_path / "runs/toy/metrics.jsonl").read_text().count("\n") == 4  # epochs 0..3
+    snippet = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    scope: dict = {}
+    exec(compile(snippet, "docs/hmm_distill.md", "exec"), scope)
+    assert scope["hmm"].hidden_size == 16 and scope["hmm"].vocab_size == 64
