@@ -9,7 +9,7 @@ Subcommands::
 
 Examples::
 
-    python -m hmm_distill sample --lm gguf --out data/smol --num-seqs 4000 --length 128
+    python -m hmm_distill sample --lm gguf --out data/smol --num-seqs 2048 --length 64
     python -m hmm_distill sample --lm toy:512 --out data/toy --num-seqs 4000 --length 64
     python -m hmm_distill train --data data/smol --out runs/smol-h128            # resumes if interrupted
     python -m hmm_distill train --config cfg.json --epochs 20                     # flags override the file
@@ -35,8 +35,8 @@ def _add_sample(sub):
     p.add_argument("--lm", default="gguf",
                    help="gguf[:PATH] (default SmolLM2-135M), table:PATH.npz, toy:V[:SEED], hmm:CKPT")
     p.add_argument("--out", required=True, help="sample directory (resumed if it exists)")
-    p.add_argument("--num-seqs", type=int, default=4000)
-    p.add_argument("--length", "-T", type=int, default=128, help="tokens per sequence (EOS-padded)")
+    p.add_argument("--num-seqs", type=int, default=2048)
+    p.add_argument("--length", "-T", type=int, default=64, help="tokens per sequence (EOS-padded)")
     p.add_argument("--shard-size", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
