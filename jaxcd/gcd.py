@@ -102,10 +102,13 @@ def mask_words(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintStat
     """Bit-packed next-token mask, uint32 ``[W]``; all zero once the budget is spent."""
     n = tables.beta.shape[0] - 1
     beta_next = tables.beta[jnp.minimum(cs.t + 1, n)]
-    k = _num_live_edges(fa, beta_next, cs.state)
+    # Once the budget is spent, take k = 0: row base[s] is the empty union. Selecting
+    # the row index (a scalar) instead of the words keeps the whole mask one row
+    # gather; a select over the W gathered words made XLA:CPU fuse it into a scalar
+    # loop (measured 37 µs -> 10 µs per call on CPU).
+    k = jnp.where(cs.t < n, _num_live_edges(fa, beta_next, cs.state), 0)
     row = fa.out_start[cs.state] + cs.state + k
-    words = fa.cum_masks[row]
-    return jnp.where(cs.t < n, words, jnp.zeros_like(words))
+    return fa.cum_masks[row]
 
 
 def unpack(words: jax.Array, vocab_size: int) -> jax.Array:
