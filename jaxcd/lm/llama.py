@@ -117,6 +117,28 @@ def apply_rope(u: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (uf * c + _rotate_half(uf) * s).astype(u.dtype)
 
 
+def _qk_small(qg: jax.Array, k: jax.Array) -> jax.Array:
+    """Decode-step scores ``s[b,k,g,j] = sum_d qg[b,k,g,d] k[b,k,d,j]`` (float32) as a
+    broadcast multiply + reduction instead of a ``dot_general``.
+
+    With one query token the attention "matmuls" are ``B * n_kv`` tiny products
+    (``G x D`` times ``D x S``, G = 3 for SmolLM2); XLA:CPU runs such batched dots through
+    its generic dot path at a cost out of all proportion to their size (at batch 16 the
+    two attention dots took ~20% of a decode step), while the same arithmetic as a
+    fused elementwise reduction is a single cheap loop. ``qg`` ``[B, n_kv, G, D]``, ``k``
+    ``[B, n_kv, D, S]``."""
+    return jnp.sum(qg.astype(jnp.float32)[..., None] * k.astype(jnp.float32)[:, :, None],
+                   axis=-2)
+
+
+def _pv_small(p: jax.Array, v: jax.Array) -> jax.Array:
+    """``o[b,k,g,d] = sum_j p[b,k,g,j] v[b,k,j,d]`` (float32) for a decode step, the
+    second product of :func:`_qk_small`. ``p`` ``[B, n_kv, G, S]``, ``v``
+    ``[B, n_kv, S, D]``."""
+    return jnp.sum(p.astype(jnp.float32)[..., None] * v.astype(jnp.float32)[:, :, None],
+                   axis=-2)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision) -> jax.Array:
     """Grouped-query attention.
 
@@ -129,6 +151,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision)
     """
     B, T, nh, D = q.shape
     nkv = k.shape[1]
+    if T == 1:        # decode step: elementwise products (see _qk_small)
+        qg = q.reshape(B, nkv, nh // nkv, D)
+        scores = _qk_small(qg, k) * (1.0 / np.sqrt(D))                 # [B, k, g, S]
+        scores = jnp.where(mask[:, :, None, :], scores, _NEG)          # mask [B, 1, S]
+        probs = jax.nn.softmax(scores, axis=-1)
+        return _pv_small(probs, v).astype(v.dtype).reshape(B, 1, nh * D)
     qg = q.reshape(B, T, nkv, nh // nkv, D)
     scores = jnp.einsum("btkgd,bkds->bkgts", qg, k, precision=precision,
                         preferred_element_type=jnp.float32) * (1.0 / np.sqrt(D))
@@ -166,8 +194,7 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
         start = i * block
         kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=3)
         vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
-        s = jnp.einsum("bkgd,bkds->bkgs", qg, kb, precision=precision,
-                       preferred_element_type=jnp.float32) * scale
+        s = _qk_small(qg, kb) * scale
         j = start + jnp.arange(block, dtype=jnp.int32)
         valid = ((j[None, :] >= offset[:, None]) & (j[None, :] <= slot))[:, None, None, :]
         s = jnp.where(valid, s, _NEG)
@@ -175,9 +202,7 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
         p = jnp.where(valid, jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
         l = l * corr + p.sum(-1)
-        acc = acc * corr[..., None] + jnp.einsum("bkgs,bksd->bkgd", p.astype(vb.dtype), vb,
-                                                 precision=precision,
-                                                 preferred_element_type=jnp.float32)
+        acc = acc * corr[..., None] + _pv_small(p.astype(vb.dtype), vb)
         return m_new, l, acc
 
     init = (jnp.full((B, nkv, G), _NEG, jnp.float32), jnp.zeros((B, nkv, G), jnp.float32),
