@@ -156,6 +156,18 @@ def fmt(xs, scale=1.0):
     return m, sd
 
 
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for results files: speed ratios
+    between implementations differ between CPUs."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", default=None, help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
@@ -265,7 +277,7 @@ def main(argv=None):
             "jax": jax.__version__, "jax_backend": jax.default_backend(),
             "torch": torch.__version__, "torch_default_threads": torch_threads,
             "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "processor": platform.processor(), "load_s": {"jax": jax_load, "torch": torch_load},
+            "processor": cpu_model(), "load_s": {"jax": jax_load, "torch": torch_load},
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
             "wall_s": round(time.perf_counter() - t_start, 1)}
@@ -305,6 +317,7 @@ def to_markdown(result):
     m = result["meta"]
     lines = ["# Decode speed: JAX (Flax NNX) Llama vs transformers PyTorch", "",
              f"{m['model']} de-quantised to {m['dtype']}, {m['cpu_count']} CPUs "
+             f"({m.get('processor') or 'CPU model not recorded'}) "
              f"(shared with other processes: load average {m['load_avg_start'][0]:.1f} at the "
              f"start, {m['load_avg_end'][0]:.1f} at the end), jax {m['jax']} "
              f"({m['jax_backend']}), torch {m['torch']}. Greedy, prompt {m['prompt_len']} tokens, "

@@ -125,6 +125,18 @@ def components(model, fa, tables, ids, lens, budget):
     return {k: round(v, 4) for k, v in res.items()}
 
 
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for results files: speed ratios
+    between implementations differ between CPUs."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=int, default=48)
@@ -256,7 +268,7 @@ def main(argv=None):
         "model": repr(lm), "constraint": "js_tool_call (compact JSON)", "budget": budget,
         "min_budget": fa.min_budget, "num_states": fa.num_states, "prompt_width": P,
         "seeds": args.seeds, "quick": args.quick, "temperature": 1.0,
-        "machine": platform.platform(), "processor": platform.processor(),
+        "machine": platform.platform(), "processor": cpu_model(),
         "cpus": os.cpu_count(), "jax": jax.__version__, "backend": jax.default_backend(),
         "load_avg_at_start": load_start, "load_avg_at_end": os.getloadavg(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -281,7 +293,8 @@ def to_markdown(results):
     where = ("a small CPU shared with other processes; timings are noisy" if s["backend"] == "cpu"
              else "a dedicated machine")
     lines = ["# Runtime: unconstrained vs LCD vs GCD (seed paper Table 2 rows)", "",
-             f"{s['model']} on {s['backend']} ({s.get('device', '')}, {s['cpus']} cpus, "
+             f"{s['model']} on {s['backend']} ({s.get('device', '')}, {s['cpus']} cpus"
+             f"{', ' + s['processor'] if s.get('processor') else ''}, "
              f"{where}{load}), "
              f"constraint {s['constraint']}, {s['budget']} steps per call, temperature "
              f"{s['temperature']}, {s['seeds']} seeds; jitted one-program `sample`. "
