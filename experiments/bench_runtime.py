@@ -106,7 +106,8 @@ def components(model, fa, tables, ids, lens, budget):
     key = jax.random.PRNGKey(0)
     done, total = jnp.zeros(B, bool), jnp.zeros(B, jnp.float32)
     f_mask = jax.jit(masked_logits)
-    f_cat = jax.jit(lambda k, l: jax.random.categorical(k, l, axis=-1))
+    from jaxcd.sampling import categorical
+    f_cat = jax.jit(categorical)
     f_adv = jax.jit(jax.vmap(gcd.advance, in_axes=(None, 0, 0)))
     f_sel = {c: jax.jit(lambda k, l, f, t, s, d, tt, c=c: _select(
         k, l, f, t, s, d, tt, 1.0, lm.eos_token_id, constrained=c, greedy=False))

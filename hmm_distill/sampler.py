@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcd.sampling import categorical
+
 from .data import (SAMPLES_FORMAT, load_shard, read_metadata, shard_name, write_json_atomic)
 from .errors import ConfigError, SampleDataError, SampleDirMismatchError
 
@@ -54,7 +56,8 @@ def sample_continuations(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.
         if temperature == 0:
             tok = jnp.argmax(logp, axis=-1)
         else:
-            tok = jax.vmap(jax.random.categorical)(k, logp.astype(jnp.float32) / temperature)
+            tok = jax.vmap(lambda k_, l_: categorical(k_, l_[None])[0])(
+                k, logp.astype(jnp.float32) / temperature)
         tok = jnp.where(done, eos, tok.astype(jnp.int32))
         return tok, done | (tok == eos)
 

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import gcd
+from .sampling import categorical
 from .tensorize import TensorizedAutomaton
 
 METHODS = ("none", "lcd", "gcd")
@@ -65,12 +66,13 @@ def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.Con
 def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrained: bool,
             greedy: bool):
     """One decoding step without the LM: mask, sample (one key for the whole batch, as
-    in :func:`sample`), bookkeeping, automaton advance (vmapped over the batch)."""
+    in :func:`sample`; :func:`jaxcd.sampling.categorical`), bookkeeping, automaton
+    advance (vmapped over the batch)."""
     masked = masked_logits(fa, tables, cs, logp) if constrained else logp
     if greedy:
         tok = jnp.argmax(masked, axis=-1)
     else:
-        tok = jax.random.categorical(k, masked / temperature, axis=-1)
+        tok = categorical(k, masked / temperature)
     tok = jnp.where(done, eos, tok).astype(jnp.int32)
     lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
     total = total + jnp.where(done, 0.0, lp)
