@@ -104,7 +104,7 @@ def components(model, fa, tables, ids, lens, budget):
 
     cs = _init_cs(fa, B, True)
     key = jax.random.PRNGKey(0)
-    done, total = jnp.zeros(B, bool), jnp.zeros(B, jnp.float32)
+    done, total = jnp.zeros(B, bool), (jnp.zeros(B, jnp.float32), jnp.zeros(B, jnp.float32))
     f_mask = jax.jit(masked_logits)
     from jaxcd.sampling import categorical
     f_cat = jax.jit(categorical)

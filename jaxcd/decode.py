@@ -31,10 +31,18 @@ METHODS = ("none", "lcd", "gcd")
 
 
 class SampleOutput(NamedTuple):
-    tokens: jax.Array        # int32 [B, n]  (EOS-padded)
-    valid: jax.Array         # bool [B]     ended in ⊥ (constraint met, EOS emitted)
-    ended: jax.Array         # bool [B]     emitted EOS within the budget
-    logprob: jax.Array       # float32 [B]  Σ log p_lm of the sampled tokens up to EOS
+    """What :func:`sample` returns. ``logprob - proposal_logprob`` is each sample's
+    importance log-weight ``log p_lm(x) / q(x)`` against the LM (DESIGN.md §6): with
+    GCD at temperature 1 it is ``Σ_t log Σ_v p_lm(v | x_<t) m_t(v)``, the log mass the
+    masks kept, and its exponential has expectation ``p_lm(x ∈ L_n)`` under the
+    proposal."""
+
+    tokens: jax.Array           # int32 [B, n]  (EOS-padded)
+    valid: jax.Array            # bool [B]     ended in ⊥ (constraint met, EOS emitted)
+    ended: jax.Array            # bool [B]     emitted EOS within the budget
+    logprob: jax.Array          # float32 [B]  Σ log p_lm of the sampled tokens up to EOS
+    proposal_logprob: jax.Array  # float32 [B] Σ log q of the same tokens (q: the
+    #                              distribution actually sampled; 0 per step if greedy)
 
 
 def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.ConstraintState,
@@ -72,10 +80,20 @@ def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrain
     if greedy:
         tok = jnp.argmax(masked, axis=-1)
     else:
-        tok = categorical(k, masked / temperature)
+        scaled = masked / temperature
+        tok = categorical(k, scaled)
     tok = jnp.where(done, eos, tok).astype(jnp.int32)
     lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
-    total = total + jnp.where(done, 0.0, lp)
+    if greedy:
+        lq = jnp.zeros_like(lp)
+    else:   # log q(tok) = scaled[tok] - logsumexp(scaled)
+        lse = jax.nn.logsumexp(scaled, axis=-1)
+        lq = jnp.take_along_axis(scaled, tok[:, None], axis=1)[:, 0] - lse
+        # an empty mask (an LCD dead end) has no proposal: log q = +inf, so the
+        # importance weight exp(logprob - proposal_logprob) is 0 (DESIGN.md §6)
+        lq = jnp.where(jnp.isfinite(lse), lq, jnp.inf)
+    total_p, total_q = total
+    total = (total_p + jnp.where(done, 0.0, lp), total_q + jnp.where(done, 0.0, lq))
     if constrained:
         cs = jax.vmap(gcd.advance, in_axes=(None, 0, 0))(fa, cs, tok)
     done = done | (tok == eos)
@@ -106,10 +124,11 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
         lm_state, logp = lm.step(params, lm_state, tok)
         return (lm_state, logp, cs, done, total), tok
 
-    init = (lm_state, logp, cs, jnp.zeros(B, bool), jnp.zeros(B, jnp.float32))
+    zero = jnp.zeros(B, jnp.float32)
+    init = (lm_state, logp, cs, jnp.zeros(B, bool), (zero, zero))
     (_, _, cs, done, total), toks = jax.lax.scan(step, init, jax.random.split(key, budget))
     valid = (cs.state == fa.final_state) if constrained else done
-    return SampleOutput(toks.T, valid, done, total)
+    return SampleOutput(toks.T, valid, done, *total)
 
 
 def tables_for(fa: TensorizedAutomaton, method: str, budget: int) -> gcd.BudgetTables | None:
@@ -189,7 +208,7 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
     lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, int(max_len))
     cs = _init_cs(fa, B, constrained)
     done = jnp.zeros(B, bool)
-    total = jnp.zeros(B, jnp.float32)
+    total = (jnp.zeros(B, jnp.float32), jnp.zeros(B, jnp.float32))
     step_fn = (lambda st, tok: _lm_step_donated(lm, params, st, tok)) if jit_lm else \
         (lambda st, tok: lm.step(params, st, tok))
     toks = []
@@ -206,4 +225,4 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
         tokens = jnp.pad(tokens, ((0, 0), (0, budget - tokens.shape[1])),
                          constant_values=lm.eos_token_id)
     valid = (cs.state == fa.final_state) if constrained else done
-    return SampleOutput(tokens, valid, done, total)
+    return SampleOutput(tokens, valid, done, *total)

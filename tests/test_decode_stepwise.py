@@ -40,8 +40,14 @@ def fa():
 
 
 def assert_same(a, b):
+    """Tokens and flags bit-identical; float sums up to XLA's rounding of differently
+    fused programs (a few float32 ulps)."""
     for name, x, y in zip(a._fields, a, b):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=name)
+        x, y = np.asarray(x), np.asarray(y)
+        if np.issubdtype(x.dtype, np.floating):
+            np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-5, err_msg=name)
+        else:
+            np.testing.assert_array_equal(x, y, err_msg=name)
 
 
 @pytest.mark.parametrize("method", ["gcd", "lcd", "none"])
