@@ -157,7 +157,7 @@ def main(argv=None):
     import jax.numpy as jnp
 
     from jaxcd.decode import sample, tables_for
-    from jaxcd.generate import build_constraint, load_model
+    from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
 
     t_start = time.perf_counter()

@@ -150,7 +150,7 @@ def main(argv=None):
     import jax
 
     from jaxcd.decode import sample_stepwise, tables_for
-    from jaxcd.generate import build_constraint, load_model
+    from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
 
     t_start = time.perf_counter()

