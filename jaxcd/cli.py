@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# transformers warns at import that PyTorch is missing; jaxcd only needs its tokenizers
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 DEMO_SCHEMA = {
     "type": "object",
