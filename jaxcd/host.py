@@ -71,6 +71,7 @@ class HostMasker:
         self.cum_masks = cum
         self.num_words = int(cum.shape[1])
         self._last = self.rows.shape[0] - 1
+        self._num_states = S
 
     @property
     def nbytes(self) -> int:
@@ -80,6 +81,9 @@ class HostMasker:
     def mask_words(self, state: int, t: int = 0, out: np.ndarray | None = None) -> np.ndarray:
         """Packed mask, uint32 ``[W]``, of the token after ``t`` generated tokens from
         ``state``. Without ``out``: a read-only view into the table (no copy)."""
+        if not (0 <= state < self._num_states and t >= 0):
+            raise ValueError(f"HostMasker.mask_words: need 0 <= state < {self._num_states} "
+                             f"and t >= 0, got state={state}, t={t}")
         row = self.rows[min(t, self._last), state]
         if out is None:
             return self.cum_masks[row]
@@ -89,6 +93,13 @@ class HostMasker:
     def batch_mask_words(self, states, ts, out: np.ndarray | None = None) -> np.ndarray:
         """Packed masks, uint32 ``[B, W]``, for rows in ``states`` after ``ts`` tokens
         (arrays of length ``B``); one gather."""
+        states, ts = np.asarray(states), np.asarray(ts)
+        if states.shape != ts.shape or states.ndim != 1:
+            raise ValueError(f"HostMasker.batch_mask_words: states and ts must be 1-D of one "
+                             f"length, got shapes {states.shape} and {ts.shape}")
+        if states.size and (states.min() < 0 or states.max() >= self._num_states or ts.min() < 0):
+            raise ValueError(f"HostMasker.batch_mask_words: need 0 <= states < "
+                             f"{self._num_states} and ts >= 0")
         rows = self.rows[np.minimum(ts, self._last), states]
         return np.take(self.cum_masks, rows, axis=0, out=out)
 

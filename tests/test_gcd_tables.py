@@ -56,6 +56,11 @@ def test_host_masker_equals_jitted(pattern, kind):
         np.testing.assert_array_equal(host.mask_words(ss[i], tt[i], out=out), want[i])
     with pytest.raises(ValueError):              # masks are views of the shared table
         host.mask_words(0, 0)[0] = 1
+    for bad in ((-1, 0), (S, 0), (0, -1)):       # negative indices must not wrap around
+        with pytest.raises(ValueError, match="state"):
+            host.mask_words(*bad)
+        with pytest.raises(ValueError, match="states"):
+            host.batch_mask_words(np.array([bad[0]]), np.array([bad[1]]))
 
 
 def test_host_masker_budget_too_small():
