@@ -35,7 +35,8 @@ class SampleOutput(NamedTuple):
     importance log-weight ``log p_lm(x) / q(x)`` against the LM (DESIGN.md §6): with
     GCD at temperature 1 it is ``Σ_t log Σ_v p_lm(v | x_<t) m_t(v)``, the log mass the
     masks kept, and its exponential has expectation ``p_lm(x ∈ L_n)`` under the
-    proposal."""
+    proposal. For a target restricted to ``L_n`` multiply by ``valid`` (an LCD sample
+    cut off by the budget has weight 0)."""
 
     tokens: jax.Array           # int32 [B, n]  (EOS-padded)
     valid: jax.Array            # bool [B]     ended in ⊥ (constraint met, EOS emitted)
