@@ -63,6 +63,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+from machine import cpu_model  # noqa: E402
 
 
 def make_prompts(batch: int, length: int, vocab: int, seed: int = 0) -> np.ndarray:
@@ -155,18 +157,6 @@ def fmt(xs, scale=1.0):
     sd = (statistics.stdev(xs) if len(xs) > 1 else 0.0) * scale
     return m, sd
 
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), for results files: speed ratios
-    between implementations differ between CPUs."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -46,6 +46,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+from machine import cpu_model  # noqa: E402
+
 WORKLOAD = ROOT / "tests" / "data" / "workload"
 RESULTS = ROOT / "experiments" / "results"
 METHODS = ("none", "lcd", "gcd")
@@ -125,18 +128,6 @@ def components(model, fa, tables, ids, lens, budget):
     }
     return {k: round(v, 4) for k, v in res.items()}
 
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), for results files: speed ratios
-    between implementations differ between CPUs."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

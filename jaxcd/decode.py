@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import gcd
-from .sampling import categorical
+from .sampling import categorical_with_logprob
 from .tensorize import TensorizedAutomaton
 
 METHODS = ("none", "lcd", "gcd")
@@ -75,24 +75,19 @@ def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.Con
 def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrained: bool,
             greedy: bool):
     """One decoding step without the LM: mask, sample (one key for the whole batch, as
-    in :func:`sample`; :func:`jaxcd.sampling.categorical`), bookkeeping, automaton
+    in :func:`sample`; :func:`jaxcd.sampling.categorical_with_logprob`), bookkeeping, automaton
     advance (vmapped over the batch)."""
     masked = masked_logits(fa, tables, cs, logp) if constrained else logp
     if greedy:
         tok = jnp.argmax(masked, axis=-1)
+        lq = jnp.zeros(tok.shape, jnp.float32)
     else:
-        scaled = masked / temperature
-        tok = categorical(k, scaled)
+        tok, lq = categorical_with_logprob(k, masked / temperature)
+        # an empty mask (not reachable from a live GCD/LCD state; guarded) has no
+        # proposal: log q = +inf makes the importance weight 0 (DESIGN.md §6)
+        lq = jnp.where(jnp.isfinite(lq), lq, jnp.inf)
     tok = jnp.where(done, eos, tok).astype(jnp.int32)
     lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
-    if greedy:
-        lq = jnp.zeros_like(lp)
-    else:   # log q(tok) = scaled[tok] - logsumexp(scaled)
-        lse = jax.nn.logsumexp(scaled, axis=-1)
-        lq = jnp.take_along_axis(scaled, tok[:, None], axis=1)[:, 0] - lse
-        # an empty mask (an LCD dead end) has no proposal: log q = +inf, so the
-        # importance weight exp(logprob - proposal_logprob) is 0 (DESIGN.md §6)
-        lq = jnp.where(jnp.isfinite(lse), lq, jnp.inf)
     total_p, total_q = total
     total = (total_p + jnp.where(done, 0.0, lp), total_q + jnp.where(done, 0.0, lq))
     if constrained:

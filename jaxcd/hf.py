@@ -55,7 +55,6 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from .gcd import check_budget
 from .host import HostMasker
 from .tensorize import TensorizedAutomaton, unpack_bits
 
@@ -97,10 +96,8 @@ class GCDLogitsProcessor(_LogitsProcessorBase):
         if not isinstance(prompt_length, (int, np.integer)) or prompt_length < 0:
             raise ValueError(f"prompt_length must be a non-negative integer, got {prompt_length!r}")
         self.prompt_length = int(prompt_length)
-        if budget is not None:
-            check_budget(fa, budget)
-            budget = int(budget)
-        self.budget = budget
+        self._masker = HostMasker(fa, budget)   # checks the budget; one row lookup per step
+        self.budget = self._masker.budget
         if eos_token_id is not None:
             ids = [int(eos_token_id)] if isinstance(eos_token_id, (int, np.integer)) else \
                 [int(e) for e in eos_token_id]
@@ -109,7 +106,6 @@ class GCDLogitsProcessor(_LogitsProcessorBase):
                                  f"id(s) are {ids}: compile the constraint with the model's "
                                  "vocabulary")
         self.eos_token_id = fa.eos_id
-        self._masker = HostMasker(fa, budget)   # one row lookup per (state, step)
         self._rows: list[_Row] = []
         self.num_resyncs = 0   # rows re-walked from the start (history not an extension)
         self.num_stuck = 0     # row-steps whose mask was empty (only EOS allowed)

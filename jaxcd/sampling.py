@@ -32,7 +32,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["categorical"]
+__all__ = ["categorical", "categorical_with_logprob"]
 
 BLOCK = 256
 
@@ -50,6 +50,14 @@ def categorical(key: jax.Array, logits: jax.Array, *, block: int = BLOCK) -> jax
     """One sample per row from ``softmax(logits)``, ``logits`` float ``[B, V]`` -> int32
     ``[B]``. Same distribution as ``jax.random.categorical(key, logits, axis=-1)``
     (different random stream)."""
+    return categorical_with_logprob(key, logits, block=block)[0]
+
+
+def categorical_with_logprob(key: jax.Array, logits: jax.Array, *,
+                             block: int = BLOCK) -> tuple[jax.Array, jax.Array]:
+    """:func:`categorical` and the log-probability of each drawn token under
+    ``softmax(logits)`` (float32 ``[B]``), from the sums the draw computes anyway.
+    A row with no finite logit gets log-probability ``-inf``."""
     if logits.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
     B, V = logits.shape
@@ -71,4 +79,8 @@ def categorical(key: jax.Array, logits: jax.Array, *, block: int = BLOCK) -> jax
     q = jnp.take_along_axis(p, j[:, None, None], axis=1)[:, 0]   # [B, K]
     c = jnp.cumsum(q, axis=-1)
     i = _pick(c, q, u2 * c[:, -1:])
-    return (j * K + i).astype(jnp.int32)
+    tok = (j * K + i).astype(jnp.int32)
+    total = C[:, -1]
+    log_z = m[:, 0] + jnp.log(jnp.where(total > 0, total, 1.0))
+    lp = jnp.take_along_axis(logits, tok[:, None], axis=1)[:, 0] - log_z
+    return tok, jnp.where(total > 0, lp, -jnp.inf)

@@ -58,14 +58,19 @@ def exact_gcd_distribution(lm, n):
     return probs
 
 
-def test_gcd_samples_match_enumeration():
-    n, N = 4, 40000
-    lm = toy_lm(n)
+def gcd_samples(lm, n, N, seed, temperature=1.0):
+    """N GCD samples of budget n from the toy LM (one jitted program)."""
     fa = compile_regex(PATTERN, VOCAB).to_device()
     tables = tables_for(fa, "gcd", n)
     ids, lens = pad_prompts([[0]] * N)
-    out = sample(jax.random.PRNGKey(0), lm, lm.params, ids, lens, fa, tables, budget=n,
-                 constrained=True)
+    return sample(jax.random.PRNGKey(seed), lm, lm.params, ids, lens, fa, tables, budget=n,
+                  constrained=True, temperature=temperature)
+
+
+def test_gcd_samples_match_enumeration():
+    n, N = 4, 40000
+    lm = toy_lm(n)
+    out = gcd_samples(lm, n, N, seed=0)
     toks = np.asarray(out.tokens)
     assert np.asarray(out.valid).all()
     exact = exact_gcd_distribution(lm, n)
@@ -105,11 +110,7 @@ def test_importance_weights_are_unbiased(temperature):
     errors of Z computed by enumeration."""
     n, N = 4, 40000
     lm = toy_lm(n)
-    fa = compile_regex(PATTERN, VOCAB).to_device()
-    tables = tables_for(fa, "gcd", n)
-    ids, lens = pad_prompts([[0]] * N)
-    out = sample(jax.random.PRNGKey(1), lm, lm.params, ids, lens, fa, tables, budget=n,
-                 constrained=True, temperature=temperature)
+    out = gcd_samples(lm, n, N, seed=1, temperature=temperature)
     w = np.exp(np.asarray(out.logprob, np.float64) - np.asarray(out.proposal_logprob, np.float64))
     Z = exact_valid_mass(lm, n)
     assert 0 < Z < 1

@@ -1,7 +1,14 @@
-"""The README's Python examples run as written (the front door must be true)."""
+"""The README's Python examples run as written and give what they say, checked
+against independent references (the `regex` module's partial matching for the mask,
+`json` + `jsonschema` for the generated JSON)."""
 
+import json
 import re
 from pathlib import Path
+
+import jsonschema
+import numpy as np
+import regex
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -10,12 +17,30 @@ def python_blocks():
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_api_and_generate_examples_run():
+def test_api_and_generate_examples():
     blocks = python_blocks()
     assert len(blocks) >= 2
     ns: dict = {}
     exec(compile(blocks[0], "README block 1", "exec"), ns)     # compile + allowed_tokens
-    assert ns["mask"].shape == (49152,) and ns["mask"].any()
+    tok, mask = ns["tok"], ns["mask"]
+    assert mask.shape == (49152,)
+    # after '{"x":' (compact JSON, budget 8) the allowed tokens are exactly the ordinary
+    # tokens that keep the text a prefix of {"x":<integer>}; the one-token continuations
+    # here are all short, so the budget never binds
+    prefix = '{"x":'
+    specials = set(tok.all_special_ids)
+    lang = regex.compile(r'\{"x":-?(0|[1-9][0-9]*)\}')
+    allowed = set(np.flatnonzero(mask).tolist())
+    assert allowed and not allowed & specials
+    for v in range(len(tok)):
+        if v in specials:
+            continue
+        text = prefix + tok.decode([v])
+        ok = lang.fullmatch(text, partial=True) is not None
+        assert ok == (v in allowed), (v, tok.decode([v]))
     exec(compile(blocks[1], "README block 2", "exec"), ns)     # jaxcd.generate with GCD
-    out = ns["out"]
-    assert len(out.texts) == 4 and all(out.valid)
+    out, schema = ns["out"], ns["schema"]
+    assert len(out.texts) == 4
+    for text in out.texts:                                    # independent of jaxcd's flag
+        jsonschema.validate(json.loads(text), schema)
+    assert all(out.valid)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd.sampling import _pick, categorical
+from jaxcd.sampling import _pick, categorical, categorical_with_logprob
 
 draw = jax.jit(categorical, static_argnames=("block",))
 
@@ -113,3 +113,21 @@ def test_pick_clamps_rounded_up_uniform():
 def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"\[B, V\]"):
         categorical(jax.random.PRNGKey(0), jnp.zeros(10))
+
+
+def test_logprob_of_drawn_token_is_log_softmax():
+    """The returned log-probability equals log softmax(logits)[token] (float64
+    reference); rows with no finite logit give -inf."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(0, 4.0, (64, 1000)).astype(np.float32)
+    logits[rng.random(logits.shape) < 0.4] = -np.inf
+    logits[7] = -np.inf
+    tok, lp = jax.jit(categorical_with_logprob)(jax.random.PRNGKey(2), jnp.asarray(logits))
+    tok, lp = np.asarray(tok), np.asarray(lp)
+    x = logits.astype(np.float64)
+    for b in range(64):
+        if b == 7:
+            assert lp[b] == -np.inf
+            continue
+        ref = x[b, tok[b]] - (np.log(np.exp(x[b] - x[b].max()).sum()) + x[b].max())
+        assert np.isfinite(x[b, tok[b]]) and abs(lp[b] - ref) < 1e-5
