@@ -373,9 +373,9 @@ def render(rows, names, goals):
                 f"{fmt_bytes(e['memory_bytes'])} |")
     lines += ["", "Notes: \"jaxcd jit\" is `gcd.mask_words` (single) and "
               "`gcd.batched_mask_words` (batches) jitted, called from Python with "
-              "`block_until_ready`: every call pays JAX's dispatch (about 4-7 µs on this "
-              "CPU for any jitted function; the mask itself is two scalar gathers and one "
-              "row gather). In a jitted decoder the mask is fused into the sampling step, "
+              "`block_until_ready`: every call pays JAX's per-call dispatch, a fixed cost "
+              "of any jitted function (the mask itself is two scalar gathers and one row "
+              "gather). In a jitted decoder the mask is fused into the sampling step, "
               "so this dispatch is not paid separately. \"jaxcd host\" is "
               "`jaxcd.host.HostMasker` (the same row lookup in NumPy, for decoding loops "
               "driven from Python such as `GCDLogitsProcessor`); like the engines it writes "
