@@ -353,8 +353,11 @@ def trim(dfa: DFA) -> DFA:
     co = dfa.accepting.copy()
     frontier = np.nonzero(co)[0]
     while len(frontier):
+        # every state enters the frontier once: dedupe (a state with k predecessor
+        # edges from the frontier would otherwise be expanded k times, and the
+        # work list would grow by a factor k per level)
         p = pred[_ranges(pstart, frontier)]
-        p = p[~co[p]]
+        p = np.unique(p[~co[p]])
         co[p] = True
         frontier = p
     if not co[0]:
