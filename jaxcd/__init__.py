@@ -5,7 +5,7 @@ automata) compile on the host to tensorized automata over the LM's vocabulary;
 GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.gcd`).
 """
 
-from . import errors, gcd
+from . import errors, gcd, pgcd
 from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
                   compile_regex, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA

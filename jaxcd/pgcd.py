@@ -1,0 +1,338 @@
+r"""P-GCD: the HMM × automaton product as a lazy circuit — DESIGN.md §5.
+
+An HMM ``(π, A, B)`` (probabilities, :class:`hmm_distill.HMMParams`; hidden size
+``H``, vocabulary ``V``) is multiplied with the token-level DFA ``fa`` (``S`` states,
+``E`` edges) of a constraint. Nothing of size ``H·S`` per token or ``S·V`` is built:
+
+**Edge masses** ``C = B·B_fᵀ ∈ R^{H×E}`` (:func:`edge_masses`): each edge's label set
+is read from the packed masks, identical label sets are computed once, small sets as a
+gather-sum of ``B``'s columns, large ones as a matmul with their indicator, and sets
+covering more than half the vocabulary as ``1 − B·1_{V∖L}`` (so a near-full edge is
+not a difference of two nearly equal sums). EOS edges carry ``B[:, EOS]``; the EOS
+self-loop of ``⊥`` carries mass 1 (**padding is free**: once EOS is emitted the
+outcome is known, ``ψ(x·EOS) = 1{x ∈ L}``).
+
+**Backward tables** (:func:`backward`; one ``lax.scan``)::
+
+    β^P_n(h, s) = 1{s = ⊥}
+    β^P_t(h, s) = Σ_h' A[h, h'] Σ_{e: src e = s} C[h', e] β^P_{t+1}(h', dst e)
+
+``β^P_t(h, s)`` is the HMM probability that the next ``n − t`` tokens, counted up to
+their first EOS, complete a valid output from automaton state ``s`` given ``z_t = h``.
+Each state's vector is stored as a mantissa (max 1 over ``h``) and a **per-step,
+per-state log-scale** (a per-step scale alone underflows for states far from ``⊥``);
+a state with ``β^P = 0`` has mantissa 0 and log-scale ``−inf`` exactly (no epsilon).
+Cost per step: ``E·H`` (edge products and segment sums) + ``S·H²`` (one matmul).
+
+**Per step** (one particle; ``vmap`` over particles — the ``[D, H] @ [H, V]`` products
+of ``K`` particles then run as one ``[K·D, H] @ [H, V]`` matmul that reads ``B`` once).
+With the HMM predictive vector ``u = p(z_{t+1} | x_{1:t})`` (``u = π`` first) and
+automaton state ``s`` after ``t`` tokens, for the ``D`` out-edges ``e_d`` of ``s``::
+
+    num(v) = Σ_h' u[h'] B[h', v] β^P_{t+1}(h', dst e_d)      (v ∈ L_{e_d}; 0 off every edge)
+    den(v) = Σ_h' u[h'] B[h', v]                             (= p_hmm(v | x_{1:t}))
+    ψ(x_{1:t} v) = num(v) / den(v),     p_prod(v | x_{1:t}) = num(v) / Σ_v num(v)
+
+so the work is ``D·H·V`` per particle (``D`` = the automaton's largest out-degree),
+never ``S·H·V``. ``ψ`` is a probability (``0 ≤ ψ ≤ 1``), ``−inf`` in log space exactly
+where ``β^P = 0`` — in particular off the GCD mask — and also where the HMM gives ``v``
+probability 0 (``den = 0``; a distilled HMM has pseudocounts, so this does not occur).
+``Σ_v num(v) = ψ(x_{1:t})``. After emitting ``v``: ``u ← normalise(u ∘ B[:, v]) · A``.
+
+Everything runs in the dtype of the HMM's arrays (float64 with ``jax_enable_x64``;
+float32 by default); ``table_dtype=jnp.bfloat16`` stores ``β^P`` (and the per-step
+copy of ``B``) in bfloat16 with float32 accumulation.
+
+Example::
+
+    tables = pgcd.backward(fa, hmm, budget=32)
+    st = pgcd.init_state(fa, hmm)
+    logpsi = pgcd.token_logpsi(fa, hmm, tables, st)       # [V]
+    st = pgcd.advance(fa, hmm, st, token)
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import gcd
+from .errors import JaxcdError
+from .tensorize import TensorizedAutomaton
+
+__all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "edge_masses", "backward",
+           "init_state", "advance", "token_logpsi", "product_logprobs", "prefix_logpsi",
+           "check_hmm", "tables_nbytes"]
+
+
+class HMMMismatchError(JaxcdError, ValueError):
+    """The HMM does not fit the automaton or LM it is combined with (vocabulary size,
+    EOS, budget of the tables)."""
+
+
+class PGCDTables(NamedTuple):
+    """``β^P`` for budget ``n``: ``mant [n+1, S, H]`` (max 1 per state, or all 0) and
+    ``log_scale [n+1, S]`` (``−inf`` where ``β^P_t(·, s) = 0``), so
+    ``β^P_t(h, s) = mant[t, s, h] · exp(log_scale[t, s])``. ``B`` is the HMM emission
+    matrix in the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
+
+    mant: jax.Array
+    log_scale: jax.Array
+    B: jax.Array
+
+    @property
+    def budget(self) -> int:
+        return int(self.mant.shape[0]) - 1
+
+    def beta(self) -> jax.Array:
+        """Dense ``β^P`` as ``[n+1, S, H]`` (tests; may underflow in float32)."""
+        m = self.mant.astype(self.log_scale.dtype)
+        return jnp.where(m > 0, m * jnp.exp(self.log_scale)[..., None], 0.0)
+
+
+class PGCDState(NamedTuple):
+    """What a P-GCD particle carries: the automaton state and step count, and the HMM
+    predictive vector ``u = p(z_{t+1} | x_{1:t})`` (sums to 1; ``π`` at the start)."""
+
+    cs: gcd.ConstraintState
+    u: jax.Array            # [H]
+
+
+# ---------------------------------------------------------------------------------------
+# checks (host side)
+# ---------------------------------------------------------------------------------------
+def check_hmm(fa: TensorizedAutomaton, hmm, *, lm=None) -> None:
+    """Raise :class:`HMMMismatchError` if the HMM, automaton and LM disagree."""
+    H = int(np.shape(hmm.A)[0])
+    if np.shape(hmm.pi) != (H,) or np.shape(hmm.A) != (H, H) or np.ndim(hmm.B) != 2 \
+            or np.shape(hmm.B)[0] != H:
+        raise HMMMismatchError(
+            f"HMM arrays have inconsistent shapes: pi {np.shape(hmm.pi)}, A {np.shape(hmm.A)}, "
+            f"B {np.shape(hmm.B)} (expected [H], [H, H], [H, V])")
+    V = int(np.shape(hmm.B)[1])
+    if V != fa.vocab_size:
+        raise HMMMismatchError(
+            f"the HMM has a vocabulary of {V} tokens but the constraint's automaton has "
+            f"{fa.vocab_size}: distil an HMM for this model's tokenizer with `hmm-distill`")
+    if lm is not None:
+        if int(lm.eos_token_id) != int(fa.eos_id):
+            raise HMMMismatchError(f"the LM's EOS id {lm.eos_token_id} differs from the "
+                                   f"automaton's {fa.eos_id}")
+
+
+def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
+                  table_dtype=jnp.float32) -> int:
+    """Bytes of :class:`PGCDTables` for these sizes (for memory reports)."""
+    item = jnp.dtype(table_dtype).itemsize
+    return ((budget + 1) * fa.num_states * hidden_size * item
+            + (budget + 1) * fa.num_states * 4 + hidden_size * fa.vocab_size * item)
+
+
+# ---------------------------------------------------------------------------------------
+# C = B · B_fᵀ from the packed label sets
+# ---------------------------------------------------------------------------------------
+_SPARSE_MAX = 64          # label sets up to this size: gather-sum of B's columns
+_DENSE_CHUNK = 128        # label sets per indicator matmul
+
+
+def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
+    """``C [H, E]``: ``C[h, e] = Σ_{v ∈ L_e} B[h, v]``, except the ``⊥`` self-loop, which
+    gets 1 (padding is free). Host-side planning (NumPy on the packed labels), device
+    matmuls; ``B_f`` is never built densely (at most ``_DENSE_CHUNK`` indicator rows at
+    a time)."""
+    B = jnp.asarray(B)
+    H, V = B.shape
+    words = np.asarray(fa.label_words())                              # [E, W] uint32
+    E = words.shape[0]
+    uniq, inv = np.unique(words, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    U = uniq.shape[0]
+    bits = np.unpackbits(uniq.view(np.uint8), axis=1, bitorder="little")[:, :V]  # [U, V] u8
+    size = bits.sum(1, dtype=np.int64)
+    Cu = jnp.zeros((U, H), B.dtype)
+    # small sets: segment sums over the listed tokens
+    small = np.nonzero(size <= _SPARSE_MAX)[0]
+    if len(small):
+        r, v = np.nonzero(bits[small])
+        seg = jax.ops.segment_sum(jnp.take(B, jnp.asarray(v), axis=1).T, jnp.asarray(r),
+                                  num_segments=len(small))            # [n_small, H]
+        Cu = Cu.at[jnp.asarray(small)].set(seg)
+    # large sets: indicator matmuls; over half the vocabulary: 1 − B·1_{V∖L}
+    large = np.nonzero(size > _SPARSE_MAX)[0]
+    for i in range(0, len(large), _DENSE_CHUNK):
+        idx = large[i:i + _DENSE_CHUNK]
+        comp = size[idx] * 2 > V
+        ind = np.where(comp[:, None], 1 - bits[idx], bits[idx])
+        m = jnp.asarray(ind, B.dtype) @ B.T                           # [chunk, H]
+        m = jnp.where(jnp.asarray(comp)[:, None], 1.0 - m, m)
+        Cu = Cu.at[jnp.asarray(idx)].set(m)
+    C = Cu[jnp.asarray(inv)].T                                         # [H, E]
+    src, dst = np.asarray(fa.edge_src), np.asarray(fa.edge_dst)
+    loop = np.nonzero((src == fa.final_state) & (dst == fa.final_state))[0]
+    if len(loop):
+        C = C.at[:, jnp.asarray(loop)].set(1.0)
+    return C
+
+
+# ---------------------------------------------------------------------------------------
+# backward tables
+# ---------------------------------------------------------------------------------------
+def _normalise_rows(Z, L):
+    """``Z [S, H] · exp(L [S])`` -> (mantissa with max 1, log-scale); exact zeros stay
+    zero with log-scale ``−inf``."""
+    m = jnp.max(Z, axis=1)
+    pos = m > 0
+    mant = jnp.where(pos[:, None], Z / jnp.where(pos, m, 1.0)[:, None], 0.0)
+    ls = jnp.where(pos, L + jnp.log(jnp.where(pos, m, 1.0)), -jnp.inf)
+    return mant, ls
+
+
+@partial(jax.jit, static_argnames=("budget", "table_dtype"))
+def _backward(fa, A, C, B, *, budget: int, table_dtype):
+    S = fa.num_states
+    H = A.shape[0]
+    dt = C.dtype
+    src, dst = fa.edge_src, fa.edge_dst
+    final = jnp.arange(S) == fa.final_state
+    mant_n = jnp.where(final[:, None], jnp.ones((S, H), dt), 0.0)
+    ls_n = jnp.where(final, 0.0, -jnp.inf).astype(dt)
+
+    def step(carry, _):
+        mant, ls = carry
+        l_e = ls[dst]                                                  # [E]
+        l_max = jax.ops.segment_max(l_e, src, num_segments=S)          # -inf if no live edge
+        l_max = jnp.where(jnp.isfinite(l_max), l_max, -jnp.inf)
+        live = jnp.isfinite(l_e)
+        f = jnp.where(live, jnp.exp(jnp.where(live, l_e - l_max[src], 0.0)), 0.0)
+        x = C.T * mant[dst] * f[:, None]                               # [E, H]
+        y = jax.ops.segment_sum(x, src, num_segments=S)                # [S, H]
+        z = y @ A.T                                                    # [S, H]
+        mant2, ls2 = _normalise_rows(z, jnp.where(jnp.isfinite(l_max), l_max, 0.0))
+        # ⊥: β^P = 1 exactly (the recursion gives Σ_h' A[h, h'] = 1 up to rounding)
+        mant2 = jnp.where(final[:, None], 1.0, mant2)
+        ls2 = jnp.where(final, 0.0, ls2)
+        return (mant2, ls2), (mant2.astype(table_dtype), ls2)
+
+    _, (mants, lss) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget)
+    mant = jnp.concatenate([mants[::-1], mant_n[None].astype(table_dtype)], axis=0)
+    ls = jnp.concatenate([lss[::-1], ls_n[None]], axis=0)
+    return PGCDTables(mant, ls, B.astype(table_dtype))
+
+
+def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None) -> PGCDTables:
+    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``n`` steps).
+
+    Checks first (host side): the HMM's vocabulary equals the automaton's, and the budget
+    can be met (:class:`~jaxcd.errors.BudgetTooSmallError` naming the smallest budget).
+    ``table_dtype``: storage dtype of the tables (default: the HMM's dtype;
+    ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`)."""
+    check_hmm(fa, hmm)
+    gcd.check_budget(fa, budget)
+    A = jnp.asarray(hmm.A)
+    B = jnp.asarray(hmm.B)
+    dt = jnp.result_type(A.dtype, B.dtype, jnp.asarray(hmm.pi).dtype)
+    A, B = A.astype(dt), B.astype(dt)
+    C = edge_masses(fa, B)
+    return _backward(fa, A, C, B, budget=int(budget),
+                     table_dtype=jnp.dtype(table_dtype or dt))
+
+
+# ---------------------------------------------------------------------------------------
+# forward: state, scores
+# ---------------------------------------------------------------------------------------
+def init_state(fa: TensorizedAutomaton, hmm) -> PGCDState:
+    """Start state: automaton at ``s_0``, ``t = 0``, ``u = π``."""
+    pi = jnp.asarray(hmm.pi)
+    return PGCDState(gcd.init_state(fa), pi / jnp.sum(pi))
+
+
+def advance(fa: TensorizedAutomaton, hmm, st: PGCDState, token: jax.Array) -> PGCDState:
+    """After emitting ``token``: ``δ`` on the automaton, ``u ← normalise(u ∘ B[:, v])·A``.
+    (If the HMM gives the token probability 0, ``u`` becomes 0 and every later ``ψ`` is
+    ``−inf``.)"""
+    B = jnp.asarray(hmm.B)
+    alpha = st.u * B[:, token].astype(st.u.dtype)
+    z = jnp.sum(alpha)
+    alpha = jnp.where(z > 0, alpha / jnp.where(z > 0, z, 1.0), 0.0)
+    u = alpha @ jnp.asarray(hmm.A).astype(st.u.dtype)
+    return PGCDState(gcd.advance(fa, st.cs, token), u)
+
+
+def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """For every token: the index ``d`` of the out-edge of ``state`` whose label set holds
+    it, and whether one does. Read from the cumulative masks: ``d(v)`` = number of the
+    first ``deg`` cumulative rows that do not contain ``v``."""
+    D = fa.out_dst.shape[1]
+    V = fa.vocab_size
+    start = fa.out_start[state]
+    deg = fa.out_start[state + 1] - start
+    rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.cum_masks.shape[0] - 1)
+    words = fa.cum_masks[rows]                                           # [D, W]
+    ids = jnp.arange(V, dtype=jnp.uint32)
+    bit = (words[:, ids >> 5] >> (ids & 31)) & jnp.uint32(1)             # [D, V]
+    bit = bit.astype(jnp.int32) * (jnp.arange(D) < deg)[:, None]
+    inside = jnp.sum(bit, axis=0)                                       # rows holding v
+    has = inside > 0
+    d = jnp.clip(deg - inside, 0, D - 1)
+    return d, has
+
+
+def _log_num_den(fa, tables: PGCDTables, st: PGCDState):
+    """``log num(v)`` and ``log den(v)`` (float ``[V]``) for one particle."""
+    n = tables.mant.shape[0] - 1
+    s, t = st.cs.state, st.cs.t
+    tn = jnp.minimum(t + 1, n)
+    dsts = fa.out_dst[s]                                                 # [D]
+    mant = tables.mant[tn, dsts]                                         # [D, H]
+    ls = tables.log_scale[tn, dsts]                                      # [D]
+    acc = st.u.dtype
+    sd = tables.B.dtype
+    rows = jnp.concatenate([st.u[None].astype(sd), (st.u[None] * mant.astype(acc)).astype(sd)])
+    P = jnp.dot(rows, tables.B, preferred_element_type=acc)             # [1 + D, V]
+    den = P[0]
+    d, has = _edge_of_token(fa, s)
+    Pn = jnp.take_along_axis(P[1:], d[None], axis=0)[0]                 # [V]
+    l_d = ls[d]
+    ok = has & (Pn > 0) & jnp.isfinite(l_d) & (t < n)
+    log_num = jnp.where(ok, jnp.log(jnp.where(ok, Pn, 1.0)) + jnp.where(ok, l_d, 0.0), -jnp.inf)
+    log_den = jnp.where(den > 0, jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
+    return log_num, log_den
+
+
+def token_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log ψ(x_{1:t} v)`` for every token ``v``: float ``[V]``; ``−inf`` off the GCD
+    mask, where ``β^P = 0``, and where the HMM gives ``v`` probability 0."""
+    log_num, log_den = _log_num_den(fa, tables, st)
+    ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
+    return jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
+
+
+def product_logprobs(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log p_prod(v | x_{1:t})``: float ``[V]``, normalised (all ``−inf`` if
+    ``ψ(x_{1:t}) = 0``)."""
+    log_num, _ = _log_num_den(fa, tables, st)
+    z = jax.nn.logsumexp(log_num)
+    return jnp.where(jnp.isfinite(z), log_num - jnp.where(jnp.isfinite(z), z, 0.0), -jnp.inf)
+
+
+def prefix_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log ψ(x_{1:t}) = log Σ_v num(v)``: the HMM probability that the prefix is
+    completed validly within the budget (``log ψ(∅)`` at the start)."""
+    log_num, _ = _log_num_den(fa, tables, st)
+    return jax.nn.logsumexp(log_num)
+
+
+def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState):
+    """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass (what SMC
+    uses per step)."""
+    log_num, log_den = _log_num_den(fa, tables, st)
+    ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
+    logpsi = jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
+    z = jax.nn.logsumexp(log_num)
+    zf = jnp.isfinite(z)
+    lprod = jnp.where(zf, log_num - jnp.where(zf, z, 0.0), -jnp.inf)
+    return logpsi, z, lprod
