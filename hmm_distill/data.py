@@ -15,8 +15,13 @@ including the first EOS, then EOS padding (a row that had not produced EOS after
 ``model`` (LM spec string), ``prompts`` (prompt texts or null), ``prompt_ids``
 (token ids of each prompt; sequence ``i`` uses prompt ``i mod #prompts``),
 ``seed``, ``temperature``, ``shard_size``, ``num_seqs`` (requested),
-``shards`` (list of ``{"file", "num_seqs", "num_unfinished"}`` for the *complete*
-shards, in order) and free-form ``created``/``tokens_per_s``.
+``shards`` (list of ``{"file", "num_seqs", "num_unfinished", "logprobs"}`` for the
+*complete* shards, in order; ``logprobs`` names ``shard_NNNNN.logprobs.npy``, float32
+``[n, T]``: the LM's log-probability of each sampled token, 0 after EOS) and
+free-form ``created``/``tokens_per_s``. Chat-prompted sets (``--prompts FILE.jsonl``)
+add ``prompt_set`` (file name), ``prompt_set_id`` (SHA-256 of the rendered prompt token
+ids), ``chat_template``, ``until_eos``, ``max_length``, ``eos_fraction`` and
+``num_cut_off`` (rows that hit the cap without EOS).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class SampleSet:
     tokens: np.ndarray  # int32 [N, T]
     meta: dict
     path: Path
+    #: float32 [N, T]: the LM's log-probability of each sampled token (0 after EOS), or None
+    logprobs: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -134,17 +141,36 @@ def load_samples(directory, *, expect_vocab_size: int | None = None,
     shards = meta["shards"]
     if not shards:
         raise SampleDataError(f"{directory} has no complete shards (empty sample set)")
-    arrays, total = [], 0
+    arrays, lps, total = [], [], 0
     for s in shards:
         arr = load_shard(directory / s["file"], length=T, vocab_size=V, num_seqs=s.get("num_seqs"))
         arrays.append(arr)
+        if s.get("logprobs"):
+            lps.append(load_logprobs(directory / s["logprobs"], arr.shape))
         total += arr.shape[0]
         if max_seqs is not None and total >= max_seqs:
             break
     tokens = np.concatenate(arrays, 0)
+    logprobs = np.concatenate(lps, 0) if len(lps) == len(arrays) else None
     if max_seqs is not None:
         tokens = tokens[:max_seqs]
-    return SampleSet(tokens=tokens, meta=meta, path=directory)
+        logprobs = None if logprobs is None else logprobs[:max_seqs]
+    return SampleSet(tokens=tokens, meta=meta, path=directory, logprobs=logprobs)
+
+
+def logprobs_name(index: int) -> str:
+    return f"shard_{index:05d}.logprobs.npy"
+
+
+def load_logprobs(path: Path, shape) -> np.ndarray:
+    """The LM log-probabilities of a shard (float ``[n, T]``, finite, ``<= 0``)."""
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as e:
+        raise SampleDataError(f"cannot read log-probabilities {path}: {e}") from e
+    if arr.shape != tuple(shape) or not np.issubdtype(arr.dtype, np.floating):
+        raise SampleDataError(f"{path} has shape {arr.shape} / dtype {arr.dtype}, expected float {tuple(shape)}")
+    return arr.astype(np.float32, copy=False)
 
 
 def write_samples(directory, tokens: np.ndarray, *, vocab_size: int, eos_token_id: int,

@@ -30,6 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from . import hmm as F
 from .errors import ConfigError
 from .hmm import Counts, HMMParams
+from .priors import Prior
 
 AXIS = "data"
 
@@ -78,6 +79,28 @@ def pad_batch(tokens: np.ndarray, mask: np.ndarray | None, size: int) -> tuple[n
     return tok, msk
 
 
+def prior_args(pseudocount, emission_pseudocount=None):
+    """``(λ_π, λ_A), λ_B`` as host arrays from a :class:`~hmm_distill.priors.Prior` or
+    from scalars (``λ_B`` defaults to ``λ``)."""
+    if isinstance(pseudocount, Prior):
+        return ((np.asarray(pseudocount.start, np.float64), np.asarray(pseudocount.trans, np.float64)),
+                np.asarray(pseudocount.emit, np.float64))
+    lam = np.float64(pseudocount)
+    lam_b = lam if emission_pseudocount is None else np.asarray(emission_pseudocount, np.float64)
+    return (lam, lam), lam_b
+
+
+def _from_local(sharding: NamedSharding, global_rows: np.ndarray) -> jax.Array:
+    """A batch-sharded global array from the full host batch: this process contributes
+    the rows of its addressable devices only."""
+    n = global_rows.shape[0]
+    idx = sharding.addressable_devices_indices_map(global_rows.shape)
+    starts = sorted({(sl[0].start or 0) for sl in idx.values()})
+    stops = sorted({(sl[0].stop if sl[0].stop is not None else n) for sl in idx.values()})
+    lo, hi = starts[0], stops[-1]
+    return jax.make_array_from_process_local_data(sharding, global_rows[lo:hi], global_rows.shape)
+
+
 def _finite(c: Counts) -> jax.Array:
     return (jnp.all(jnp.isfinite(c.start)) & jnp.all(jnp.isfinite(c.trans))
             & jnp.isfinite(jnp.sum(c.emit_vh)) & jnp.isfinite(c.loglik))
@@ -106,6 +129,11 @@ class EM:
             counts_fn = _shard_map(local_counts, mesh, (P(), P(AXIS), P(AXIS)), P())
             ll_fn = _shard_map(F.log_likelihood, mesh, (P(), P(AXIS), P(AXIS)), P(AXIS))
         self._counts_fn = counts_fn
+        self.multiprocess = mesh is not None and not all(
+            d.process_index == jax.process_index() for d in mesh.devices.flat)
+
+        def ll_sum(params, tokens, mask):  # Σ_n log p(x^n) (replicated scalar)
+            return counts_fn(params, tokens, mask).loglik
 
         @jax.jit
         def counts(params, tokens, mask):
@@ -123,6 +151,7 @@ class EM:
         self._counts = counts
         self._minibatch = minibatch
         self._loglik = jax.jit(ll_fn)
+        self._ll_sum = jax.jit(ll_sum)
         self._mstep = jax.jit(F.m_step)
 
     # -- data placement ------------------------------------------------------------------------
@@ -135,13 +164,21 @@ class EM:
             raise ConfigError(f"batch of {tokens.shape[0]} rows is not divisible by "
                               f"{self.num_devices} devices; pad it with pad_batch")
         sh = NamedSharding(self.mesh, P(AXIS))
+        if self.multiprocess:
+            # every process holds the global batch; it places only its own rows
+            return (_from_local(sh, np.asarray(tokens, np.int32)),
+                    _from_local(sh, np.asarray(mask, bool)))
         return (jax.device_put(np.asarray(tokens, np.int32), sh),
                 jax.device_put(np.asarray(mask, bool), sh))
 
     def replicate(self, params: HMMParams) -> HMMParams:
         if self.mesh is None:
             return params
-        return jax.device_put(params, NamedSharding(self.mesh, P()))
+        sh = NamedSharding(self.mesh, P())
+        if self.multiprocess:
+            return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
+                sh, np.asarray(x)), params)
+        return jax.device_put(params, sh)
 
     # -- steps --------------------------------------------------------------------------------
     def counts(self, params: HMMParams, tokens, mask) -> tuple[Counts, jax.Array]:
@@ -149,32 +186,44 @@ class EM:
         t, m = self.put(tokens, mask)
         return self._counts(params, t, m)
 
-    def m_step(self, counts: Counts, params: HMMParams, pseudocount: float,
-               emission_pseudocount: float | None = None) -> HMMParams:
-        lam_b = pseudocount if emission_pseudocount is None else emission_pseudocount
-        return self._mstep(counts, params, float(pseudocount), float(lam_b))
+    def m_step(self, counts: Counts, params: HMMParams, pseudocount,
+               emission_pseudocount=None) -> HMMParams:
+        """M-step; ``pseudocount``: a :class:`~hmm_distill.priors.Prior` or a scalar
+        ``λ`` (with ``emission_pseudocount`` ``λ_B``, a scalar or ``[V]``)."""
+        lam, lam_b = prior_args(pseudocount, emission_pseudocount)
+        return self._mstep(counts, params, lam, lam_b)
 
     def minibatch_step(self, params: HMMParams, tokens, mask, eta: float, pseudocount: float,
                        emission_pseudocount: float | None = None):
         """``θ ← (1-η)θ + η M(s_batch)``. Returns ``(params, (loglik, n_tokens, n_impossible),
         finite_flag)``; the log-likelihood is that of the batch before the update."""
         t, m = self.put(tokens, mask)
-        lam_b = pseudocount if emission_pseudocount is None else emission_pseudocount
-        return self._minibatch(params, t, m, float(eta), float(pseudocount), float(lam_b))
+        lam, lam_b = prior_args(pseudocount, emission_pseudocount)
+        return self._minibatch(params, t, m, float(eta), lam, lam_b)
 
     def log_likelihood(self, params: HMMParams, tokens, mask) -> jax.Array:
+        """Per-sequence log-likelihoods (sharded like the batch; single process only)."""
         t, m = self.put(tokens, mask)
         return self._loglik(params, t, m)
 
+    def log_likelihood_sum(self, params: HMMParams, tokens, mask) -> float:
+        """``Σ_n log p(x^n)`` over the possible sequences of a batch (all processes)."""
+        t, m = self.put(tokens, mask)
+        from .distributed import to_host
 
-def full_batch_em(params: HMMParams, batches, *, iterations: int, pseudocount: float = 0.0,
-                  emission_pseudocount: float | None = None, engine: EM | None = None,
+        return float(to_host(self._ll_sum(params, t, m)))
+
+
+def full_batch_em(params: HMMParams, batches, *, iterations: int, pseudocount=0.0,
+                  emission_pseudocount=None, engine: EM | None = None,
                   callback=None) -> tuple[HMMParams, list[float]]:
     """Run ``iterations`` full-batch EM iterations over ``batches`` (a list of
     ``(tokens, mask)`` already padded to a common size divisible by the mesh size).
 
-    Returns the final parameters and the training log-likelihood *before* each
-    iteration (so the list is non-decreasing for ``pseudocount = 0``).
+    ``pseudocount``: a :class:`~hmm_distill.priors.Prior` or a scalar (see
+    :meth:`EM.m_step`). Returns the final parameters and the training log-likelihood
+    *before* each iteration (non-decreasing for ``pseudocount = 0``; with a prior the
+    penalised log-likelihood is).
     """
     engine = engine or EM()
     public = isinstance(params, HMMParams)

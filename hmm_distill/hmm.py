@@ -371,23 +371,35 @@ def add_counts(a: Counts, b: Counts) -> Counts:
     return jax.tree.map(jnp.add, a, b)
 
 
-def m_step(counts: Counts, prev, pseudocount: float = 0.0,
-           emission_pseudocount: float | None = None):
-    """M-step: normalised expected counts plus a pseudocount.
+def m_step(counts: Counts, prev, pseudocount=0.0, emission_pseudocount=None):
+    """M-step: normalised expected counts plus pseudocounts (MAP under a Dirichlet prior).
 
-    ``π ∝ start + λ``, ``A_h ∝ trans_h + λ``, ``B_h ∝ emit_h + λ_B`` (``λ_B`` defaults
-    to ``λ``): the MAP estimate under a symmetric Dirichlet(1 + λ) prior (``λ = 0``:
-    maximum likelihood, as hmmlearn with its default priors). A row whose smoothed
-    counts are all zero (possible only with ``λ = 0``: a state never visited) keeps
-    its previous value instead of 0/0. Returns the layout of ``prev``
-    (:class:`HMMParams` or :class:`HMMParamsT`).
+    ``π ∝ start + λ_π``, ``A_h ∝ trans_h + λ_A``, ``B_h ∝ emit_h + λ_B``: the MAP
+    estimate under Dirichlet priors with parameters ``1 + λ`` (``λ = 0``: maximum
+    likelihood, as hmmlearn with its default priors).
+
+    ``pseudocount`` is a scalar ``λ`` (used for ``π`` and ``A``) or a pair
+    ``(λ_π, λ_A)`` whose members broadcast against ``[H]`` and ``[H, H]``;
+    ``emission_pseudocount`` (default: ``λ`` itself when that is a scalar) is a scalar or a
+    ``[V]`` vector (the same pseudo-counts for every state's row, e.g. a scaled unigram:
+    :mod:`hmm_distill.priors`). A row whose smoothed counts are all zero (possible only
+    with ``λ = 0``: a state never visited) keeps its previous value instead of 0/0.
+    Returns the layout of ``prev`` (:class:`HMMParams` or :class:`HMMParamsT`).
     """
-    lam = jnp.asarray(pseudocount, counts.trans.dtype)
-    lam_b = lam if emission_pseudocount is None else jnp.asarray(emission_pseudocount, lam.dtype)
-    pi = normalise_rows(counts.start + lam, prev.pi)
-    A = normalise_rows(counts.trans + lam, prev.A)
+    dt = counts.trans.dtype
+    if isinstance(pseudocount, (tuple, list)):
+        lam_pi, lam_a = (jnp.asarray(x, dt) for x in pseudocount)
+        if emission_pseudocount is None:
+            raise ValueError("m_step: give emission_pseudocount with a (λ_π, λ_A) pair")
+    else:
+        lam_pi = lam_a = jnp.asarray(pseudocount, dt)
+    lam_b = lam_a if emission_pseudocount is None else jnp.asarray(emission_pseudocount, dt)
+    if lam_b.ndim not in (0, 1):
+        raise ValueError(f"emission pseudocount must be a scalar or [V], got shape {lam_b.shape}")
+    pi = normalise_rows(counts.start + lam_pi, prev.pi)
+    A = normalise_rows(counts.trans + lam_a, prev.A)
     if isinstance(prev, HMMParamsT):
-        e = counts.emit_vh + lam_b  # normalise over V = axis 0
+        e = counts.emit_vh + (lam_b[:, None] if lam_b.ndim == 1 else lam_b)  # normalise over V = axis 0
         s = jnp.sum(e, axis=0, keepdims=True)
         ok = s > 0
         BT = jnp.where(ok, e / jnp.where(ok, s, 1.0), prev.BT)

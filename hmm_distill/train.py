@@ -52,7 +52,9 @@ from .checkpoint import (epoch_checkpoint_path, list_epoch_checkpoints, load_che
 from .data import load_samples
 from .em import EM, make_mesh, pad_batch, step_size
 from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError, SampleDataError
+from .distributed import barrier, broadcast_int, is_main, to_host
 from .init import initialise
+from .priors import Prior, data_prior, first_eos_mask, flat_prior
 
 
 @dataclass
@@ -71,8 +73,13 @@ class TrainConfig:
     epochs: int = 8
     mode: str = "minibatch"            #: "minibatch" or "full"
     batch_size: int = 128              #: sequences per E-step batch
-    pseudocount: float = 1e-2          #: λ added to start / transition counts
-    emission_pseudocount: float = 1e-2  #: λ_B added to emission counts
+    prior: str = "data"                #: "data" (scaled to the data, hmm_distill.priors) or "flat"
+    prior_strength: float = 1e-2       #: prior="data": prior mass per row / data per row
+    unigram_smoothing: float = 0.1     #: β of the add-β unigram (prior mean and baseline)
+    pseudocount: float = 1e-2          #: prior="flat": λ added to start / transition counts
+    emission_pseudocount: float = 1e-2  #: prior="flat": λ_B added to each emission count
+    mask_after_eos: bool = True        #: model each row up to its first EOS (padding masked)
+    length_bucket: int = 16            #: batches are trimmed to their longest row (rounded up)
     step_offset: float = 2.0           #: k₀ of η_k = (k + k₀)^-κ
     step_kappa: float = 0.7            #: κ ∈ (0.5, 1]
     init: str = "cluster"              #: "cluster" (data-driven) or "random"
@@ -87,7 +94,8 @@ class TrainConfig:
 
     # keys that must agree when resuming
     _RESUME_KEYS = ("hidden_size", "mode", "batch_size", "init", "init_noise", "heldout_frac",
-                    "max_seqs", "seed", "step_offset", "step_kappa")
+                    "max_seqs", "seed", "step_offset", "step_kappa", "prior", "prior_strength",
+                    "unigram_smoothing", "mask_after_eos")
 
     def validate(self) -> None:
         if not self.data:
@@ -100,6 +108,12 @@ class TrainConfig:
             raise ConfigError("hidden_size and batch_size must be >= 1 and epochs >= 0")
         if self.pseudocount < 0 or self.emission_pseudocount < 0:
             raise ConfigError("pseudocounts must be >= 0")
+        if self.prior not in ("data", "flat"):
+            raise ConfigError(f"prior must be 'data' or 'flat', got {self.prior!r}")
+        if self.prior_strength < 0 or self.unigram_smoothing <= 0:
+            raise ConfigError("prior_strength must be >= 0 and unigram_smoothing > 0")
+        if self.length_bucket < 1:
+            raise ConfigError(f"length_bucket must be >= 1, got {self.length_bucket}")
         if not 0 <= self.heldout_frac < 1:
             raise ConfigError(f"heldout_frac must be in [0, 1), got {self.heldout_frac}")
         step_size(0, self.step_offset, self.step_kappa)  # validates κ, k₀
@@ -124,41 +138,69 @@ class TrainResult:
 
 
 def data_identity(meta: dict, n_used: int) -> str:
-    """Hash of what defines the training data (vocabulary, T, shard list, #used)."""
+    """Hash of what defines the training data (vocabulary, T, shard list, #used, prompts)."""
     key = [meta.get("vocab_fingerprint"), meta.get("vocab_size"), meta.get("length"),
            [(s.get("file"), s.get("num_seqs")) for s in meta.get("shards", [])], n_used,
            meta.get("seed"), meta.get("model")]
+    if meta.get("prompt_set_id"):
+        key.append(meta["prompt_set_id"])
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def split_heldout(tokens: np.ndarray, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    n = tokens.shape[0]
+def heldout_split(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices ``(train, heldout)`` of a seeded split of ``n`` sequences."""
     n_held = int(round(frac * n)) if frac > 0 else 0
     if frac > 0 and n >= 2:
         n_held = min(max(n_held, 1), n - 1)
     perm = np.random.default_rng([seed, 12345]).permutation(n)
-    return tokens[perm[n_held:]], tokens[perm[:n_held]]
+    return perm[n_held:], perm[:n_held]
 
 
-def unigram_logprobs(tokens: np.ndarray, vocab_size: int, pseudocount: float) -> np.ndarray:
-    c = np.bincount(tokens.ravel(), minlength=vocab_size).astype(np.float64) + pseudocount
+def split_heldout(tokens: np.ndarray, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    tr, ho = heldout_split(tokens.shape[0], frac, seed)
+    return tokens[tr], tokens[ho]
+
+
+def unigram_logprobs(tokens: np.ndarray, vocab_size: int, pseudocount: float,
+                     mask: np.ndarray | None = None) -> np.ndarray:
+    t = tokens[mask] if mask is not None else tokens.ravel()
+    c = np.bincount(t, minlength=vocab_size).astype(np.float64) + pseudocount
     with np.errstate(divide="ignore"):
         return np.log(c / c.sum())
 
 
-def _batches(tokens: np.ndarray, size: int):
+def trim_batch(tok: np.ndarray, msk: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """Drop trailing all-masked columns, keeping a multiple of ``bucket`` (few shapes to
+    compile). Exact: masked positions contribute nothing."""
+    T = tok.shape[1]
+    L = int(msk.sum(1).max()) if msk.size else 1
+    L = min(T, max(bucket, -(-max(L, 1) // bucket) * bucket))
+    return tok[:, :L], msk[:, :L]
+
+
+def _batches(tokens: np.ndarray, size: int, mask: np.ndarray | None = None, bucket: int = 0):
     for s in range(0, tokens.shape[0], size):
-        yield pad_batch(tokens[s:s + size], None, size)
+        tok, msk = pad_batch(tokens[s:s + size], None if mask is None else mask[s:s + size], size)
+        yield trim_batch(tok, msk, bucket) if bucket else (tok, msk)
 
 
-def evaluate(engine: EM, params: F.HMMParams, tokens: np.ndarray, batch_size: int) -> float:
-    """Per-token log-likelihood (nats) of ``tokens`` (all positions)."""
+def evaluate(engine: EM, params: F.HMMParams, tokens: np.ndarray, batch_size: int,
+             mask: np.ndarray | None = None, bucket: int = 0) -> float:
+    """Per-token log-likelihood (nats) of ``tokens`` (the valid positions of ``mask``;
+    all positions if None)."""
     if tokens.shape[0] == 0:
         return float("nan")
     total = 0.0
-    for tok, msk in _batches(tokens, batch_size):
-        total += float(jnp.sum(engine.log_likelihood(params, tok, msk)))
-    return total / tokens.size
+    for tok, msk in _batches(tokens, batch_size, mask, bucket):
+        total += engine.log_likelihood_sum(params, tok, msk)
+    return total / (tokens.size if mask is None else int(mask.sum()))
+
+
+def gap_share(hmm_ll: float, unigram_ll: float, lm_ll: float | None) -> float | None:
+    """Share of the unigram→LM gap the HMM closes: ``(ℓ_HMM - ℓ_uni) / (ℓ_LM - ℓ_uni)``."""
+    if lm_ll is None or not math.isfinite(lm_ll) or lm_ll == unigram_ll:
+        return None
+    return (hmm_ll - unigram_ll) / (lm_ll - unigram_ll)
 
 
 def _plot(run_dir: Path, metrics: list[dict]) -> None:
@@ -176,6 +218,8 @@ def _plot(run_dir: Path, metrics: list[dict]) -> None:
     if tr:
         ax.plot(*zip(*tr), "s--", label="HMM train (during epoch)")
     ax.axhline(metrics[-1]["unigram_heldout_ll"], color="gray", ls=":", label="unigram held-out")
+    if metrics[-1].get("lm_heldout_ll") is not None:
+        ax.axhline(metrics[-1]["lm_heldout_ll"], color="black", ls="--", label="LM held-out")
     ax.set_xlabel("epoch")
     ax.set_ylabel("log-likelihood per token (nats)")
     ax.legend()
@@ -189,7 +233,7 @@ def _plot(run_dir: Path, metrics: list[dict]) -> None:
 
 def _host(params: F.HMMParamsT) -> F.HMMParams:
     """Token-major device params -> public-layout numpy arrays."""
-    pi, A, BT = (np.asarray(x) for x in params)
+    pi, A, BT = (to_host(x) for x in params)
     return F.HMMParams(pi, A, np.ascontiguousarray(BT.T))
 
 
@@ -207,31 +251,62 @@ def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
     return out
 
 
+def make_prior(cfg: TrainConfig, tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> Prior:
+    if cfg.prior == "flat":
+        return flat_prior(cfg.pseudocount, cfg.emission_pseudocount)
+    return data_prior(tokens, mask, cfg.hidden_size, vocab_size, strength=cfg.prior_strength,
+                      unigram_smoothing=cfg.unigram_smoothing)
+
+
 def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
-    """Run (or resume) a distillation job; see module docstring."""
+    """Run (or resume) a distillation job; see module docstring.
+
+    With several processes (:mod:`hmm_distill.distributed` initialised) every process
+    calls this with the same configuration; process 0 writes the run directory."""
     cfg.validate()
+    main = is_main()
+    if not main:
+        log = lambda *a, **k: None  # noqa: E731
     samples = load_samples(cfg.data, max_seqs=cfg.max_seqs)
     V, fp, eos = samples.vocab_size, samples.fingerprint, samples.eos_token_id
     H = cfg.hidden_size
-    train_tok, held_tok = split_heldout(samples.tokens, cfg.heldout_frac, cfg.seed)
+    tr_idx, ho_idx = heldout_split(samples.tokens.shape[0], cfg.heldout_frac, cfg.seed)
+    train_tok, held_tok = samples.tokens[tr_idx], samples.tokens[ho_idx]
     if train_tok.shape[0] == 0:
         raise SampleDataError(f"{cfg.data}: no training sequences left after the held-out split")
+    mask_eos = eos if cfg.mask_after_eos else None
+    train_msk, held_msk = first_eos_mask(train_tok, mask_eos), first_eos_mask(held_tok, mask_eos)
     data_id = data_identity(samples.meta, samples.tokens.shape[0])
     run_dir = Path(cfg.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
 
-    mesh = make_mesh(cfg.devices) if (cfg.devices or 1) > 1 or len(jax.devices()) > 1 else None
+    n_dev = len(jax.devices())
+    mesh = make_mesh(cfg.devices) if (cfg.devices or 1) > 1 or n_dev > 1 else None
     engine = EM(mesh)
     D = engine.num_devices
     bs = -(-cfg.batch_size // D) * D
+    bucket = cfg.length_bucket
+    full = cfg.mode == "full"
+    if full:  # batches of similar lengths: trimming then saves the most
+        order = np.argsort(train_msk.sum(1), kind="stable")
+        train_tok, train_msk = train_tok[order], train_msk[order]
 
     cfg_dict = cfg.to_dict()
+    prior = make_prior(cfg, train_tok, train_msk, V)
     extra_base = {"data_id": data_id, "data": str(cfg.data), "num_train": int(train_tok.shape[0]),
-                  "num_heldout": int(held_tok.shape[0]), "length": samples.length}
+                  "num_heldout": int(held_tok.shape[0]), "length": samples.length,
+                  "prior_row_mass": prior.row_mass(H, V), "processes": jax.process_count(),
+                  "prompt_set_id": samples.meta.get("prompt_set_id"),
+                  "sample_meta": {k: samples.meta.get(k) for k in
+                                  ("model", "prompt_set", "prompt_set_id", "temperature", "until_eos",
+                                   "eos_fraction", "chat_template")}}
     base_key = jax.random.key(cfg.seed)
     metrics_path = run_dir / "metrics.jsonl"
 
-    latest = list_epoch_checkpoints(run_dir)[-1][1] if (resume and list_epoch_checkpoints(run_dir)) else None
+    cks = list_epoch_checkpoints(run_dir) if resume else []
+    latest_epoch = broadcast_int(cks[-1][0] if cks else -1)
+    latest = epoch_checkpoint_path(run_dir, latest_epoch) if latest_epoch >= 0 else None
     if latest is not None:
         try:
             ck = load_checkpoint(latest, expect_vocab_size=V, expect_fingerprint=fp, expect_hidden_size=H)
@@ -252,108 +327,129 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         metrics = _read_metrics(metrics_path, epoch0)
         log(f"resuming from {latest} (epoch {epoch0}, step {step})")
     else:
-        if not resume:
+        if not resume and main:
             for _, p in list_epoch_checkpoints(run_dir):
                 p.unlink()
+        barrier("hmm_distill_start")
         t0 = time.perf_counter()
         params = initialise(cfg.init, train_tok, H, V, seed=cfg.seed, noise=cfg.init_noise)
         F.validate_params(params, what=f"{cfg.init} initialisation")
         epoch0, step = 0, 0
         metrics = []
+        pm = prior.row_mass(H, V)
         log(f"initialised ({cfg.init}) H={H} V={V} in {time.perf_counter() - t0:.1f}s; "
-            f"{train_tok.shape[0]} train / {held_tok.shape[0]} held-out sequences of T={samples.length}; "
-            f"{D} device(s)")
-    metrics_path.write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    (run_dir / "config.json").write_text(json.dumps(cfg_dict, indent=1, sort_keys=True))
+            f"{train_tok.shape[0]} train / {held_tok.shape[0]} held-out sequences of T≤{samples.length} "
+            f"({int(train_msk.sum())} train tokens); {D} device(s), {jax.process_count()} process(es); "
+            f"prior ({cfg.prior}) per row: emissions {pm['emit_row']:.3g}, transitions "
+            f"{pm['trans_row']:.3g} pseudo-counts")
+    if main:
+        metrics_path.write_text("".join(json.dumps(m) + "\n" for m in metrics))
+        (run_dir / "config.json").write_text(json.dumps(cfg_dict, indent=1, sort_keys=True))
 
-    uni = unigram_logprobs(train_tok, V, cfg.emission_pseudocount)
-    uni_held = float(uni[held_tok].mean()) if held_tok.size else float("nan")
-    uni_train = float(uni[train_tok].mean())
+    uni = unigram_logprobs(train_tok, V, cfg.unigram_smoothing, train_msk)
+    uni_held = float(uni[held_tok[held_msk]].mean()) if held_msk.any() else float("nan")
+    uni_train = float(uni[train_tok[train_msk]].mean())
+    lm_held = None
+    if samples.logprobs is not None and held_msk.any():
+        lm_held = float(samples.logprobs[ho_idx][held_msk].astype(np.float64).mean())
     params = engine.replicate(F.to_token_major(params))  # EM works on Bᵀ [V, H]
+
+    def held_metrics(params):
+        h = evaluate(engine, params, held_tok, bs, held_msk, bucket)
+        return {"heldout_ll": h, "unigram_heldout_ll": uni_held, "lm_heldout_ll": lm_held,
+                "gap_share": gap_share(h, uni_held, lm_held)}
+
     if epoch0 == 0:
-        m0 = {"epoch": 0, "step": 0, "train_ll": None,
-              "heldout_ll": evaluate(engine, params, held_tok, bs),
-              "unigram_heldout_ll": uni_held, "unigram_train_ll": uni_train, "eta": None,
-              "epoch_time_s": 0.0, "tokens_per_s": None}
+        m0 = {"epoch": 0, "step": 0, "train_ll": None, **held_metrics(params),
+              "unigram_train_ll": uni_train, "eta": None, "epoch_time_s": 0.0, "tokens_per_s": None}
         metrics = [m0]
-        metrics_path.write_text(json.dumps(m0) + "\n")
-        log(f"epoch 0: held-out {m0['heldout_ll']:.4f} nats/token (unigram {uni_held:.4f})")
+        if main:
+            metrics_path.write_text(json.dumps(m0) + "\n")
+        log(f"epoch 0: held-out {m0['heldout_ll']:.4f} nats/token (unigram {uni_held:.4f}, "
+            f"LM {lm_held if lm_held is None else round(lm_held, 4)})")
 
     n_train = train_tok.shape[0]
     n_batches = -(-n_train // bs)
+    n_train_tok = int(train_msk.sum())
     for epoch in range(epoch0, cfg.epochs):
         t0 = time.perf_counter()
         bar = None
-        if cfg.progress:
+        if cfg.progress and main:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=n_batches, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="batch", leave=False)
-        tot_ll, tot_n, eta = 0.0, 0, None
-        if cfg.mode == "full":
+        tot_ll, tot_n, eta, done_tok = 0.0, 0, None, 0
+        if full:
             total = None
-            for b, (tok, msk) in enumerate(_batches(train_tok, bs)):
+            for b, (tok, msk) in enumerate(_batches(train_tok, bs, train_msk, bucket)):
                 c, ok = engine.counts(params, tok, msk)
-                if not bool(ok):
+                if not bool(to_host(ok)):
                     raise NonFiniteStatisticsError(
                         f"non-finite expected counts in epoch {epoch + 1}, batch {b} of {cfg.data}")
                 total = c if total is None else F.add_counts(total, c)
+                done_tok += int(msk.sum())
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(tok_s=f"{(b + 1) * bs * samples.length / (time.perf_counter() - t0):.0f}")
-            tot_ll, tot_n = float(total.loglik), int(total.n_tokens)
-            if int(total.n_impossible):
-                log(f"warning: {int(total.n_impossible)} training sequences have probability 0 "
+                    bar.set_postfix(tok_s=f"{done_tok / (time.perf_counter() - t0):.0f}")
+            tot_ll, tot_n = float(to_host(total.loglik)), int(to_host(total.n_tokens))
+            if int(to_host(total.n_impossible)):
+                log(f"warning: {int(to_host(total.n_impossible))} training sequences have probability 0 "
                     f"(use a pseudocount > 0)")
-            params = engine.m_step(total, params, cfg.pseudocount, cfg.emission_pseudocount)
+            params = engine.m_step(total, params, prior)
             step += 1
         else:
             perm = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
             for b in range(n_batches):
-                tok, msk = pad_batch(train_tok[perm[b * bs:(b + 1) * bs]], None, bs)
+                rows = perm[b * bs:(b + 1) * bs]
+                tok, msk = trim_batch(*pad_batch(train_tok[rows], train_msk[rows], bs), bucket)
                 eta = step_size(step, cfg.step_offset, cfg.step_kappa)
-                share = min(bs, n_train - b * bs) / n_train  # |b| / N (see module docstring)
-                params, (ll, nt, nimp), ok = engine.minibatch_step(
-                    params, tok, msk, eta, cfg.pseudocount * share, cfg.emission_pseudocount * share)
-                if not bool(ok):
+                share = len(rows) / n_train  # |b| / N (see module docstring)
+                params, (ll, nt, nimp), ok = engine.minibatch_step(params, tok, msk, eta, prior.scaled(share))
+                if not bool(to_host(ok)):
                     raise NonFiniteStatisticsError(
                         f"non-finite expected counts in epoch {epoch + 1}, batch {b} of {cfg.data}")
-                tot_ll += float(ll)
-                tot_n += int(nt)
+                tot_ll += float(to_host(ll))
+                tot_n += int(to_host(nt))
+                done_tok += int(msk.sum())
                 step += 1
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(ll=f"{tot_ll / max(tot_n, 1):.3f}", eta=f"{eta:.3f}",
-                                    tok_s=f"{(b + 1) * bs * samples.length / (time.perf_counter() - t0):.0f}")
+                                    tok_s=f"{done_tok / (time.perf_counter() - t0):.0f}")
         if bar is not None:
             bar.close()
         train_time = time.perf_counter() - t0
-        held = evaluate(engine, params, held_tok, bs)
-        m = {"epoch": epoch + 1, "step": step, "train_ll": tot_ll / max(tot_n, 1), "heldout_ll": held,
-             "unigram_heldout_ll": uni_held, "unigram_train_ll": uni_train, "eta": eta,
-             "epoch_time_s": train_time, "tokens_per_s": n_train * samples.length / train_time}
-        if not math.isfinite(m["train_ll"]) or not math.isfinite(held if held_tok.size else 0.0):
+        hm = held_metrics(params)
+        m = {"epoch": epoch + 1, "step": step, "train_ll": tot_ll / max(tot_n, 1), **hm,
+             "unigram_train_ll": uni_train, "eta": eta,
+             "epoch_time_s": train_time, "tokens_per_s": n_train_tok / train_time}
+        if not math.isfinite(m["train_ll"]) or not math.isfinite(hm["heldout_ll"] if held_tok.size else 0.0):
             raise NonFiniteStatisticsError(f"non-finite log-likelihood after epoch {epoch + 1}: {m}")
         metrics.append(m)
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(m) + "\n")
         host_params = _host(params)
-        save_checkpoint(epoch_checkpoint_path(run_dir, epoch + 1), host_params, fingerprint=fp,
-                        eos_token_id=eos, epoch=epoch + 1, step=step,
-                        rng_key=np.asarray(jax.random.key_data(base_key)), config=cfg_dict,
-                        extra={**extra_base, "metrics": m})
-        if cfg.keep_checkpoints > 0:
-            for _, p in list_epoch_checkpoints(run_dir)[:-cfg.keep_checkpoints]:
-                p.unlink()
-        if cfg.plot:
-            _plot(run_dir, metrics)
-        log(f"epoch {epoch + 1}/{cfg.epochs}: train {m['train_ll']:.4f}  held-out {held:.4f} "
-            f"(unigram {uni_held:.4f}) nats/token; {m['tokens_per_s']:.0f} tok/s; {train_time:.1f}s")
+        if main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(m) + "\n")
+            save_checkpoint(epoch_checkpoint_path(run_dir, epoch + 1), host_params, fingerprint=fp,
+                            eos_token_id=eos, epoch=epoch + 1, step=step,
+                            rng_key=np.asarray(jax.random.key_data(base_key)), config=cfg_dict,
+                            extra={**extra_base, "metrics": m})
+            if cfg.keep_checkpoints > 0:
+                for _, p in list_epoch_checkpoints(run_dir)[:-cfg.keep_checkpoints]:
+                    p.unlink()
+            if cfg.plot:
+                _plot(run_dir, metrics)
+        gs = "" if m["gap_share"] is None else f", gap share {m['gap_share']:.3f}"
+        log(f"epoch {epoch + 1}/{cfg.epochs}: train {m['train_ll']:.4f}  held-out {hm['heldout_ll']:.4f} "
+            f"(unigram {uni_held:.4f}{gs}) nats/token; {m['tokens_per_s']:.0f} tok/s; {train_time:.1f}s")
 
     final = _host(params)
-    save_checkpoint(run_dir / "hmm.safetensors", final, fingerprint=fp, eos_token_id=eos,
-                    epoch=max(cfg.epochs, epoch0), step=step,
-                    rng_key=np.asarray(jax.random.key_data(base_key)), config=cfg_dict,
-                    extra={**extra_base, "metrics": metrics[-1] if metrics else None})
-    if cfg.plot and metrics:
-        _plot(run_dir, metrics)
+    if main:
+        save_checkpoint(run_dir / "hmm.safetensors", final, fingerprint=fp, eos_token_id=eos,
+                        epoch=max(cfg.epochs, epoch0), step=step,
+                        rng_key=np.asarray(jax.random.key_data(base_key)), config=cfg_dict,
+                        extra={**extra_base, "metrics": metrics[-1] if metrics else None})
+        if cfg.plot and metrics:
+            _plot(run_dir, metrics)
+    barrier("hmm_distill_done")
     return TrainResult(params=final, metrics=metrics, run_dir=run_dir)
