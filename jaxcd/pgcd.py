@@ -254,12 +254,15 @@ def advance(fa: TensorizedAutomaton, hmm, st: PGCDState, token: jax.Array) -> PG
     """After emitting ``token``: ``δ`` on the automaton, ``u ← normalise(u ∘ B[:, v])·A``.
     (If the HMM gives the token probability 0, ``u`` becomes 0 and every later ``ψ`` is
     ``−inf``.)"""
-    B = jnp.asarray(hmm.B)
-    alpha = st.u * B[:, token].astype(st.u.dtype)
+    return PGCDState(gcd.advance(fa, st.cs, token), hmm_update(hmm.A, hmm.B, st.u, token))
+
+
+def hmm_update(A: jax.Array, B: jax.Array, u: jax.Array, token: jax.Array) -> jax.Array:
+    """``normalise(u ∘ B[:, token]) · A`` (0 if the token has probability 0)."""
+    alpha = u * jnp.asarray(B)[:, token].astype(u.dtype)
     z = jnp.sum(alpha)
     alpha = jnp.where(z > 0, alpha / jnp.where(z > 0, z, 1.0), 0.0)
-    u = alpha @ jnp.asarray(hmm.A).astype(st.u.dtype)
-    return PGCDState(gcd.advance(fa, st.cs, token), u)
+    return alpha @ jnp.asarray(A).astype(u.dtype)
 
 
 def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -72,8 +72,9 @@ class TableLM:
     :meth:`bigram`.
     """
 
-    def __init__(self, logprobs: np.ndarray, children: np.ndarray, eos_token_id: int):
-        logprobs = np.asarray(logprobs, dtype=np.float32)
+    def __init__(self, logprobs: np.ndarray, children: np.ndarray, eos_token_id: int,
+                 dtype=np.float32):
+        logprobs = np.asarray(logprobs, dtype=dtype)   # float64 for exact tests (x64 on)
         children = np.asarray(children, dtype=np.int32)
         if logprobs.ndim != 2 or children.shape != logprobs.shape:
             raise ValueError("TableLM: logprobs and children must both be [num_nodes, vocab_size]")
@@ -90,7 +91,8 @@ class TableLM:
 
     # -- constructors ------------------------------------------------------------------
     @classmethod
-    def from_function(cls, fn, vocab_size: int, depth: int, eos_token_id: int) -> "TableLM":
+    def from_function(cls, fn, vocab_size: int, depth: int, eos_token_id: int,
+                      dtype=np.float32) -> "TableLM":
         """``fn(prefix: tuple[int, ...]) -> probs [vocab_size]`` (need not be normalised;
         zeros allowed). Enumerates every prefix of at most ``depth`` tokens."""
         logps, children = [], []
@@ -113,7 +115,7 @@ class TableLM:
                     row[v] = index[child]
             children.append(row)
             i += 1
-        return cls(np.stack(logps), np.stack(children), eos_token_id)
+        return cls(np.stack(logps), np.stack(children), eos_token_id, dtype=dtype)
 
     @classmethod
     def bigram(cls, initial: np.ndarray, transition: np.ndarray, eos_token_id: int) -> "TableLM":
