@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from .automata.fsa import DFA, NFA, determinize, minimize
-from .automata.json_schema import schema_to_regex
+from .automata.json_schema import DEFAULT_MAX_DEPTH, schema_to_nfa
 from .automata.keywords import keywords_to_dfa, normalize_groups
 from .automata.pycall import tool_call_nfa
 from .automata.regex import regex_to_nfa
@@ -76,17 +76,22 @@ def compile_regex(pattern: str, vocab: Vocabulary, flags: int = 0,
 
 def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         whitespace_pattern: str | None = None, strict: bool = True,
-                        cache: bool | str | Path = False) -> TensorizedAutomaton:
-    """Compile a JSON Schema (dict or JSON text) via outlines-core's regex builder.
+                        cache: bool | str | Path = False,
+                        max_depth: int = DEFAULT_MAX_DEPTH) -> TensorizedAutomaton:
+    """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
+    (keywords and deliberate differences: ``docs/json_schema.md``).
 
     ``whitespace_pattern``: regex for the free whitespace between JSON tokens
     (default outlines-core's ``[ ]?``; ``""`` for compact JSON). ``strict``: refuse
-    keywords that would not be enforced.
+    keywords that would not be enforced (``False`` ignores them). ``max_depth``: how
+    many times a recursive ``$ref`` is expanded inside itself, and the nesting depth
+    of free-form values (``{}``, objects without ``properties``).
     """
-    regex, text = schema_to_regex(schema, whitespace_pattern, strict)
-    import re
-    return _cached("json_schema", text, {"ws": whitespace_pattern}, vocab,
-                   lambda: minimize(determinize(regex_to_nfa(regex, re.ASCII))), cache)
+    nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth)
+    return _cached("json_schema", text,
+                   {"ws": whitespace_pattern, "strict": bool(strict), "depth": int(max_depth),
+                    "builder": 2},
+                   vocab, lambda: minimize(determinize(nfa)), cache)
 
 
 def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,

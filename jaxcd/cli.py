@@ -78,6 +78,9 @@ def cmd_generate(args) -> int:
     constraint = {}
     if args.schema:
         constraint["schema"] = _read_json_file(args.schema, "schema")
+        if not args.strict:     # ignore what cannot be enforced (strict=False in the API)
+            from .automata.json_schema import strip_unenforced
+            constraint["schema"] = strip_unenforced(constraint["schema"])
     if args.regex is not None:
         constraint["regex"] = args.regex
     if args.keywords is not None:
@@ -149,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-samples", type=int, default=1)
+    g.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                   help="--schema: refuse keywords that cannot be enforced (default); "
+                        "--no-strict ignores them (outputs may then fail those keywords)")
     g.add_argument("--whitespace", default=None, help="JSON whitespace regex (default '[ ]?')")
     g.add_argument("--model", default=None, help="GGUF file (default SmolLM2-135M-Instruct)")
     g.add_argument("--json", action="store_true", help="JSON lines on stdout")

@@ -1,77 +1,47 @@
-"""JSON Schema -> regex, with outlines-core's builder (host side).
+"""JSON Schema -> byte automaton (host side), with jaxcd's own builder.
 
-We delegate to ``outlines_core.json_schema.build_regex_from_schema`` so that JSON
-semantics (string escapes, number syntax, property order, ``$ref``) match an
-established engine exactly. outlines-core silently ignores keywords it does not
-enforce (``minimum``, ``uniqueItems``, ...); we refuse them instead (``strict=True``)
-so a user never believes a constraint is enforced when it is not.
+:mod:`jaxcd.automata.schema_builder` turns the schema into an expression tree and
+builds the NFA directly (linear in the ``$ref``-expanded schema). Supported keywords,
+annotations and every deliberate difference from the specification and from other
+engines are listed in ``docs/json_schema.md``. In short:
 
-Known semantics inherited from outlines-core (documented in the README):
-- properties appear in the schema's order; optional ones may be omitted;
-- strings exclude control characters U+0000–U+001F and U+007F–U+009F and allow the
-  escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` but not ``\\uXXXX``;
-- integers allow ``-0``; numbers allow exponents;
+- properties appear in the schema's order; optional ones may be omitted; with
+  ``properties`` and no ``additionalProperties`` the object is closed (outlines-core's
+  and xgrammar's convention), extra properties (``additionalProperties``,
+  ``patternProperties``) come after the declared ones and never repeat a declared key;
+- strings exclude control characters U+0000-U+001F and U+007F-U+009F and allow the
+  escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` but not ``\\uXXXX`` (outlines-core's set);
+- integers allow ``-0``; numbers allow exponents, except under numeric bounds or a
+  decimal ``multipleOf`` where the number text has no exponent (bounds are exact);
 - free whitespace between tokens follows ``whitespace_pattern`` (default ``[ ]?``;
-  pass ``""`` for compact JSON).
-Shorthand classes in the generated regex (``\\d`` in ``format: date``) are ASCII.
+  pass ``""`` for compact JSON);
+- ``strict=True`` refuses keywords that would not be enforced (``uniqueItems``,
+  ``not``, ``if``/``then``, ...); annotations (``description``, ``x-*``, ...) are
+  always accepted; ``strict=False`` ignores what cannot be enforced.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
-from ..errors import SchemaError, UnsupportedSchemaError
+from ..errors import SchemaError
+from .fsa import NFA
+from .schema_builder import (DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED, STRUCTURAL,
+                             UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
+                             to_regex)
 
-# Keywords that outlines-core turns into regex structure.
-_STRUCTURAL = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
-}
-# Annotations with no effect on the language.
-_ANNOTATIONS = {
-    "title", "description", "default", "examples", "$schema", "$id", "$comment",
-    "deprecated", "readOnly", "writeOnly", "$anchor",
-}
-_FORMATS = {"date-time", "date", "time", "uuid", "uri", "email"}
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
-_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+__all__ = ["load_schema", "schema_to_nfa", "schema_to_regex", "strip_unenforced",
+           "DEFAULT_MAX_DEPTH"]
+
+_SUB_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUB_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUB_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
 
 
-def _check(schema: Any, path: str) -> None:
-    if isinstance(schema, bool):
-        return
-    if not isinstance(schema, dict):
-        raise SchemaError(f"schema at {path or '/'} must be an object or boolean, "
-                          f"got {type(schema).__name__}")
-    for key, value in schema.items():
-        where = f"{path}/{key}"
-        if key not in _STRUCTURAL and key not in _ANNOTATIONS:
-            raise UnsupportedSchemaError(
-                f"unsupported JSON Schema keyword {key!r} at {where}: it would not be "
-                "enforced; remove it (or pass strict=False to ignore it knowingly)")
-        if key == "format" and value not in _FORMATS:
-            raise UnsupportedSchemaError(
-                f"unsupported string format {value!r} at {where} "
-                f"(supported: {', '.join(sorted(_FORMATS))})")
-        if key in _SUBSCHEMA_MAPS:
-            if not isinstance(value, dict):
-                raise SchemaError(f"{where} must be an object")
-            for name, sub in value.items():
-                _check(sub, f"{where}/{name}")
-        elif key in _SUBSCHEMA_LISTS:
-            if not isinstance(value, list):
-                raise SchemaError(f"{where} must be an array")
-            for i, sub in enumerate(value):
-                _check(sub, f"{where}/{i}")
-        elif key in ("items", "additionalProperties") and isinstance(value, (dict, bool)):
-            _check(value, where)
-
-
-def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,
-                    strict: bool = True) -> tuple[str, str]:
-    """Return ``(regex, canonical_schema_json)`` for a JSON Schema (dict or JSON text)."""
+def load_schema(schema: Any) -> tuple[Any, str]:
+    """``(schema object, canonical JSON text)`` from a dict, bool or JSON text."""
     if isinstance(schema, (bytes, bytearray)):
         schema = schema.decode("utf-8")
     if isinstance(schema, str):
@@ -82,16 +52,68 @@ def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,
     else:
         obj = schema
     if not isinstance(obj, (dict, bool)):
-        raise SchemaError(f"a JSON Schema must be an object, got {type(obj).__name__}")
-    if strict:
-        _check(obj, "")
-    text = json.dumps(obj, sort_keys=False)
-    from outlines_core.json_schema import build_regex_from_schema
-    try:
-        if whitespace_pattern is None:
-            regex = build_regex_from_schema(text)
-        else:
-            regex = build_regex_from_schema(text, whitespace_pattern=whitespace_pattern)
-    except Exception as e:  # outlines-core raises ValueError/TypeError with its own text
-        raise UnsupportedSchemaError(f"outlines-core could not compile the schema: {e}") from None
-    return regex, text
+        raise SchemaError(f"a JSON Schema must be an object or boolean, got {type(obj).__name__}")
+    return obj, json.dumps(obj, sort_keys=False)
+
+
+def _builder(obj, whitespace_pattern, strict, max_depth) -> SchemaBuilder:
+    ws = "[ ]?" if whitespace_pattern is None else whitespace_pattern
+    return SchemaBuilder(obj, whitespace=ws, strict=strict, max_depth=max_depth)
+
+
+def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
+                  strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> tuple[NFA, str]:
+    """``(byte NFA, canonical schema JSON)`` for a JSON Schema."""
+    obj, text = load_schema(schema)
+    b = _builder(obj, whitespace_pattern, strict, max_depth)
+    node = b.build()
+    return to_nfa(node, b.whitespace), text
+
+
+def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,
+                    strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> tuple[str, str]:
+    """``(regex, canonical schema JSON)``: a Python regex (use ``re.ASCII``) with the
+    language :func:`schema_to_nfa` builds, for schemas that have a printable form
+    (``pattern``, ``multipleOf``, numeric bounds on numbers with a decimal step and
+    ``minProperties``/``maxProperties`` do not: they raise
+    :class:`~jaxcd.automata.schema_builder.NoRegexForm`)."""
+    obj, text = load_schema(schema)
+    b = _builder(obj, whitespace_pattern, strict, max_depth)
+    return to_regex(b.build(), b.whitespace), text
+
+
+def strip_unenforced(schema: Any) -> Any:
+    """A copy of ``schema`` without the keywords a ``strict=False`` build ignores
+    (what ``jaxcd generate --no-strict`` compiles with the default strict check)."""
+    if isinstance(schema, (str, bytes, bytearray)):
+        schema, _ = load_schema(schema)
+    return _strip(copy.deepcopy(schema))
+
+
+def _strip(s: Any) -> Any:
+    if not isinstance(s, dict):
+        return s
+    out = {}
+    for k, v in s.items():
+        if is_annotation(k):
+            out[k] = v
+            continue
+        if k in NOT_ENFORCED or (k not in STRUCTURAL and k not in ("$defs", "definitions")):
+            continue
+        if k == "uniqueItems" and v is True:
+            continue
+        if k == "format" and v in UNSUPPORTED_FORMATS:
+            continue
+        if k in _SUB_MAPS and isinstance(v, dict):
+            v = {name: _strip(sub) for name, sub in v.items()}
+        elif k in _SUB_LISTS and isinstance(v, list):
+            v = [_strip(sub) for sub in v]
+        elif k in _SUB_ONE and isinstance(v, dict):
+            v = _strip(v)
+        elif k == "items" and isinstance(v, list):
+            v = [_strip(sub) for sub in v]
+        out[k] = v
+    return out
+
+
+SUPPORTED_FORMATS = sorted(FORMATS)

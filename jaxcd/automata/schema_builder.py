@@ -1,0 +1,1165 @@
+"""JSON Schema -> byte NFA, built directly (host side). See docs/json_schema.md.
+
+The schema is first turned into a small expression tree (:class:`Node`), which has two
+back-ends:
+
+- :meth:`SchemaBuilder.to_nfa` (what :func:`jaxcd.compile_json_schema` uses): a
+  Thompson-style NFA in which every subschema appears once per place it is used.
+  Objects with optional properties are built as a linear chain (one copy of each
+  property, whatever subset is present), arrays and free-form objects as loops, so the
+  NFA grows linearly with the (``$ref``-expanded) schema. This is what keeps large real
+  schemas small: outlines-core's regex for the same object repeats every optional
+  property once per possible predecessor (quadratic per level, exponential with
+  nesting).
+- :meth:`SchemaBuilder.to_regex`: a Python regex with the same language, for schemas
+  small enough to print (the tests use it as an independent ``re`` oracle). Some nodes
+  (``pattern``, ``multipleOf``, property counts) have no regex form; it raises.
+
+Conventions follow outlines-core's builder where the semantics coincide (its string
+and number regexes, its whitespace placement, closed objects when ``properties`` is
+given), so regexes for plain schemas are the ones outlines-core prints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import re._constants as C
+import re._parser as P
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from urllib.parse import unquote
+
+from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
+from .fsa import DFA, NFA, determinize, intersect, minimize
+from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
+                      multiple_of_dfa, to_decimal)
+from .regex import _Builder, regex_to_nfa
+from .utf8 import MAX_CODE_POINT, normalize_ranges
+
+DEFAULT_MAX_DEPTH = 3
+DEFAULT_MAX_NFA_STATES = 2_000_000
+
+# ---------------------------------------------------------------------------------------
+# JSON text pieces (outlines-core's regexes)
+# ---------------------------------------------------------------------------------------
+STRING_CHAR = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])'
+STRING = f'"{STRING_CHAR}*"'
+INTEGER = r"(-)?(0|[1-9][0-9]*)"
+NUMBER = r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-][0-9]+)?"
+BOOLEAN = "(true|false)"
+NULL = "null"
+
+# code points a JSON string may contain raw, and the escapes (char -> escape letter)
+_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0xA0, MAX_CODE_POINT)]
+_ESCAPES = {0x22: '"', 0x5C: "\\", 0x2F: "/", 0x08: "b", 0x0C: "f", 0x0A: "n",
+            0x0D: "r", 0x09: "t"}
+
+# ---------------------------------------------------------------------------------------
+# formats: regexes over the decoded string (ASCII)
+# ---------------------------------------------------------------------------------------
+_DATE = (r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+         r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+         r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
+         r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29")
+_TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_H16 = r"[0-9a-fA-F]{1,4}"
+_IPV6 = "|".join([
+    rf"(?:{_H16}:){{7}}{_H16}",
+    rf"(?:{_H16}:){{1,7}}:",
+    rf"(?:{_H16}:){{1,6}}:{_H16}",
+    rf"(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}",
+    rf"(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}",
+    rf"(?:{_H16}:){{1,3}}(?::{_H16}){{1,4}}",
+    rf"(?:{_H16}:){{1,2}}(?::{_H16}){{1,5}}",
+    rf"{_H16}:(?::{_H16}){{1,6}}",
+    rf":(?::{_H16}){{1,7}}",
+    "::",
+])
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
+_EMAIL = (r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+          rf"@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}")
+_URI_CHAR = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})"
+_URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URI_CHAR}*"
+_HEX = "[0-9a-fA-F]"
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"(?:{_DATE})T{_TIME}",
+    "email": _EMAIL,
+    "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
+    "uri": _URI,
+    "uri-reference": f"{_URI_CHAR}*",
+    "ipv4": _IPV4,
+    "ipv6": _IPV6,
+    "hostname": _HOSTNAME,
+    "byte": r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
+    "duration": (r"P(?:[0-9]+W|(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+D)?"
+                 r"(?:T(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+S)?)?)"),
+}
+# formats of other types / vendor formats with no constraint on a string
+ANNOTATION_FORMATS = {"int32", "int64", "float", "double", "password", "binary", "textarea",
+                      "color", "markdown", "html", "data-url", "multiline", "string", "text"}
+# formats defined by the JSON Schema spec that are not enforced
+UNSUPPORTED_FORMATS = {"idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
+                       "json-pointer", "relative-json-pointer", "regex"}
+INT_FORMAT_BOUNDS = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1),
+                     "uint32": (0, (1 << 32) - 1), "uint64": (0, (1 << 64) - 1)}
+
+# ---------------------------------------------------------------------------------------
+# keywords
+# ---------------------------------------------------------------------------------------
+ANNOTATIONS = {
+    "title", "description", "default", "examples", "example", "$schema", "$id", "id",
+    "$comment", "deprecated", "readOnly", "writeOnly", "$anchor", "markdownDescription",
+    "markdownEnumDescriptions", "enumDescriptions", "deprecationMessage", "errorMessage",
+    "nullable_description", "contentMediaType", "contentEncoding", "$vocabulary",
+    "$dynamicAnchor", "$recursiveAnchor", "discriminator", "xml", "externalDocs",
+    "defaultSnippets", "doNotSuggest", "suggestSortText", "allowComments",
+    "allowTrailingCommas", "patternErrorMessage", "enumSortTexts", "tsType",
+}
+STRUCTURAL = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "additionalItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+    "definitions", "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
+    "uniqueItems",
+}
+# keywords whose value is not a subschema but which a strict=False build ignores
+NOT_ENFORCED = {"uniqueItems", "not", "if", "then", "else", "contains", "minContains",
+                "maxContains", "dependencies", "dependentRequired", "dependentSchemas",
+                "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"}
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
+                   "dependentSchemas")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+_SUBSCHEMA_ONE = ("additionalProperties", "propertyNames", "not", "if", "then", "else",
+                  "contains", "unevaluatedProperties", "unevaluatedItems",
+                  "additionalItems")
+_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
+_OBJECT_KW = {"properties", "required", "additionalProperties", "minProperties",
+              "maxProperties", "patternProperties", "propertyNames"}
+_ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
+_STRING_KW = {"minLength", "maxLength", "pattern"}
+_NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+
+
+def is_annotation(key: str) -> bool:
+    return key in ANNOTATIONS or key.startswith("x-") or key.startswith("x_")
+
+
+# ---------------------------------------------------------------------------------------
+# expression tree
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Node:
+    kind: str               # lit, re, seq, alt, rep, dfa, jstr, obj, list, empty
+    args: tuple = ()
+    size: int = 1           # rough NFA size, for the state limit
+
+
+EMPTY = Node("empty")
+EPS = Node("lit", ("",))
+
+
+def lit(text: str) -> Node:
+    return Node("lit", (text,), len(text.encode()) + 1)
+
+
+def rx(pattern: str, size: int = 8) -> Node:
+    return Node("re", (pattern,), size)
+
+
+def seq(*parts: Node) -> Node:
+    flat = []
+    for p in parts:
+        if p.kind == "empty":
+            return EMPTY
+        if p.kind == "lit" and p.args[0] == "":
+            continue
+        if p.kind == "seq":
+            flat.extend(p.args)
+        else:
+            flat.append(p)
+    if not flat:
+        return EPS
+    if len(flat) == 1:
+        return flat[0]
+    return Node("seq", tuple(flat), sum(p.size for p in flat))
+
+
+def alt(*parts: Node) -> Node:
+    flat = []
+    for p in parts:
+        if p.kind == "empty":
+            continue
+        if p.kind == "alt":
+            flat.extend(p.args)
+        else:
+            flat.append(p)
+    if not flat:
+        return EMPTY
+    if len(flat) == 1:
+        return flat[0]
+    return Node("alt", tuple(flat), sum(p.size for p in flat) + 2)
+
+
+@dataclass
+class _Member:
+    key: Node            # the key text including quotes
+    value: Node
+    required: bool
+
+
+# ---------------------------------------------------------------------------------------
+# JSON-string escaping of a regex over decoded characters
+# ---------------------------------------------------------------------------------------
+class _JsonCharNFA(NFA):
+    """An NFA whose code-point transitions spell each character as JSON string content:
+    raw where JSON allows it (outlines-core's set), else as its short escape; characters
+    with neither form (other control characters, U+007F-U+009F) are dropped."""
+
+    def add_codepoints(self, src, dst, ranges):
+        ranges = normalize_ranges(ranges)
+        raw = _intersect_ranges(ranges, _RAW)
+        for cp, letter in _ESCAPES.items():
+            if any(lo <= cp <= hi for lo, hi in ranges):
+                self.add_bytes(src, dst, ("\\" + letter).encode())
+        if raw:
+            super().add_codepoints(src, dst, raw)
+
+
+def _intersect_ranges(a, b):
+    out = []
+    for lo, hi in a:
+        for lo2, hi2 in b:
+            x, y = max(lo, lo2), min(hi, hi2)
+            if x <= y:
+                out.append((x, y))
+    return normalize_ranges(out)
+
+
+def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -> NFA:
+    """NFA of the JSON string contents (between the quotes) whose decoded text matches
+    ``pattern``: ``re.search`` semantics (JSON Schema's ``pattern``) if ``search``,
+    else ``re.fullmatch``. Anchors ``^``/``$`` are honoured at the ends of the pattern
+    and of each top-level alternative."""
+    from ..errors import RegexSyntaxError, UnsupportedRegexError
+    try:
+        parsed = P.parse(pattern, flags)
+    except re.error as e:
+        raise RegexSyntaxError(f"invalid regex {pattern!r}: {e.msg} at position {e.pos}") from None
+    except (OverflowError, RecursionError) as e:
+        raise RegexSyntaxError(f"invalid regex {pattern!r}: {e}") from None
+    sflags = parsed.state.flags
+    bad = sflags & ~(re.ASCII | re.DOTALL | re.UNICODE | re.VERBOSE)
+    if bad:
+        raise UnsupportedRegexError(f"regex flags {re.RegexFlag(bad)!r} are not supported "
+                                    f"(in {pattern!r})")
+    items = list(parsed)
+    if len(items) == 1 and items[0][0] is C.BRANCH:
+        alternatives = [list(a) for a in items[0][1][1]]
+    elif (len(items) == 1 and items[0][0] is C.SUBPATTERN and len(items[0][1][3]) == 1
+          and items[0][1][3][0][0] is C.BRANCH and not search):
+        alternatives = [list(a) for a in items[0][1][3][0][1][1]]
+    else:
+        alternatives = [items]
+    nfa = _JsonCharNFA()
+    start = nfa.add_state()
+    nfa.start = start
+    end = nfa.add_state()
+    b = _Builder(nfa, pattern)
+    anychar = [(0, MAX_CODE_POINT)]
+    for alt_items in alternatives:
+        s = nfa.add_state()
+        nfa.add_epsilon(start, s)
+        anchored_start = bool(alt_items) and alt_items[0] == (C.AT, C.AT_BEGINNING) or \
+            bool(alt_items) and alt_items[0] == (C.AT, C.AT_BEGINNING_STRING)
+        anchored_end = bool(alt_items) and alt_items[-1][0] is C.AT and \
+            alt_items[-1][1] in (C.AT_END, C.AT_END_STRING)
+        if search and not anchored_start:
+            loop = nfa.add_state()
+            nfa.add_epsilon(s, loop)
+            nfa.add_codepoints(loop, loop, anychar)
+            s = loop
+        e = b.seq(alt_items, s, sflags, top=True)
+        if search and not anchored_end:
+            loop = nfa.add_state()
+            nfa.add_epsilon(e, loop)
+            nfa.add_codepoints(loop, loop, anychar)
+            e = loop
+        nfa.add_epsilon(e, end)
+    nfa.accepting = {end}
+    return nfa
+
+
+def _any_char_content_nfa(lo: int, hi: int | None) -> NFA:
+    """JSON string content of ``lo..hi`` characters (any character JSON can spell)."""
+    return regex_to_nfa(f"{STRING_CHAR}{{{lo},{'' if hi is None else hi}}}")
+
+
+# ---------------------------------------------------------------------------------------
+# the builder
+# ---------------------------------------------------------------------------------------
+@dataclass
+class SchemaBuilder:
+    """Turns a JSON Schema into a :class:`Node` tree.
+
+    ``whitespace``: regex of the free whitespace between JSON tokens (outlines-core's
+    default ``[ ]?``). ``strict``: refuse keywords that would not be enforced (else
+    ignore them). ``max_depth``: how many times a recursive ``$ref`` may be expanded
+    inside itself, and the nesting depth of free-form values (``{}``, ``"type":
+    "object"`` without properties)."""
+
+    root: Any
+    whitespace: str = "[ ]?"
+    strict: bool = True
+    max_depth: int = DEFAULT_MAX_DEPTH
+    max_nfa_states: int = DEFAULT_MAX_NFA_STATES
+    _ref_stack: list = field(default_factory=list)
+    _any_cache: dict = field(default_factory=dict)
+
+    # -- errors ----------------------------------------------------------------------
+    def unsupported(self, msg: str, path: str) -> None:
+        if self.strict:
+            raise UnsupportedSchemaError(
+                f"{msg} at {path or '/'}: it would not be enforced; remove it (or pass "
+                "strict=False / --no-strict to ignore it knowingly)")
+
+    # -- helpers ---------------------------------------------------------------------
+    @property
+    def ws(self) -> Node:
+        return rx(self.whitespace, 2) if self.whitespace else EPS
+
+    def resolve(self, ref: str, path: str) -> tuple[Any, str]:
+        if not isinstance(ref, str):
+            raise SchemaError(f"$ref at {path} must be a string")
+        if ref == "#" or ref == "":
+            return self.root, "#"
+        if ref.startswith("#/"):
+            cur = self.root
+            for part in ref[2:].split("/"):
+                part = unquote(part).replace("~1", "/").replace("~0", "~")
+                if isinstance(cur, dict) and part in cur:
+                    cur = cur[part]
+                elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+                    cur = cur[int(part)]
+                else:
+                    raise SchemaError(f"$ref {ref!r} at {path} does not resolve")
+            return cur, ref
+        # $anchor / $id-named subschemas in this document
+        target = self._find_anchor(ref)
+        if target is not None:
+            return target, ref
+        raise UnsupportedSchemaError(f"$ref {ref!r} at {path}: only references inside the "
+                                     "schema (#/..., #anchor) are supported")
+
+    def _find_anchor(self, ref: str):
+        name = ref[1:] if ref.startswith("#") else ref
+        stack = [self.root]
+        while stack:
+            s = stack.pop()
+            if isinstance(s, dict):
+                if s.get("$anchor") == name or s.get("$id") in (ref, name) or s.get("id") in (ref, name):
+                    return s
+                stack.extend(v for v in s.values() if isinstance(v, (dict, list)))
+            elif isinstance(s, list):
+                stack.extend(v for v in s if isinstance(v, (dict, list)))
+        return None
+
+    # -- entry -----------------------------------------------------------------------
+    def build(self) -> Node:
+        n = self.node(self.root, "")
+        if n.size > self.max_nfa_states:
+            raise AutomatonTooLargeError(
+                f"the JSON Schema expands to about {n.size} automaton states (limit "
+                f"{self.max_nfa_states}); reduce max_depth or simplify the schema")
+        return n
+
+    def node(self, schema: Any, path: str) -> Node:
+        if schema is True or schema == {}:
+            return self.any_value(self.max_depth)
+        if schema is False:
+            return EMPTY
+        if not isinstance(schema, dict):
+            raise SchemaError(f"schema at {path or '/'} must be an object or boolean, "
+                              f"got {type(schema).__name__}")
+        for key in schema:
+            if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
+                continue
+            if key in NOT_ENFORCED:
+                if key == "not":
+                    self.unsupported("keyword 'not' (negation is not supported)", f"{path}/not")
+                else:
+                    self.unsupported(f"keyword {key!r} cannot be enforced by an automaton "
+                                     "here", f"{path}/{key}")
+            else:
+                self.unsupported(f"unsupported JSON Schema keyword {key!r}", f"{path}/{key}")
+        if "$ref" in schema:
+            rest = {k: v for k, v in schema.items() if k != "$ref" and not is_annotation(k)
+                    and k not in ("$defs", "definitions")}
+            target, key = self.resolve(schema["$ref"], f"{path}/$ref")
+            if self._ref_stack.count(key) >= self.max_depth:
+                return EMPTY             # recursion cut: only non-recursive choices remain
+            self._ref_stack.append(key)
+            try:
+                if rest:
+                    merged = self.merge([target, rest], path)
+                    return self.node(merged, path)
+                return self.node(target, f"{path}/$ref")
+            finally:
+                self._ref_stack.pop()
+        if "allOf" in schema:
+            subs = schema["allOf"]
+            if not isinstance(subs, list):
+                raise SchemaError(f"{path}/allOf must be an array")
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            return self.node(self.merge(subs + [rest], f"{path}/allOf"), path)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                subs = schema[key]
+                if not isinstance(subs, list):
+                    raise SchemaError(f"{path}/{key} must be an array")
+                rest = {k: v for k, v in schema.items() if k != key and not is_annotation(k)
+                        and k not in ("$defs", "definitions")}
+                opts = []
+                for i, sub in enumerate(subs):
+                    if rest:
+                        sub = self.merge([sub, rest], f"{path}/{key}/{i}")
+                    opts.append(self.node(sub, f"{path}/{key}/{i}"))
+                return alt(*opts)
+        if "const" in schema:
+            values = [schema["const"]]
+            if isinstance(schema.get("enum"), list):
+                values = [v for v in values if any(_json_eq(v, e) for e in schema["enum"])]
+            return self.enum_node(values, schema, path)
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list):
+                raise SchemaError(f"{path}/enum must be an array")
+            return self.enum_node(schema["enum"], schema, path)
+        types = self.types_of(schema, path)
+        return alt(*(self.typed(t, schema, path) for t in types))
+
+    # -- allOf -----------------------------------------------------------------------
+    def merge(self, subs: list, path: str) -> dict:
+        """One schema equivalent to ``allOf: subs`` (refs resolved), for the cases that
+        reduce to one automaton: keyword-wise intersection."""
+        out: dict = {}
+        for i, sub in enumerate(subs):
+            where = f"{path}/{i}"
+            if sub is True:
+                continue
+            if sub is False:
+                return {"enum": []}
+            if not isinstance(sub, dict):
+                raise SchemaError(f"schema at {where} must be an object or boolean")
+            if "$ref" in sub:
+                target, key = self.resolve(sub["$ref"], f"{where}/$ref")
+                if self._ref_stack.count(key) >= self.max_depth:
+                    return {"enum": []}
+                rest = {k: v for k, v in sub.items() if k != "$ref"}
+                self._ref_stack.append(key)
+                try:
+                    sub = self.merge([target, rest], where)
+                finally:
+                    self._ref_stack.pop()
+            if "allOf" in sub:
+                rest = {k: v for k, v in sub.items() if k != "allOf"}
+                sub = self.merge(list(sub["allOf"]) + [rest], where)
+            for k, v in sub.items():
+                if is_annotation(k) or k in ("$defs", "definitions"):
+                    continue
+                if k not in out:
+                    out[k] = v
+                elif k == "const":
+                    if not _json_eq(out[k], v):
+                        out["enum"] = []
+                else:
+                    out[k] = self._merge_kw(k, out[k], v, where)
+        return out
+
+    def _merge_kw(self, k, a, b, path):
+        if a == b:
+            return a
+        if k == "type":
+            ta = set(a) if isinstance(a, list) else {a}
+            tb = set(b) if isinstance(b, list) else {b}
+            if "number" in ta and "integer" in tb:
+                ta.add("integer")
+            if "number" in tb and "integer" in ta:
+                tb.add("integer")
+            return sorted(ta & tb) or ["__none__"]
+        if k == "required":
+            return list(dict.fromkeys(list(a) + list(b)))
+        if k in ("properties", "patternProperties"):
+            out = dict(a)
+            for name, s in b.items():
+                out[name] = {"allOf": [out[name], s]} if name in out else s
+            return out
+        if k in ("minimum", "minLength", "minItems", "minProperties"):
+            return max(a, b)
+        if k in ("maximum", "maxLength", "maxItems", "maxProperties"):
+            return min(a, b)
+        if k in ("exclusiveMinimum",) and not isinstance(a, bool) and not isinstance(b, bool):
+            return max(a, b)
+        if k in ("exclusiveMaximum",) and not isinstance(a, bool) and not isinstance(b, bool):
+            return min(a, b)
+        if k == "enum":
+            return [x for x in a if any(_json_eq(x, y) for y in b)]
+        if k in ("items", "additionalProperties", "propertyNames") and \
+                isinstance(a, (dict, bool)) and isinstance(b, (dict, bool)):
+            return {"allOf": [a, b]}
+        if k in ("anyOf", "oneOf"):
+            return [{"allOf": [x, y]} for x in a for y in b]
+        if self.strict:
+            raise UnsupportedSchemaError(
+                f"allOf at {path or '/'}: cannot combine two different values of {k!r} into "
+                "one automaton")
+        return a
+
+    # -- types -----------------------------------------------------------------------
+    def types_of(self, schema: dict, path: str) -> list[str]:
+        t = schema.get("type")
+        if t is None:
+            keys = set(schema)
+            inferred = []
+            if keys & _OBJECT_KW:
+                inferred.append("object")
+            if keys & _ARRAY_KW:
+                inferred.append("array")
+            if keys & _STRING_KW or (schema.get("format") in FORMATS):
+                inferred.append("string")
+            if keys & _NUMBER_KW or schema.get("format") in INT_FORMAT_BOUNDS:
+                inferred.append("number")
+            types = inferred or ["null", "boolean", "object", "array", "number", "string"]
+        else:
+            types = t if isinstance(t, list) else [t]
+            for x in types:
+                if x == "__none__":
+                    return []
+                if x not in _TYPES:
+                    raise SchemaError(f"unknown type {x!r} at {path}/type")
+            if "number" in types and "integer" in types:
+                types = [x for x in types if x != "integer"]
+        if schema.get("nullable") is True and "null" not in types:
+            types = list(types) + ["null"]
+        return list(types)
+
+    def typed(self, t: str, schema: dict, path: str) -> Node:
+        if t == "null":
+            return lit("null")
+        if t == "boolean":
+            return rx(BOOLEAN, 10)
+        if t == "string":
+            return self.string(schema, path)
+        if t == "integer":
+            return self.integer(schema, path)
+        if t == "number":
+            return self.number(schema, path)
+        if t == "array":
+            return self.array(schema, path)
+        if t == "object":
+            return self.object(schema, path)
+        raise AssertionError(t)
+
+    # -- enum / const ----------------------------------------------------------------
+    def enum_node(self, values: list, schema: dict, path: str) -> Node:
+        types = schema.get("type")
+        if types is not None:
+            types = set(types if isinstance(types, list) else [types])
+        opts = []
+        for v in values:
+            if types is not None and _json_type(v) not in types and not (
+                    _json_type(v) == "integer" and "number" in types):
+                continue
+            opts.append(lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"))))
+        return alt(*opts)
+
+    # -- scalars ---------------------------------------------------------------------
+    def _bounds(self, schema: dict, path: str):
+        lo = hi = None
+        lo_x = hi_x = False
+        if "minimum" in schema:
+            lo = self._num(schema["minimum"], f"{path}/minimum")
+            if schema.get("exclusiveMinimum") is True:
+                lo_x = True
+        if "maximum" in schema:
+            hi = self._num(schema["maximum"], f"{path}/maximum")
+            if schema.get("exclusiveMaximum") is True:
+                hi_x = True
+        v = schema.get("exclusiveMinimum")
+        if v is not None and not isinstance(v, bool):
+            x = self._num(v, f"{path}/exclusiveMinimum")
+            if lo is None or x >= lo:
+                lo, lo_x = x, True
+        v = schema.get("exclusiveMaximum")
+        if v is not None and not isinstance(v, bool):
+            x = self._num(v, f"{path}/exclusiveMaximum")
+            if hi is None or x <= hi:
+                hi, hi_x = x, True
+        return lo, hi, lo_x, hi_x
+
+    @staticmethod
+    def _num(v, where) -> Decimal:
+        try:
+            return to_decimal(v)
+        except TypeError:
+            raise SchemaError(f"{where} must be a number, got {v!r}") from None
+
+    def integer(self, schema: dict, path: str) -> Node:
+        lo, hi, lo_x, hi_x = self._bounds(schema, path)
+        ilo = None if lo is None else ceil_int(lo, lo_x)
+        ihi = None if hi is None else floor_int(hi, hi_x)
+        fmt = schema.get("format")
+        if fmt in INT_FORMAT_BOUNDS:
+            a, b = INT_FORMAT_BOUNDS[fmt]
+            ilo = a if ilo is None else max(ilo, a)
+            ihi = b if ihi is None else min(ihi, b)
+        elif fmt is not None:
+            self._check_format(fmt, "integer", path)
+        if ilo is None and ihi is None:
+            base = rx(INTEGER, 6)
+        else:
+            r = int_range_regex(ilo, ihi)
+            if r is None:
+                return EMPTY
+            base = rx(r, 4 * len(r) // 3 + 4)
+        if "multipleOf" in schema:
+            m = schema["multipleOf"]
+            md = self._num(m, f"{path}/multipleOf")
+            if md <= 0:
+                raise SchemaError(f"{path}/multipleOf must be > 0")
+            if md != md.to_integral_value():
+                # an integer is a multiple of p/q (lowest terms) iff it is a multiple of p
+                from fractions import Fraction
+                md = Decimal(Fraction(md).numerator)
+            mi = int(md)
+            if mi > 1:
+                if mi > 100_000:
+                    self.unsupported(f"multipleOf {m} (over 100000 remainder states)",
+                                     f"{path}/multipleOf")
+                    return base
+                dfa = intersect(_dfa_of(base.args[0]), multiple_of_dfa(mi))
+                return Node("dfa", (dfa,), dfa.num_states + 1)
+        return base
+
+    def number(self, schema: dict, path: str) -> Node:
+        fmt = schema.get("format")
+        if fmt is not None and fmt not in INT_FORMAT_BOUNDS:
+            self._check_format(fmt, "number", path)
+        lo, hi, lo_x, hi_x = self._bounds(schema, path)
+        if "multipleOf" in schema:
+            md = self._num(schema["multipleOf"], f"{path}/multipleOf")
+            if md <= 0:
+                raise SchemaError(f"{path}/multipleOf must be > 0")
+            if md == md.to_integral_value():
+                return self.integer(schema, path)
+            exp = md.normalize().as_tuple()
+            if exp.digits == (1,) and exp.exponent < 0:          # 0.1, 0.01, ...
+                k = -exp.exponent
+                r = (decimal_range_regex(lo, hi, not lo_x, not hi_x)
+                     if lo is not None or hi is not None else r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+                if r is None:
+                    return EMPTY
+                frac = rf"-?(?:0|[1-9][0-9]*)(?:\.[0-9]{{1,{k}}})?"
+                dfa = intersect(_dfa_of(r), _dfa_of(frac))
+                return Node("dfa", (dfa,), dfa.num_states + 1)
+            self.unsupported(f"multipleOf {schema['multipleOf']} on a number (only integers, "
+                             "and 0.1, 0.01, ...)", f"{path}/multipleOf")
+        if lo is None and hi is None:
+            return rx(NUMBER, 12)
+        r = decimal_range_regex(lo, hi, not lo_x, not hi_x)
+        if r is None:
+            return EMPTY
+        return rx(r, 4 * len(r) // 3 + 4)
+
+    def _check_format(self, fmt, typ, path):
+        if fmt in ANNOTATION_FORMATS or fmt in INT_FORMAT_BOUNDS:
+            return
+        if fmt in FORMATS:
+            return          # a string format on a non-string type: does not apply
+        if fmt in UNSUPPORTED_FORMATS:
+            self.unsupported(f"string format {fmt!r} (enforced formats: "
+                             f"{', '.join(sorted(FORMATS))})", f"{path}/format")
+
+    def string(self, schema: dict, path: str) -> Node:
+        lo = schema.get("minLength", 0)
+        hi = schema.get("maxLength")
+        for k, v in (("minLength", lo), ("maxLength", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
+        parts: list[NFA] = []
+        fmt = schema.get("format")
+        fmt_re = None
+        if fmt is not None:
+            if fmt in FORMATS:
+                fmt_re = FORMATS[fmt]
+            elif fmt in UNSUPPORTED_FORMATS:
+                self.unsupported(f"string format {fmt!r} (enforced formats: "
+                                 f"{', '.join(sorted(FORMATS))})", f"{path}/format")
+            # other (vendor) formats are annotations
+        pat = schema.get("pattern")
+        if pat is not None and not isinstance(pat, str):
+            raise SchemaError(f"{path}/pattern must be a string")
+        if pat is None and fmt_re is None:
+            if hi is not None and lo > hi:
+                return EMPTY
+            if lo == 0 and hi is None:
+                return rx(STRING, 8)
+            q = f"{{{lo},{'' if hi is None else hi}}}" if (lo, hi) != (lo, lo) else f"{{{lo}}}"
+            return rx(f'"{STRING_CHAR}{q}"', 8 * (hi if hi is not None else lo) + 8)
+        if pat is None and lo == 0 and hi is None:
+            return rx(f'"(?:{fmt_re})"', 8 + len(fmt_re))
+        if fmt_re is not None:
+            parts.append(json_string_content_nfa(fmt_re, search=False))
+        if pat is not None:
+            try:
+                parts.append(json_string_content_nfa(pat, search=True))
+            except ValueError as e:
+                if self.strict:
+                    raise UnsupportedSchemaError(f"pattern at {path}/pattern: {e}") from None
+        if lo > 0 or hi is not None:
+            parts.append(_any_char_content_nfa(lo, hi))
+        if not parts:
+            return rx(STRING, 8)
+        dfa = minimize(determinize(parts[0]))
+        for p in parts[1:]:
+            dfa = intersect(dfa, minimize(determinize(p)))
+        return seq(lit('"'), Node("dfa", (dfa,), dfa.num_states + 1), lit('"'))
+
+    # -- arrays ----------------------------------------------------------------------
+    def array(self, schema: dict, path: str) -> Node:
+        lo = schema.get("minItems", 0)
+        hi = schema.get("maxItems")
+        if schema.get("uniqueItems") is True and not (hi is not None and hi <= 1):
+            self.unsupported("keyword 'uniqueItems' cannot be enforced by an automaton",
+                             f"{path}/uniqueItems")
+        prefix = schema.get("prefixItems")
+        items = schema.get("items")
+        if isinstance(items, list):              # draft-04 tuple form
+            prefix, items = items, schema.get("additionalItems", True)
+        elif prefix is None and "additionalItems" in schema:
+            pass                                 # additionalItems without a tuple: no effect
+        prefix = prefix or []
+        if items is None:
+            items = True
+        item_nodes = [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(prefix)]
+        rest = self.node(items, f"{path}/items") if items is not False else EMPTY
+        return self._list(item_nodes, rest, lo, hi, "[", "]", ",")
+
+    def _list(self, head: list[Node], rest: Node, lo: int, hi: int | None,
+              open_: str, close: str, sep: str) -> Node:
+        ws = self.ws
+        sep_node = seq(lit(sep), ws)
+        if hi is not None and lo > hi:
+            return EMPTY
+        # elements: head[0], head[1], ..., then rest*
+        # counts: n elements, lo <= n <= hi
+        n_head = len(head)
+        # the number of leading elements taken from head is min(n, n_head)
+        tail_lo = max(lo - n_head, 0)
+        tail_hi = None if hi is None else hi - n_head
+        options = []
+        if lo == 0:
+            options.append(EPS)
+        # sequences using k head elements (k < n_head) and no tail
+        acc = None
+        for k in range(1, n_head + 1):
+            acc = head[0] if k == 1 else seq(acc, sep_node, head[k - 1])
+            if acc.kind == "empty":
+                break
+            if k < n_head and lo <= k and (hi is None or k <= hi):
+                options.append(acc)
+        if rest.kind == "empty":
+            tail_hi = 0
+        if n_head == 0:
+            if tail_hi is None or tail_hi >= 1:
+                t_lo = max(tail_lo, 1)
+                options.append(Node("list", (rest, sep_node, t_lo, tail_hi),
+                                    rest.size * (t_lo + 1) + 4))
+        elif acc is not None and acc.kind != "empty" and (hi is None or n_head <= hi):
+            if tail_lo == 0:
+                options.append(acc)
+            if tail_hi is None or tail_hi >= 1:
+                t_lo = max(tail_lo, 1)
+                lst = Node("list", (rest, sep_node, t_lo, tail_hi), rest.size * (t_lo + 1) + 4)
+                options.append(seq(acc, sep_node, lst))
+        body = alt(*options)
+        if body.kind == "empty":
+            return EMPTY
+        return seq(lit(open_), ws, body, ws, lit(close))
+
+    # -- objects ---------------------------------------------------------------------
+    def object(self, schema: dict, path: str) -> Node:
+        props = schema.get("properties") or {}
+        if not isinstance(props, dict):
+            raise SchemaError(f"{path}/properties must be an object")
+        required = schema.get("required") or []
+        if not isinstance(required, list):
+            raise SchemaError(f"{path}/required must be an array")
+        addl = schema.get("additionalProperties")
+        pprops = schema.get("patternProperties") or {}
+        names = schema.get("propertyNames")
+        lo = schema.get("minProperties", 0)
+        hi = schema.get("maxProperties")
+        members = []
+        for name, sub in props.items():
+            v = self.node(sub, f"{path}/properties/{name}")
+            members.append(_Member(lit(json.dumps(name, ensure_ascii=False)), v,
+                                   name in required))
+        for name in required:
+            if name not in props:
+                members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
+                                       self.node(addl if isinstance(addl, dict) else True,
+                                                 f"{path}/required"), True))
+        # which extra keys are allowed
+        if addl is None:
+            addl = not props and not pprops and not required   # closed when properties given
+        extras = []
+        declared = list(props) + [r for r in required if r not in props]
+        for pat, sub in pprops.items():
+            key = seq(lit('"'), Node("dfa", (minimize(determinize(
+                json_string_content_nfa(pat, search=True))),), 20), lit('"'))
+            extras.append((key, self.node(sub, f"{path}/patternProperties/{pat}")))
+        if addl is not False:
+            if names is not None and names is not True:
+                if names is False:
+                    key = EMPTY
+                else:
+                    key = self.key_node(names, f"{path}/propertyNames")
+            else:
+                key = rx(STRING, 8)
+            if declared:
+                key = self.exclude_keys(key, declared)
+            value = self.node(True if addl is True else addl, f"{path}/additionalProperties")
+            extras.append((key, value))
+        extra = None
+        pairs = [seq(k, self.ws, lit(":"), self.ws, v) for k, v in extras]
+        if pairs:
+            extra = alt(*pairs)
+            if extra.kind == "empty":
+                extra = None
+        if any(m.required and m.value.kind == "empty" for m in members):
+            return EMPTY
+        members = [m for m in members if m.value.kind != "empty"]
+        if hi is not None and lo > hi:
+            return EMPTY
+        size = sum(m.value.size + m.key.size + 6 for m in members) + (extra.size if extra else 0)
+        if lo or hi is not None:
+            cap = max(lo, hi if hi is not None else 0) + 1
+            size *= cap
+        return Node("obj", (tuple(members), extra, lo, hi), size + 8)
+
+    def key_node(self, names: Any, path: str) -> Node:
+        """Key strings allowed by ``propertyNames`` (a string schema)."""
+        if not isinstance(names, dict):
+            raise SchemaError(f"{path} must be a schema")
+        sub = dict(names)
+        sub.setdefault("type", "string")
+        n = self.node(sub, path)
+        return n
+
+    def exclude_keys(self, key: Node, declared: list[str]) -> Node:
+        """Key strings of ``key`` that do not decode to a declared property name."""
+        bad = _declared_key_dfa(declared)
+        kd = _node_dfa(key)
+        dfa = _difference(kd, bad)
+        return Node("dfa", (dfa,), dfa.num_states + 1)
+
+    # -- free-form values --------------------------------------------------------------
+    def any_value(self, depth: int) -> Node:
+        if depth in self._any_cache:
+            return self._any_cache[depth]
+        scalars = [rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null")]
+        if depth <= 0:
+            n = alt(*scalars)
+        else:
+            inner = self.any_value(depth - 1)
+            arr = self._list([], inner, 0, None, "[", "]", ",")
+            obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
+                       inner.size + 30)
+            n = alt(*scalars, arr, obj)
+        self._any_cache[depth] = n
+        return n
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int):
+        return "integer"
+    if isinstance(v, float):
+        return "integer" if v.is_integer() else "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    return "object"
+
+
+def _json_eq(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _dfa_of(pattern: str) -> DFA:
+    return minimize(determinize(regex_to_nfa(pattern, re.ASCII)))
+
+
+def _node_dfa(node: Node) -> DFA:
+    nfa = NFA()
+    s = nfa.add_state()
+    nfa.start = s
+    e = _NFAEmitter(nfa, "").emit(node, s)
+    nfa.accepting = {e}
+    return minimize(determinize(nfa))
+
+
+def _declared_key_dfa(declared: list[str]) -> DFA:
+    """JSON string literals (any spelling, escapes included) that decode to one of
+    ``declared``."""
+    nfa = _JsonCharNFA()
+    s = nfa.add_state()
+    f = nfa.add_state(accepting=True)
+    nfa.start = s
+    for name in declared:
+        cur = s
+        q = nfa.add_state()
+        nfa.add_bytes(cur, q, b'"')
+        cur = q
+        for ch in name:
+            q = nfa.add_state()
+            nfa.add_codepoints(cur, q, [(ord(ch), ord(ch))])
+            cur = q
+        nfa.add_bytes(cur, f, b'"')
+    return minimize(determinize(nfa))
+
+
+def _difference(a: DFA, b: DFA) -> DFA:
+    """L(a) minus L(b)."""
+    import numpy as np
+    # complete b over a's alphabet, flip acceptance, intersect
+    Q = b.num_states
+    trans = np.concatenate([b.trans, np.full((1, b.num_classes), Q, np.int32)], axis=0)
+    trans = np.where(trans < 0, Q, trans).astype(np.int32)
+    acc = np.concatenate([~b.accepting, [True]])
+    comp = DFA(trans, acc, b.byte_class)
+    return intersect(a, comp)
+
+
+# ---------------------------------------------------------------------------------------
+# back-ends
+# ---------------------------------------------------------------------------------------
+class _NFAEmitter:
+    def __init__(self, nfa: NFA, whitespace: str):
+        self.nfa = nfa
+        self.whitespace = whitespace
+        self._re_cache: dict[str, NFA] = {}
+
+    def emit(self, node: Node, src: int) -> int:
+        nfa = self.nfa
+        k = node.kind
+        if k == "lit":
+            dst = nfa.add_state()
+            nfa.add_string(src, dst, node.args[0])
+            return dst
+        if k == "re":
+            frag = self._re_cache.get(node.args[0])
+            if frag is None:
+                frag = self._re_cache[node.args[0]] = regex_to_nfa(node.args[0], re.ASCII)
+            return self._embed(frag, src)
+        if k == "dfa":
+            return self._embed(node.args[0].to_nfa(), src)
+        if k == "seq":
+            cur = src
+            for p in node.args:
+                cur = self.emit(p, cur)
+            return cur
+        if k == "alt":
+            dst = nfa.add_state()
+            for p in node.args:
+                s = nfa.add_state()
+                nfa.add_epsilon(src, s)
+                nfa.add_epsilon(self.emit(p, s), dst)
+            return dst
+        if k == "empty":
+            return nfa.add_state()          # unreachable end: no string
+        if k == "list":
+            item, sep, lo, hi = node.args
+            return self._list(item, sep, lo, hi, src)
+        if k == "obj":
+            return self._obj(node, src)
+        raise AssertionError(k)
+
+    def _embed(self, frag: NFA, src: int) -> int:
+        s, acc = self.nfa.embed(frag)
+        self.nfa.add_epsilon(src, s)
+        dst = self.nfa.add_state()
+        for a in acc:
+            self.nfa.add_epsilon(a, dst)
+        return dst
+
+    def _list(self, item: Node, sep: Node, lo: int, hi: int | None, src: int) -> int:
+        """item (sep item)* with lo..hi items (lo >= 1)."""
+        nfa = self.nfa
+        if lo <= 1 and hi is None:          # one copy of the item: P -item-> Q -sep-> P
+            p = nfa.add_state()
+            nfa.add_epsilon(src, p)
+            q = self.emit(item, p)
+            nfa.add_epsilon(self.emit(sep, q), p)
+            return q
+        cur = self.emit(item, src)
+        n = 1
+        while n < lo:
+            cur = self.emit(item, self.emit(sep, cur))
+            n += 1
+        if hi is None:
+            loop = nfa.add_state()
+            nfa.add_epsilon(cur, loop)
+            back = self.emit(item, self.emit(sep, loop))
+            nfa.add_epsilon(back, loop)
+            return loop
+        end = nfa.add_state()
+        nfa.add_epsilon(cur, end)
+        while n < hi:
+            cur = self.emit(item, self.emit(sep, cur))
+            nfa.add_epsilon(cur, end)
+            n += 1
+        return end
+
+    def _obj(self, node: Node, src: int) -> int:
+        """Linear chain: F_j (no member yet, next candidate j), C_j (some member emitted,
+        next candidate j); count layers when min/maxProperties are set."""
+        members, extra, lo, hi = node.args
+        nfa = self.nfa
+        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
+        comma = seq(ws, lit(","), ws)
+        colon = seq(ws, lit(":"), ws)
+        start = self.emit(seq(lit("{"), ws), src)
+        close_in = nfa.add_state()
+        end = self.emit(seq(ws, lit("}")), close_in)
+        n = len(members)
+        counted = bool(lo) or hi is not None
+        K = (max(lo, hi if hi is not None else 0) if counted else 0)
+
+        def lvl(c):
+            return min(c, K) if counted else 0
+
+        levels = range(K + 1)
+        F = {}
+        Cs = {}
+        for c in levels:
+            for j in range(n + 1):
+                F[j, c] = nfa.add_state()
+                Cs[j, c] = nfa.add_state()
+        nfa.add_epsilon(start, F[0, 0])
+
+        def ok_count(c):
+            if not counted:
+                return True
+            if hi is None:
+                return c >= lo
+            return lo <= c <= hi
+
+        def can_add(c):
+            return not counted or hi is None or c < hi
+
+        for c in levels:
+            for j, m in enumerate(members):
+                if can_add(c):
+                    b = nfa.add_state()
+                    nfa.add_epsilon(F[j, c], b)
+                    nfa.add_epsilon(self.emit(comma, Cs[j, c]), b)
+                    a = self.emit(seq(m.key, colon), b)
+                    a = self.emit(m.value, a)
+                    nfa.add_epsilon(a, Cs[j + 1, lvl(c + 1)])
+                if not m.required:
+                    nfa.add_epsilon(F[j, c], F[j + 1, c])
+                    nfa.add_epsilon(Cs[j, c], Cs[j + 1, c])
+            # after the declared members: extra members, then close
+            fj, cj = F[n, c], Cs[n, c]
+            if extra is not None and can_add(c):
+                b = nfa.add_state()
+                nfa.add_epsilon(fj, b)
+                nfa.add_epsilon(self.emit(comma, cj), b)
+                a = self.emit(extra, b)
+                nfa.add_epsilon(a, Cs[n, lvl(c + 1)])
+            if ok_count(c):
+                nfa.add_epsilon(fj, close_in)
+                nfa.add_epsilon(cj, close_in)
+        return end
+
+
+def to_nfa(node: Node, whitespace: str) -> NFA:
+    nfa = NFA()
+    s = nfa.add_state()
+    nfa.start = s
+    e = _NFAEmitter(nfa, whitespace).emit(node, s)
+    nfa.accepting = {e}
+    return nfa
+
+
+class NoRegexForm(UnsupportedSchemaError):
+    """The schema compiles to an automaton but has no printable regex form."""
+
+
+def to_regex(node: Node, whitespace: str) -> str:
+    ws = whitespace
+
+    def r(n: Node) -> str:
+        k = n.kind
+        if k == "lit":
+            return re.escape(n.args[0]) if n.args[0] else ""
+        if k == "re":
+            return f"(?:{n.args[0]})"
+        if k == "seq":
+            return "".join(r(p) for p in n.args)
+        if k == "alt":
+            return "(?:" + "|".join(r(p) for p in n.args) + ")"
+        if k == "empty":
+            return "(?!)"
+        if k == "list":
+            item, sep, lo, hi = n.args
+            it = r(item)
+            s = r(sep)
+            return f"(?:{it}(?:{s}{it}){{{lo - 1},{'' if hi is None else hi - 1}}})"
+        if k == "obj":
+            members, extra, lo, hi = n.args
+            if lo or hi is not None:
+                raise NoRegexForm("minProperties/maxProperties have no regex form")
+            w = f"(?:{ws})" if ws else ""
+            comma = f"{w},{w}"
+            colon = f"{w}:{w}"
+            mem = [f"{r(m.key)}{colon}{r(m.value)}" for m in members]
+            ex = r(extra) if extra is not None else None
+
+            def tail(j):        # members j.. after at least one emitted (comma-led)
+                parts = []
+                for i in range(j, len(members)):
+                    p = f"{comma}{mem[i]}"
+                    parts.append(p if members[i].required else f"(?:{p})?")
+                if ex is not None:
+                    parts.append(f"(?:{comma}{ex})*")
+                return "".join(parts)
+
+            def first(j):       # no member yet, candidates j..
+                opts = []
+                for i in range(j, len(members)):
+                    opts.append(f"{mem[i]}{tail(i + 1)}")
+                    if members[i].required:
+                        return "(?:" + "|".join(opts) + ")"
+                if ex is not None:
+                    opts.append(f"{ex}(?:{comma}{ex})*")
+                opts.append("")
+                return "(?:" + "|".join(opts) + ")"
+
+            return f"\\{{{w}{first(0)}{w}\\}}"
+        raise NoRegexForm(f"this schema uses a construct ({k}) with no regex form")
+
+    return r(node)
+
