@@ -41,11 +41,34 @@ def _add_sample(sub):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--prompts", help="file with one prompt per line (default: start from BOS)")
-    p.add_argument("--prompt-format", choices=("text", "ids"), default="text")
-    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS to file prompts")
+    p.add_argument("--prompts", help="FILE.jsonl of chat prompts ({\"user\", \"system\"?, \"tools\"?} per "
+                   "line; rendered with the chat template of `jaxcd generate`), 'builtin' (the "
+                   "built-in tool-call / JSON / keyword prompts), or a text / ids file with one "
+                   "prompt per line (default: start from BOS)")
+    p.add_argument("--prompt-format", choices=("chat", "text", "ids"), default=None,
+                   help="default: chat for *.jsonl and builtin, else text")
+    p.add_argument("--no-bos", action="store_true", help="do not prepend BOS to text/ids prompts")
+    p.add_argument("--until-eos", action="store_true",
+                   help="sample each continuation until EOS, capped at --max-length tokens")
+    p.add_argument("--max-length", type=int, default=256, help="hard cap with --until-eos")
     p.add_argument("--fingerprint", help="override the vocabulary fingerprint recorded")
     p.add_argument("--no-progress", action="store_true")
+    _add_distributed(p)
+
+
+def _add_distributed(p):
+    g = p.add_argument_group("several processes (jax.distributed)")
+    g.add_argument("--coordinator", help="HOST:PORT of process 0 (or 'auto' under SLURM / on a TPU pod)")
+    g.add_argument("--num-processes", type=int)
+    g.add_argument("--process-id", type=int)
+
+
+def _parse_bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
 
 
 def _add_train(sub):
@@ -64,6 +87,8 @@ def _add_train(sub):
             continue
         flag = "--" + f.name.replace("_", "-")
         typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
+        if str(f.type) == "bool":
+            typ = _parse_bool
         if f.name in ("max_seqs", "devices"):
             typ = int
         elif f.name == "init_noise":
@@ -73,35 +98,52 @@ def _add_train(sub):
     p.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-progress", action="store_true")
+    _add_distributed(p)
 
 
 def _cmd_sample(a) -> int:
     from .lms import load_lm
     from .sampler import read_prompts, run_sampling
 
+    from .distributed import initialize
+
+    initialize(a.coordinator, a.num_processes, a.process_id)
     loaded = load_lm(a.lm)
-    texts, ids = None, None
+    texts, ids, prompt_set, fmt = None, None, None, a.prompt_format
     if a.prompts:
+        path = a.prompts
+        if path == "builtin":
+            from .prompts import builtin_prompts_path
+
+            path = str(builtin_prompts_path())
+        if fmt is None:
+            fmt = "chat" if (a.prompts == "builtin" or path.endswith(".jsonl")) else "text"
         bos = None if a.no_bos else getattr(loaded.lm, "bos_token_id", None)
         if bos is not None and bos < 0:
             bos = None
-        texts, ids = read_prompts(a.prompts, fmt=a.prompt_format,
-                                  tokenizer_loader=loaded.tokenizer_loader, bos=bos)
-    meta = run_sampling(loaded.lm, loaded.params, a.out, num_seqs=a.num_seqs, length=a.length,
+        texts, ids = read_prompts(path, fmt=fmt, tokenizer_loader=loaded.tokenizer_loader, bos=bos)
+        prompt_set = Path(path).name
+    length = a.max_length if a.until_eos else a.length
+    meta = run_sampling(loaded.lm, loaded.params, a.out, num_seqs=a.num_seqs, length=length,
                         shard_size=a.shard_size, batch_size=a.batch_size, seed=a.seed,
                         temperature=a.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=loaded.name, fingerprint=a.fingerprint or loaded.fingerprint,
-                        progress=not a.no_progress)
+                        progress=not a.no_progress, prompt_set=prompt_set, until_eos=a.until_eos,
+                        chat_template=fmt == "chat")
     n = sum(s["num_seqs"] for s in meta["shards"])
-    unf = sum(s["num_unfinished"] for s in meta["shards"])
-    print(f"{a.out}: {n} sequences of {a.length} tokens in {len(meta['shards'])} shard(s); "
-          f"{unf} did not reach EOS; {meta.get('tokens_per_s', 0):.0f} tokens/s")
+    unf = meta.get("num_cut_off", 0)
+    ef = meta.get("eos_fraction")
+    print(f"{a.out}: {n} sequences of at most {length} tokens in {len(meta['shards'])} shard(s); "
+          f"{unf} cut off without EOS (EOS fraction {ef if ef is None else round(ef, 4)}); "
+          f"{meta.get('tokens_per_s', 0):.0f} tokens/s")
     return 0
 
 
 def _cmd_train(a) -> int:
+    from .distributed import initialize
     from .train import TrainConfig, train
 
+    initialize(a.coordinator, a.num_processes, a.process_id)
     base = {}
     if a.config:
         try:

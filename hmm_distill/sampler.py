@@ -15,6 +15,8 @@ with different settings is refused.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -26,23 +28,31 @@ import numpy as np
 
 from jaxcd.sampling import categorical
 
-from .data import (SAMPLES_FORMAT, load_shard, read_metadata, shard_name, write_json_atomic)
+from .data import (SAMPLES_FORMAT, load_shard, logprobs_name, read_metadata, shard_name,
+                   write_json_atomic)
 from .errors import ConfigError, SampleDataError, SampleDirMismatchError
+from .priors import first_eos_mask
 
 
 @partial(jax.jit, static_argnames=("lm", "length", "temperature"))
-def sample_continuations(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.Array,
-                         keys: jax.Array, *, length: int, temperature: float = 1.0) -> jax.Array:
-    """Draw one continuation of ``length`` tokens per row.
+def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.Array,
+                                       keys: jax.Array, *, length: int,
+                                       temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """Draw one continuation of up to ``length`` tokens per row.
 
     Args:
       lm: a :class:`jaxcd.lm.interface.LanguageModel` (static, hashable).
       params: its parameter pytree.
       prompt_ids: int32 ``[B, P]`` left-padded; prompt_lengths: int32 ``[B]``.
       keys: typed PRNG keys ``[B]``, one per sequence.
-      length: ``T`` (static); temperature: ``τ ≥ 0`` (static).
+      length: ``T`` (static), the hard cap; temperature: ``τ ≥ 0`` (static).
     Returns:
-      int32 ``[B, T]``: tokens up to the first EOS, then EOS.
+      ``tokens`` int32 ``[B, T]`` (tokens up to the first EOS, then EOS) and
+      ``logprobs`` float32 ``[B, T]``: the LM's (untempered) ``log p(x_t | prompt, x_{<t})``
+      of each drawn token up to and including the first EOS, 0 after it. The loop
+      stops as soon as every row has produced EOS (a ``lax.while_loop``), so short
+      continuations cost only their own length; the result equals running all ``T``
+      steps (step ``t`` always uses key ``t`` of the row's split).
     """
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
@@ -53,24 +63,40 @@ def sample_continuations(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.
     step_keys = jnp.swapaxes(step_keys, 0, 1)  # [T, B]
 
     def draw(logp, k, done):
+        logp = logp.astype(jnp.float32)
         if temperature == 0:
             tok = jnp.argmax(logp, axis=-1)
         else:
-            tok = jax.vmap(lambda k_, l_: categorical(k_, l_[None])[0])(
-                k, logp.astype(jnp.float32) / temperature)
+            tok = jax.vmap(lambda k_, l_: categorical(k_, l_[None])[0])(k, logp / temperature)
         tok = jnp.where(done, eos, tok.astype(jnp.int32))
-        return tok, done | (tok == eos)
+        lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
+        return tok, jnp.where(done, 0.0, lp), done | (tok == eos)
 
-    def body(carry, k):
-        state, logp, done = carry
-        tok, done = draw(logp, k, done)
-        state, logp = lm.step(params, state, tok)
-        return (state, logp, done), tok
+    def cond(carry):
+        t, _, _, done, _, _ = carry
+        return (t < length) & ~jnp.all(done)
 
-    done0 = jnp.zeros((B,), bool)
-    (state, logp, done), toks = jax.lax.scan(body, (state, logp, done0), step_keys[:-1])
-    last, _ = draw(logp, step_keys[-1], done)
-    return jnp.concatenate([toks, last[None]], 0).T
+    def body(carry):
+        t, state, logp, done, toks, lps = carry
+        tok, lp, done = draw(logp, step_keys[t], done)
+        toks = jax.lax.dynamic_update_slice(toks, tok[:, None], (0, t))
+        lps = jax.lax.dynamic_update_slice(lps, lp[:, None], (0, t))
+        state, logp = jax.lax.cond(t + 1 < length, lambda: lm.step(params, state, tok),
+                                   lambda: (state, logp))
+        return t + 1, state, logp, done, toks, lps
+
+    toks0 = jnp.full((B, length), eos, jnp.int32)
+    lps0 = jnp.zeros((B, length), jnp.float32)
+    carry = (jnp.int32(0), state, logp, jnp.zeros((B,), bool), toks0, lps0)
+    _, _, _, _, toks, lps = jax.lax.while_loop(cond, body, carry)
+    return toks, lps
+
+
+def sample_continuations(lm, params, prompt_ids, prompt_lengths, keys, *, length: int,
+                         temperature: float = 1.0) -> jax.Array:
+    """The tokens of :func:`sample_continuations_with_logprobs` (int32 ``[B, T]``)."""
+    return sample_continuations_with_logprobs(lm, params, prompt_ids, prompt_lengths, keys,
+                                              length=length, temperature=temperature)[0]
 
 
 def sequence_keys(seed: int, indices: np.ndarray) -> jax.Array:
@@ -88,14 +114,71 @@ def _encode(tokenizer, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
-def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | None = None):
-    """Read a prompts file, one prompt per line (blank lines skipped).
+def read_chat_prompts(path) -> list[dict]:
+    """Read a JSON-lines file of chat prompts: one object per line with ``"user"`` (str)
+    and optionally ``"system"`` (str) and ``"tools"`` (a list of tool JSON schemas, or
+    one schema)."""
+    path = Path(path)
+    if not path.is_file():
+        raise SampleDataError(f"prompts file not found: {path}")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise SampleDataError(f"{path}:{n}: not a JSON object ({e})") from e
+        if not isinstance(obj, dict) or not isinstance(obj.get("user"), str):
+            raise SampleDataError(f"{path}:{n}: each line must be an object with a \"user\" string")
+        unknown = sorted(set(obj) - {"user", "system", "tools", "id", "kind"})
+        if unknown:
+            raise SampleDataError(f"{path}:{n}: unknown keys {unknown} (allowed: user, system, tools, id, kind)")
+        if obj.get("system") is not None and not isinstance(obj["system"], str):
+            raise SampleDataError(f"{path}:{n}: \"system\" must be a string")
+        tools = obj.get("tools")
+        if isinstance(tools, dict):
+            obj["tools"] = [tools]
+        elif tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise SampleDataError(f"{path}:{n}: \"tools\" must be a tool schema object or a list of them")
+        out.append(obj)
+    if not out:
+        raise SampleDataError(f"prompts file {path} has no prompts")
+    return out
 
-    ``fmt="text"``: encoded with the LM's tokenizer (``tokenizer_loader()``, lazily);
-    ``fmt="ids"``: whitespace-separated token ids. ``bos`` (if not None) is prepended.
-    Returns ``(texts, ids)``.
+
+def encode_chat_prompts(prompts: Sequence[dict], tokenizer) -> list[list[int]]:
+    """Token ids of chat prompts, rendered exactly as ``jaxcd generate`` renders its
+    prompt (:func:`jaxcd.generation.format_prompt`)."""
+    from jaxcd.generation import format_prompt
+
+    return [format_prompt(tokenizer, p["user"], system=p.get("system"), tools=p.get("tools"))
+            for p in prompts]
+
+
+def prompt_set_id(prompt_ids: Sequence[Sequence[int]]) -> str:
+    """Identity of a prompt set: SHA-256 (first 16 hex digits) of its rendered token ids
+    (so it changes with the prompts, the chat template and the tokenizer)."""
+    return hashlib.sha256(json.dumps([list(map(int, p)) for p in prompt_ids]).encode()).hexdigest()[:16]
+
+
+def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | None = None):
+    """Read a prompts file.
+
+    ``fmt="chat"`` (the default for ``*.jsonl``): chat prompts
+    (:func:`read_chat_prompts`) rendered with the tokenizer's chat template
+    (:func:`encode_chat_prompts`; ``bos`` is ignored, the template decides).
+    ``fmt="text"``: one prompt per line (blank lines skipped), encoded with the LM's
+    tokenizer (``tokenizer_loader()``, lazily); ``fmt="ids"``: whitespace-separated
+    token ids. For these two, ``bos`` (if not None) is prepended.
+    Returns ``(prompts, ids)`` (``prompts``: the lines, or the chat objects).
     """
     path = Path(path)
+    if fmt == "chat":
+        if tokenizer_loader is None:
+            raise ConfigError("chat prompts need a tokenizer; this LM has none (use --prompt-format ids)")
+        prompts = read_chat_prompts(path)
+        return prompts, encode_chat_prompts(prompts, tokenizer_loader())
     if not path.is_file():
         raise SampleDataError(f"prompts file not found: {path}")
     lines = [ln.rstrip("\n") for ln in path.read_text(encoding="utf-8").splitlines()]
@@ -113,7 +196,7 @@ def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | N
         tok = tokenizer_loader()
         ids = [_encode(tok, ln) for ln in lines]
     else:
-        raise ConfigError(f"unknown prompt format {fmt!r} (expected 'text' or 'ids')")
+        raise ConfigError(f"unknown prompt format {fmt!r} (expected 'chat', 'text' or 'ids')")
     if bos is not None:
         ids = [[int(bos)] + p if not p or p[0] != bos else p for p in ids]
     return lines, ids
@@ -126,21 +209,31 @@ _COMPAT_KEYS = ("vocab_size", "eos_token_id", "length", "vocab_fingerprint", "mo
 def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size: int = 1024,
                  batch_size: int = 64, seed: int = 0, temperature: float = 1.0,
                  prompt_ids: Sequence[Sequence[int]] | None = None,
-                 prompt_texts: Sequence[str] | None = None, model_name: str = "lm",
-                 fingerprint: str = "", progress: bool = True) -> dict:
-    """Sample ``num_seqs`` continuations of ``length`` tokens into ``out_dir``.
+                 prompt_texts: Sequence | None = None, model_name: str = "lm",
+                 fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
+                 until_eos: bool = False, chat_template: bool = False) -> dict:
+    """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
     prompt ``[BOS]``, or ``[EOS]`` if the LM has no BOS). Shards that already exist with
-    the expected shape are kept (resume). Returns the final metadata dict.
+    the expected shape are kept (resume). ``until_eos`` records that ``length`` is a hard
+    cap on continuations meant to run until EOS (the metadata counts the rows cut off
+    there); either way a batch stops as soon as all its rows have ended.
+
+    With several JAX processes (:mod:`hmm_distill.distributed`) process ``I`` of ``N``
+    samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
+    have finished. Returns the final metadata dict.
     """
     from jaxcd.lm.interface import pad_prompts
+
+    from .distributed import barrier, is_main, process_count, process_index
 
     if num_seqs < 1 or length < 1 or shard_size < 1 or batch_size < 1:
         raise ConfigError("num_seqs, length, shard_size and batch_size must all be >= 1")
     if temperature < 0:
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
     out = Path(out_dir)
+    main = is_main()
     out.mkdir(parents=True, exist_ok=True)
     V, eos = int(lm.vocab_size), int(lm.eos_token_id)
     if not prompt_ids:
@@ -157,7 +250,9 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         "format": SAMPLES_FORMAT, "vocab_size": V, "eos_token_id": eos, "length": int(length),
         "vocab_fingerprint": fingerprint, "model": model_name,
         "prompts": list(prompt_texts) if prompt_texts is not None else None,
-        "prompt_ids": prompt_ids, "seed": int(seed), "temperature": float(temperature),
+        "prompt_ids": prompt_ids, "prompt_set": prompt_set, "prompt_set_id": prompt_set_id(prompt_ids),
+        "chat_template": bool(chat_template), "until_eos": bool(until_eos), "max_length": int(length),
+        "seed": int(seed), "temperature": float(temperature),
         "shard_size": int(shard_size), "num_seqs": int(num_seqs), "shards": [],
     }
     if (out / "metadata.json").exists():
@@ -170,64 +265,89 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                 + "); use another --out directory")
         if "tokens_per_s" in old:  # keep the throughput of the run that made the shards
             meta["tokens_per_s"] = old["tokens_per_s"]
+    barrier("hmm_distill_sample_start")
 
     prompt_mat, prompt_len = pad_prompts(prompt_ids, pad_id=0)
     num_shards = -(-num_seqs // shard_size)
     sizes = [min(shard_size, num_seqs - k * shard_size) for k in range(num_shards)]
-    done: dict[int, np.ndarray] = {}
-    for k, n in enumerate(sizes):
-        p = out / shard_name(k)
-        if p.exists():
-            try:
-                done[k] = load_shard(p, length=length, vocab_size=V, num_seqs=n)
-            except SampleDataError:
-                pass  # incomplete / stale: regenerate
-    todo = [k for k in range(num_shards) if k not in done]
 
-    def shard_entry(k, arr):
-        return {"file": shard_name(k), "num_seqs": int(arr.shape[0]),
-                "num_unfinished": int(np.sum(arr[:, -1] != eos))}
+    def scan_done() -> dict[int, tuple[np.ndarray, bool]]:
+        done = {}
+        for k, n in enumerate(sizes):
+            p = out / shard_name(k)
+            if p.exists():
+                try:
+                    arr = load_shard(p, length=length, vocab_size=V, num_seqs=n)
+                except SampleDataError:
+                    continue  # incomplete / stale: regenerate
+                done[k] = (arr, (out / logprobs_name(k)).exists())
+        return done
+
+    done = scan_done()
+    P_, I_ = process_count(), process_index()
+    todo = [k for k in range(num_shards) if k not in done and k % P_ == I_]
+
+    def shard_entry(k, arr, has_lp):
+        e = {"file": shard_name(k), "num_seqs": int(arr.shape[0]),
+             "num_unfinished": int(np.sum(arr[:, -1] != eos))}
+        if has_lp:
+            e["logprobs"] = logprobs_name(k)
+        return e
 
     def write_meta(extra=None):
-        meta["shards"] = [shard_entry(k, done[k]) for k in sorted(done)]
+        meta["shards"] = [shard_entry(k, *done[k]) for k in sorted(done)]
         meta["complete"] = len(done) == num_shards
+        n = sum(e["num_seqs"] for e in meta["shards"])
+        cut = sum(e["num_unfinished"] for e in meta["shards"])
+        meta["num_cut_off"] = cut
+        meta["eos_fraction"] = (n - cut) / n if n else None
         if extra:
             meta.update(extra)
-        write_json_atomic(out / "metadata.json", meta)
+        if main:
+            write_json_atomic(out / "metadata.json", meta)
 
     write_meta()
     bar = None
     if progress and todo:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(sizes[k] for k in todo) * length, unit="tok", unit_scale=True,
-                   desc=f"sampling {len(todo)} shard(s)")
+        bar = tqdm(total=sum(sizes[k] for k in todo), unit="seq",
+                   desc=f"sampling {len(todo)} shard(s)" + (f" [process {I_}/{P_}]" if P_ > 1 else ""))
     t0, n_tok = time.perf_counter(), 0
     bsz = int(min(batch_size, shard_size))
     for k in todo:
         n = sizes[k]
         idx = k * shard_size + np.arange(n)
-        rows = []
+        rows, lrows = [], []
         for s in range(0, n, bsz):
             bi = idx[s:s + bsz]
             pad = bsz - len(bi)
             bi_full = np.concatenate([bi, np.repeat(bi[-1:], pad)]) if pad else bi
             which = bi_full % len(prompt_ids)
-            toks = sample_continuations(
+            toks, lps = sample_continuations_with_logprobs(
                 lm, params, jnp.asarray(prompt_mat[which]), jnp.asarray(prompt_len[which]),
                 sequence_keys(seed, bi_full), length=int(length), temperature=float(temperature))
-            rows.append(np.asarray(toks)[: len(bi)])
-            n_tok += len(bi) * length
+            toks = np.asarray(toks)[: len(bi)]
+            rows.append(toks)
+            lrows.append(np.asarray(lps)[: len(bi)])
+            n_tok += int(first_eos_mask(toks, eos).sum())  # generated tokens (EOS included)
             if bar is not None:
-                bar.update(len(bi) * length)
+                bar.update(len(bi))
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
         arr = np.concatenate(rows, 0).astype(np.int32)
-        tmp = out / (shard_name(k) + ".tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, arr)
-        tmp.replace(out / shard_name(k))
-        done[k] = arr
+        lp = np.concatenate(lrows, 0).astype(np.float32)
+        for name, a in ((logprobs_name(k), lp), (shard_name(k), arr)):  # shard last: it marks completion
+            tmp = out / (name + ".tmp")
+            with open(tmp, "wb") as f:
+                np.save(f, a)
+            tmp.replace(out / name)
+        done[k] = (arr, True)
         write_meta({"tokens_per_s": n_tok / max(time.perf_counter() - t0, 1e-9)})
     if bar is not None:
         bar.close()
+    if P_ > 1:
+        barrier("hmm_distill_sample_done")
+        done = scan_done()
+        write_meta()
+        barrier("hmm_distill_sample_meta")
     return meta

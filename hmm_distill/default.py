@@ -1,0 +1,212 @@
+r"""The default HMM: distilled for the default model from the built-in task prompts.
+
+:func:`default_hmm` returns an HMM for SmolLM2-135M-Instruct (or any GGUF model),
+distilled from continuations of the built-in tool-call / JSON / keyword prompts
+(:mod:`hmm_distill.prompts`), rendered with the chat template of ``jaxcd generate``
+and sampled until EOS. It is built on first use (sampling, then EM, with progress
+bars) and cached under ``<jaxcd cache>/hmm/<key>/`` (``$JAXCD_CACHE`` or
+``~/.cache/jaxcd``, see :func:`jaxcd.model_files.cache_dir`); the key hashes the
+model file, the prompt set and the settings, so another model, prompt set or
+setting builds another HMM. An interrupted build resumes (sample shards and EM
+checkpoints are kept). A lock file serialises concurrent builds of the same key.
+
+The HMM's vocabulary is the LM's (49,152 for SmolLM2) and its EOS is the LM's EOS.
+Its ``π`` is the hidden-state distribution *after the prompt* (the HMM models the
+continuation only), as P-GCD and SMC use it.
+
+Example::
+
+    from hmm_distill.default import default_hmm
+    params, info = default_hmm()          # HMMParams(pi [H], A [H,H], B [H,V]) as jax arrays
+    info["eos_token_id"], info["path"], info["heldout"]["gap_share"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax.numpy as jnp
+
+from .checkpoint import load_checkpoint
+from .hmm import HMMParams
+
+VERSION = 1  # bump when the recipe changes (invalidates cached HMMs)
+
+
+@dataclass(frozen=True)
+class DefaultSettings:
+    """The recipe of the default HMM (all of it is part of the cache key)."""
+
+    hidden_size: int = 128
+    num_seqs: int = 768          #: continuations (prompt i mod 154)
+    max_length: int = 128        #: hard cap of a continuation (until EOS)
+    batch_size: int = 64         #: sampling batch
+    temperature: float = 1.0
+    seed: int = 0
+    epochs: int = 30             #: full-batch EM iterations
+    mode: str = "full"
+    prior_strength: float = 0.01
+    heldout_frac: float = 0.1
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def cache_key(model_file: Path, settings: DefaultSettings, prompt_hash: str) -> str:
+    key = {"version": VERSION, "model": _file_digest(model_file), "prompts": prompt_hash,
+           "settings": asdict(settings)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def default_hmm_dir(model_path=None, settings: DefaultSettings | None = None) -> Path:
+    """The cache directory of the default HMM for ``model_path`` (default model if None)."""
+    from jaxcd.model_files import cache_dir, resolve_gguf
+
+    from .prompts import builtin_prompt_set_hash
+
+    settings = settings or DefaultSettings()
+    model_file = resolve_gguf(model_path)
+    return cache_dir() / "hmm" / f"{model_file.stem}-{cache_key(model_file, settings, builtin_prompt_set_hash())}"
+
+
+def default_hmm(model_path: str | os.PathLike | None = None, *, hidden_size: int | None = None,
+                settings: DefaultSettings | None = None, progress: bool = True, rebuild: bool = False,
+                log=None) -> tuple[HMMParams, dict]:
+    """The default HMM for ``model_path`` (a GGUF file; None = the default model).
+
+    Args:
+      hidden_size: overrides ``settings.hidden_size`` (default 128).
+      settings: the recipe (:class:`DefaultSettings`); part of the cache key.
+      progress: progress bars on stderr while building.
+      rebuild: ignore a cached HMM and build it again.
+    Returns:
+      ``(params, info)``: :class:`~hmm_distill.hmm.HMMParams` of float32 jax arrays
+      (``pi [H]``, ``A [H, H]``, ``B [H, V]``, rows normalised) and a dict with ``path``
+      (the checkpoint), ``cached`` (bool), ``eos_token_id``, ``vocab_size``,
+      ``vocab_fingerprint``, ``hidden_size``, ``prompt_set_id`` (hash of the rendered
+      prompt tokens), ``prompt_set_hash`` (hash of the prompt file), ``model``,
+      ``settings``, ``heldout`` (HMM / unigram / LM held-out log-likelihood per token
+      and the gap share), ``eos_fraction`` and ``build_seconds`` per phase.
+    """
+    settings = settings or DefaultSettings()
+    if hidden_size is not None:
+        settings = DefaultSettings(**{**asdict(settings), "hidden_size": int(hidden_size)})
+    say = log or (lambda msg: print(f"hmm_distill: {msg}", file=sys.stderr, flush=True))
+    root = default_hmm_dir(model_path, settings)
+    final, info_path = root / "hmm.safetensors", root / "info.json"
+    with _lock(root.parent / f".{root.name}.lock"):
+        if rebuild and root.exists():
+            shutil.rmtree(root)
+        cached = final.exists() and info_path.exists()
+        if not cached:
+            _build(model_path, settings, root, progress, say)
+        info = json.loads(info_path.read_text())
+    ck = load_checkpoint(final, expect_vocab_size=info["vocab_size"],
+                         expect_fingerprint=info["vocab_fingerprint"])
+    info.update(path=str(final), cached=cached)
+    params = HMMParams(*(jnp.asarray(x) for x in ck.params))
+    return params, info
+
+
+def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, say) -> None:
+    from .lms import load_lm
+    from .prompts import builtin_prompt_set_hash, builtin_prompts_path
+    from .sampler import read_prompts, run_sampling
+    from .train import TrainConfig, train
+
+    root.mkdir(parents=True, exist_ok=True)
+    s = settings
+    say(f"building the default HMM (H={s.hidden_size}) in {root}: sampling {s.num_seqs} continuations "
+        f"of the built-in task prompts, then {s.epochs} EM iterations (done once, then cached)")
+    times = {}
+    t0 = time.perf_counter()
+    from jaxcd.model_files import resolve_gguf
+
+    model_file = resolve_gguf(model_path)
+    loaded = load_lm(f"gguf:{model_file}")
+    texts, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
+    times["load"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    meta = run_sampling(loaded.lm, loaded.params, root / "samples", num_seqs=s.num_seqs,
+                        length=s.max_length, shard_size=256, batch_size=s.batch_size, seed=s.seed,
+                        temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
+                        model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
+                        progress=progress, prompt_set=builtin_prompts_path().name, until_eos=True,
+                        chat_template=True)
+    times["sample"] = time.perf_counter() - t0
+    say(f"sampled: EOS fraction {meta['eos_fraction']:.3f}, {meta['num_cut_off']} cut off at "
+        f"{s.max_length} tokens, {meta.get('tokens_per_s', 0):.0f} tokens/s")
+    t0 = time.perf_counter()
+    cfg = TrainConfig(data=str(root / "samples"), out=str(root / "run"), hidden_size=s.hidden_size,
+                      epochs=s.epochs, mode=s.mode, prior_strength=s.prior_strength,
+                      heldout_frac=s.heldout_frac, seed=s.seed, batch_size=256, plot=False,
+                      progress=progress)
+    res = train(cfg, log=lambda *a: None)
+    times["train"] = time.perf_counter() - t0
+    last = res.metrics[-1]
+    gs = last.get("gap_share")
+    say(f"trained: held-out {last['heldout_ll']:.3f} nats/token (unigram {last['unigram_heldout_ll']:.3f}, "
+        f"LM {last['lm_heldout_ll']:.3f}; gap share {gs if gs is None else round(gs, 3)}); "
+        f"{sum(times.values()):.0f} s in all")
+    ck = load_checkpoint(res.run_dir / "hmm.safetensors")
+    info = {"model": str(model_file), "settings": asdict(s), "version": VERSION,
+            "vocab_size": ck.vocab_size, "vocab_fingerprint": ck.fingerprint, "hidden_size": ck.hidden_size,
+            "eos_token_id": ck.eos_token_id, "prompt_set_id": meta["prompt_set_id"],
+            "prompt_set_hash": builtin_prompt_set_hash(), "eos_fraction": meta["eos_fraction"],
+            "num_cut_off": meta["num_cut_off"], "sampling_tokens_per_s": meta.get("tokens_per_s"),
+            "heldout": {k: last.get(k) for k in ("heldout_ll", "unigram_heldout_ll", "lm_heldout_ll",
+                                                 "gap_share")},
+            "build_seconds": times}
+    shutil.copyfile(res.run_dir / "hmm.safetensors", root / "hmm.safetensors.tmp")
+    os.replace(root / "hmm.safetensors.tmp", root / "hmm.safetensors")
+    tmp = root / "info.json.tmp"
+    tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
+    os.replace(tmp, root / "info.json")
+
+
+def main(argv=None) -> int:
+    """``python -m hmm_distill.default [--hidden-size H] [--model PATH] [--rebuild]``: build
+    (or find) the default HMM and print its info."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m hmm_distill.default", description=main.__doc__)
+    ap.add_argument("--model")
+    ap.add_argument("--hidden-size", type=int)
+    ap.add_argument("--rebuild", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    _, info = default_hmm(a.model, hidden_size=a.hidden_size, rebuild=a.rebuild, progress=not a.no_progress)
+    info["wall_seconds_this_call"] = time.perf_counter() - t0
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
