@@ -9,8 +9,10 @@ from . import errors, gcd, pgcd
 from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
                   compile_regex, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA
-from .errors import (BudgetTooSmallError, EmptyLanguageError, JaxcdError, PrefixRejectedError,
-                     RegexSyntaxError, SchemaError, UnsupportedRegexError, UnsupportedSchemaError)
+from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageError, JaxcdError,
+                     PrefixRejectedError, RegexSyntaxError, SchemaError, UnsupportedRegexError,
+                     UnsupportedSchemaError)
+from .limits import DEFAULT_LIMITS, CompileLimits
 from .generation import GenerationResult, generate
 from .tensorize import TensorizedAutomaton
 from .vocab import Vocabulary
@@ -23,4 +25,5 @@ __all__ = [
     "TensorizedAutomaton", "NFA", "DFA", "gcd", "errors", "generate", "GenerationResult",
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
     "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
+    "AutomatonTooLargeError", "CompileLimits", "DEFAULT_LIMITS",
 ]

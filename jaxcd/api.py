@@ -16,6 +16,7 @@ from .automata.keywords import keywords_to_dfa, normalize_groups
 from .automata.pycall import tool_call_nfa
 from .automata.regex import regex_to_nfa
 from .errors import BudgetTooSmallError, PrefixRejectedError
+from .limits import CompileLimits, constraint_part, use_limits
 from .tensorize import TensorizedAutomaton, cache_key, tensorize, unpack_bits
 from .vocab import Vocabulary
 
@@ -63,21 +64,32 @@ def _cached(kind: str, source: str, options: dict, vocab: Vocabulary, build, cac
     return fa
 
 
+def _part(kind: str, text: str) -> str:
+    return f"{kind} {text[:80] + '...' if len(text) > 80 else text!r}"
+
+
 def compile_regex(pattern: str, vocab: Vocabulary, flags: int = 0,
-                  cache: bool | str | Path = False) -> TensorizedAutomaton:
+                  cache: bool | str | Path = False,
+                  limits: CompileLimits | None = None) -> TensorizedAutomaton:
     """Compile a regular expression (Python ``re`` syntax, full-match semantics on
     UTF-8 text) into a tensorized automaton over ``vocab``.
 
+    Every ``compile_*`` function takes ``limits`` (:class:`jaxcd.CompileLimits`;
+    default ``DEFAULT_LIMITS``): a stage that would exceed one raises
+    :class:`~jaxcd.errors.AutomatonTooLargeError` before allocating (``docs/limits.md``).
+
     >>> fa = compile_regex(r"-?(0|[1-9][0-9]*)", vocab)            # doctest: +SKIP
     """
-    return _cached("regex", pattern, {"flags": int(flags)}, vocab,
-                   lambda: minimize(determinize(regex_to_nfa(pattern, flags))), cache)
+    with use_limits(limits), constraint_part(_part("regex", str(pattern))):
+        return _cached("regex", pattern, {"flags": int(flags)}, vocab,
+                       lambda: minimize(determinize(regex_to_nfa(pattern, flags))), cache)
 
 
 def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         whitespace_pattern: str | None = None, strict: bool = True,
                         cache: bool | str | Path = False,
-                        max_depth: int = DEFAULT_MAX_DEPTH) -> TensorizedAutomaton:
+                        max_depth: int = DEFAULT_MAX_DEPTH,
+                        limits: CompileLimits | None = None) -> TensorizedAutomaton:
     """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
     (keywords and deliberate differences: ``docs/json_schema.md``).
 
@@ -87,34 +99,41 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     many times a recursive ``$ref`` is expanded inside itself, and the nesting depth
     of free-form values (``{}``, objects without ``properties``).
     """
-    nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth)
-    return _cached("json_schema", text,
-                   {"ws": whitespace_pattern, "strict": bool(strict), "depth": int(max_depth),
-                    "builder": 2},
-                   vocab, lambda: minimize(determinize(nfa)), cache)
+    src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
+    with use_limits(limits), constraint_part(_part("JSON Schema", src)):
+        nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth)
+        return _cached("json_schema", text,
+                       {"ws": whitespace_pattern, "strict": bool(strict), "depth": int(max_depth),
+                        "builder": 2},
+                       vocab, lambda: minimize(determinize(nfa)), cache)
 
 
 def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,
                      text_pattern: str | None = None,
-                     cache: bool | str | Path = False) -> TensorizedAutomaton:
+                     cache: bool | str | Path = False,
+                     limits: CompileLimits | None = None) -> TensorizedAutomaton:
     """Text that contains every keyword (each in any of its surface forms), in any
     order; optionally bounded by ``text_pattern`` (a regex the whole text must match)."""
     groups = normalize_groups(keywords)
-    return _cached("keywords", json.dumps(groups), {"text": text_pattern}, vocab,
-                   lambda: keywords_to_dfa(groups, text_pattern), cache)
+    with use_limits(limits), constraint_part(_part("keywords", json.dumps(groups))):
+        return _cached("keywords", json.dumps(groups), {"text": text_pattern}, vocab,
+                       lambda: keywords_to_dfa(groups, text_pattern), cache)
 
 
 def compile_tool_call(tool: dict | str, vocab: Vocabulary,
-                      cache: bool | str | Path = False) -> TensorizedAutomaton:
+                      cache: bool | str | Path = False,
+                      limits: CompileLimits | None = None) -> TensorizedAutomaton:
     """A Python-style call ``name(arg=value, ...)`` from a tool's JSON Schema."""
     text = tool if isinstance(tool, str) else json.dumps(tool, sort_keys=True)
-    return _cached("tool_call", text, {}, vocab,
-                   lambda: minimize(determinize(tool_call_nfa(tool))), cache)
+    with use_limits(limits), constraint_part(_part("tool", text)):
+        return _cached("tool_call", text, {}, vocab,
+                       lambda: minimize(determinize(tool_call_nfa(tool))), cache)
 
 
-def compile_automaton(automaton: NFA | DFA, vocab: Vocabulary) -> TensorizedAutomaton:
+def compile_automaton(automaton: NFA | DFA, vocab: Vocabulary,
+                      limits: CompileLimits | None = None) -> TensorizedAutomaton:
     """Tensorize a hand-built byte-level automaton (see :class:`jaxcd.automata.NFA`)."""
-    with _gc_paused():
+    with _gc_paused(), use_limits(limits), constraint_part("the hand-built automaton"):
         dfa = automaton if isinstance(automaton, DFA) else determinize(automaton)
         return tensorize(minimize(dfa), vocab, key="automaton")
 

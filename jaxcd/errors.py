@@ -50,7 +50,28 @@ class PrefixRejectedError(JaxcdError, ValueError):
 
 
 class AutomatonTooLargeError(JaxcdError, ValueError):
-    """Determinisation or a product exceeded the configured state limit."""
+    """A compiler stage would exceed one of its size limits (:class:`jaxcd.CompileLimits`).
+
+    Raised before the memory is allocated. Attributes (``None`` when raised with a bare
+    message):
+      limit: the name of the limit (a ``CompileLimits`` field, e.g. ``"max_dfa_states"``).
+      value: its value.
+      needed: the size that would be needed (a lower bound where the stage stopped early).
+      stage: the compiler stage (``"determinise"``, ``"lift"``, ...).
+      part: the constraint part responsible (a regex, a sub-pattern, a JSON pointer).
+    """
+
+    def __init__(self, message: str | None = None, *, limit: str | None = None,
+                 value: int | None = None, needed: int | None = None, unit: str = "",
+                 stage: str | None = None, part: str | None = None, at_least: bool = False):
+        self.limit, self.value, self.needed, self.stage, self.part = limit, value, needed, stage, part
+        if message is None:
+            need = f"{'at least ' if at_least else ''}{needed:,}{' ' + unit if unit else ''}"
+            what = part or "the constraint"
+            message = (f"{stage}: {what} needs {need}, over the limit {limit}={value:,}; "
+                       f"simplify it (e.g. smaller repetition bounds) or raise the limit "
+                       f"with limits=jaxcd.CompileLimits({limit}=...)")
+        super().__init__(message)
 
 
 class VocabularyError(JaxcdError, ValueError):

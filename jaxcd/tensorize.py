@@ -40,6 +40,7 @@ import numpy as np
 
 from .automata.fsa import DFA
 from .errors import EmptyLanguageError, PrefixRejectedError
+from .limits import current_limits, too_large
 from .vocab import Vocabulary
 
 INF_DIST = 1 << 30
@@ -233,6 +234,25 @@ class Lifted:
                 np.concatenate(dst).astype(np.int64))
 
 
+class _Out(tuple):
+    """``(src list, token list, dst list)`` of individual transitions, with a running
+    count checked against ``CompileLimits.max_token_transitions`` before each append."""
+
+    def __new__(cls):
+        self = super().__new__(cls, ([], [], []))
+        self.n = 0
+        self.max = current_limits().max_token_transitions
+        return self
+
+
+def _count(out, k: int) -> None:
+    if isinstance(out, _Out):
+        out.n += k
+        if out.n > out.max:
+            raise too_large("max_token_transitions", out.n, "(state, token) transitions",
+                            "lift over the vocabulary", at_least=True)
+
+
 def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, out) -> None:
     """Continue the trie walk from ``(src, node, cur)`` pairs (``node``'s byte already
     read, DFA now in ``cur``): emit ``(src, token, state)`` for every token ending at or
@@ -246,6 +266,7 @@ def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, ou
         et = end_token[node]
         ends = et >= 0
         if ends.any():
+            _count(out, int(np.count_nonzero(ends)))
             out[0].append(src[ends])
             out[1].append(et[ends])
             out[2].append(cur[ends])
@@ -255,6 +276,7 @@ def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, ou
             c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
             reps = np.repeat(np.arange(len(n_m)), c_m)
             offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+            _count(out, len(reps))
             out[0].append(src[multi][reps])
             out[1].append(trie.end_tokens[offs + np.arange(len(reps))])
             out[2].append(cur[multi][reps])
@@ -381,7 +403,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
     bt = dfa.byte_table()
     table[:Q] = np.where(bt >= 0, bt, Q)
 
-    out: tuple[list, list, list] = ([], [], [])
+    out = _Out()
     bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
     n_rows = 0
     shortcut = np.zeros(Q, bool)
@@ -494,7 +516,7 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
 
     # group into edges (unique (src, dst) pairs)
     pair = src * S + dst
-    if S * S <= (1 << 25):
+    if S * S <= (1 << 22):                                 # dense lookup: <= 32 MB
         present = np.bincount(pair, minlength=S * S) > 0
         uniq = np.nonzero(present)[0]
         lookup = np.zeros(S * S, np.int64)
@@ -535,6 +557,10 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     out_start = np.searchsorted(e_src2, np.arange(S2 + 1)).astype(np.int32)
     deg = np.diff(out_start)
     D = max(int(deg.max()) if S2 else 1, 1)
+    table_bytes = 4 * ((E + S2) * W + S2 * D + 2 * E + 2 * S2 + 1)
+    if table_bytes > current_limits().max_table_bytes:
+        raise too_large("max_table_bytes", table_bytes,
+                        f"bytes of tables ({S2:,} states, {E:,} edges, {V:,} tokens)", "tensorize")
     dead2 = int(new_id[dead])
     out_dst = np.full((S2, D), dead2, np.int32)
     col = np.arange(E) - out_start[e_src2]

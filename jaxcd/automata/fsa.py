@@ -20,10 +20,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import AutomatonTooLargeError
+from ..limits import current_limits, too_large
 from .utf8 import normalize_ranges, utf8_sequences
 
-DEFAULT_MAX_STATES = 200_000
+DEFAULT_MAX_STATES = 200_000     # the default of CompileLimits.max_dfa_states
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,12 +47,21 @@ class NFA:
         self.trans: list[list[tuple[int, int, int]]] = []
         self.accepting: set[int] = set()
         self.start: int = 0
+        self.max_states = current_limits().max_nfa_states
+
+    def _grow(self, n: int) -> None:
+        """Refuse to grow past ``CompileLimits.max_nfa_states`` (checked before adding)."""
+        if len(self.eps) + n > self.max_states:
+            raise too_large("max_nfa_states", len(self.eps) + n, "NFA states", "build NFA",
+                            at_least=True)
 
     @property
     def num_states(self) -> int:
         return len(self.eps)
 
     def add_state(self, accepting: bool = False) -> int:
+        if len(self.eps) >= self.max_states:
+            self._grow(1)
         self.eps.append([])
         self.trans.append([])
         q = len(self.eps) - 1
@@ -98,7 +107,7 @@ class NFA:
         (cached per class), which keeps later determinisation small."""
         self._check(src, dst)
         key = tuple(normalize_ranges(ranges))
-        seqs = [seq for lo, hi in key for seq in utf8_sequences(lo, hi)]
+        seqs = _class_sequences(key)
         if len(seqs) <= 4:
             for seq in seqs:
                 cur = src
@@ -118,6 +127,7 @@ class NFA:
     def embed(self, other: "NFA") -> tuple[int, set[int]]:
         """Copy ``other`` into this NFA; return (its start, its accepting states)."""
         off = self.num_states
+        self._grow(other.num_states)
         for q in range(other.num_states):
             self.eps.append([d + off for d in other.eps[q]])
             self.trans.append([(lo, hi, d + off) for lo, hi, d in other.trans[q]])
@@ -205,13 +215,26 @@ def _byte_classes(nfa: NFA) -> tuple[np.ndarray, list[int]]:
     return byte_class, edges
 
 
-def determinize(nfa: NFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
-    """Subset construction over byte equivalence classes."""
+def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
+    """Subset construction over byte equivalence classes.
+
+    Subsets hold only the NFA's *important* states (those with a byte transition, or
+    accepting): two subsets with the same important states have the same future, so
+    this gives the same DFA with smaller subsets. Work and memory are proportional to
+    the total size of the subsets (``CompileLimits.max_subset_entries``) times the
+    number of byte classes; the number of DFA states is bounded by
+    ``CompileLimits.max_dfa_states`` (or ``max_states``), checked before each new state.
+    """
+    limits = current_limits()
+    max_states = limits.max_dfa_states if max_states is None else int(max_states)
+    max_entries = limits.max_subset_entries
     n = nfa.num_states
     if n == 0:
         return empty_dfa()
     byte_class, _ = _byte_classes(nfa)
-    # epsilon closures
+    accepting_nfa = nfa.accepting
+    important = [bool(nfa.trans[q]) or q in accepting_nfa for q in range(n)]
+    # epsilon closures, restricted to important states
     closure: list[frozenset[int] | None] = [None] * n
 
     def close(q: int) -> frozenset[int]:
@@ -225,51 +248,82 @@ def determinize(nfa: NFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
                     if y not in seen:
                         seen.add(y)
                         stack.append(y)
-            c = closure[q] = frozenset(seen)
+            c = closure[q] = frozenset(x for x in seen if important[x])
         return c
 
-    moves: list[dict[int, set[int]]] = []
-    for q in range(n):
-        m: dict[int, set[int]] = {}
-        for lo, hi, d in nfa.trans[q]:
-            for ci in range(byte_class[lo], byte_class[hi] + 1):
-                m.setdefault(ci, set()).add(d)
-        moves.append(m)
+    # per NFA state: class -> closed successor subset (built on first use)
+    succ: list[dict[int, frozenset[int]] | None] = [None] * n
+    interned: dict[frozenset[int], frozenset[int]] = {}
 
-    accepting_nfa = nfa.accepting
+    bc = byte_class.tolist()
+
+    def successors(q: int) -> dict[int, frozenset[int]]:
+        m = succ[q]
+        if m is None:
+            raw: dict[int, int | set[int]] = {}
+            for lo, hi, d in nfa.trans[q]:
+                for ci in range(bc[lo], bc[hi] + 1):
+                    t = raw.get(ci)
+                    if t is None:
+                        raw[ci] = d
+                    elif isinstance(t, set):
+                        t.add(d)
+                    elif t != d:
+                        raw[ci] = {t, d}
+            m = {}
+            for ci, ds in raw.items():
+                if isinstance(ds, int):
+                    m[ci] = close(ds)
+                else:
+                    T = frozenset().union(*(close(d) for d in ds))
+                    m[ci] = interned.setdefault(T, T)
+            succ[q] = m
+        return m
+
     start = close(nfa.start)
     ids = {start: 0}
     order = [start]
+    entries = len(start)
     rows: list[dict[int, int]] = []
     i = 0
     while i < len(order):
         S = order[i]
         i += 1
-        targets: dict[int, set[int]] = {}
-        for q in S:
-            for ci, ds in moves[q].items():
-                t = targets.get(ci)
-                if t is None:
-                    targets[ci] = set(ds)
-                else:
-                    t |= ds
+        if len(S) == 1:
+            targets = successors(next(iter(S)))
+        else:
+            acc: dict[int, set[int] | frozenset[int]] = {}
+            for q in S:
+                for ci, T in successors(q).items():
+                    t = acc.get(ci)
+                    if t is None:
+                        acc[ci] = T
+                    elif isinstance(t, frozenset):
+                        if not T <= t:
+                            u = set(t)
+                            u |= T
+                            acc[ci] = u
+                    else:
+                        t |= T
+            targets = acc
         row: dict[int, int] = {}
-        cache: dict[frozenset[int], int] = {}
-        for ci, ds in targets.items():
-            key = frozenset(ds)
-            j = cache.get(key)
+        for ci, T in targets.items():
+            if not T:
+                continue                                  # no important state: dead
+            if not isinstance(T, frozenset):
+                T = frozenset(T)
+            j = ids.get(T)
             if j is None:
-                T = frozenset().union(*(close(d) for d in ds))
-                j = ids.get(T)
-                if j is None:
-                    j = len(order)
-                    if j >= max_states:
-                        raise AutomatonTooLargeError(
-                            f"determinisation exceeded {max_states} states; simplify the "
-                            "constraint (e.g. smaller repetition bounds) or raise max_states")
-                    ids[T] = j
-                    order.append(T)
-                cache[key] = j
+                j = len(order)
+                if j >= max_states:
+                    raise too_large("max_dfa_states", j + 1, "DFA states", "determinise",
+                                    at_least=True, value=max_states)
+                entries += len(T)
+                if entries > max_entries:
+                    raise too_large("max_subset_entries", entries, "subset entries",
+                                    "determinise", at_least=True)
+                ids[T] = j
+                order.append(T)
             row[ci] = j
         rows.append(row)
     C = int(byte_class.max()) + 1
@@ -277,7 +331,7 @@ def determinize(nfa: NFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
     for q, row in enumerate(rows):
         for ci, d in row.items():
             trans[q, ci] = d
-    accepting = np.array([bool(S & accepting_nfa) for S in order], bool)
+    accepting = np.array([not S.isdisjoint(accepting_nfa) for S in order], bool)
     return DFA(trans, accepting, byte_class)
 
 
@@ -308,13 +362,16 @@ def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CSR of the reversed transition graph: predecessors of ``q`` are
-    ``pred[start[q]:start[q + 1]]`` (with multiplicity)."""
+    """CSR of the reversed transition graph: the distinct predecessors of ``q`` are
+    ``pred[start[q]:start[q + 1]]`` (ascending)."""
     Q = trans.shape[0]
     src, col = np.nonzero(trans >= 0)
-    dst = trans[src, col]
-    order = np.argsort(dst, kind="stable")
-    return src[order], np.searchsorted(dst[order], np.arange(Q + 1))
+    pairs = np.unique(trans[src, col].astype(np.int64) * Q + src)
+    dst = pairs // Q
+    return pairs % Q, np.searchsorted(dst, np.arange(Q + 1))
+
+
+_SMALL = 32     # frontiers up to this size are handled in plain Python (same result)
 
 
 def _bfs_order(trans: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -329,6 +386,18 @@ def _bfs_order(trans: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     levels = [np.zeros(1, np.int64)]
     frontier = levels[0]
     while len(frontier):
+        if len(frontier) <= _SMALL:                     # same order, less overhead
+            nxt = []
+            for row in trans[frontier].tolist():
+                for t in row:
+                    if not seen[t]:
+                        seen[t] = True
+                        nxt.append(t)
+            if not nxt:
+                break
+            frontier = np.array(nxt, np.int64)
+            levels.append(frontier)
+            continue
         cand = trans[frontier].ravel()
         cand = cand[~seen[cand]]
         if len(cand) == 0:
@@ -356,8 +425,14 @@ def trim(dfa: DFA) -> DFA:
         # every state enters the frontier once: dedupe (a state with k predecessor
         # edges from the frontier would otherwise be expanded k times, and the
         # work list would grow by a factor k per level)
-        p = pred[_ranges(pstart, frontier)]
-        p = np.unique(p[~co[p]])
+        if len(frontier) <= _SMALL:
+            cand: set[int] = set()
+            for f in frontier.tolist():
+                cand.update(pred[pstart[f]:pstart[f + 1]].tolist())
+            p = np.array(sorted(c for c in cand if not co[c]), np.int64)
+        else:
+            p = pred[_ranges(pstart, frontier)]
+            p = np.unique(p[~co[p]])
         co[p] = True
         frontier = p
     if not co[0]:
@@ -373,10 +448,16 @@ def trim(dfa: DFA) -> DFA:
 
 
 def _group_rows(sig: np.ndarray, mult: np.ndarray) -> np.ndarray:
-    """Group ids of equal rows of ``sig`` (int64 ``[n, k]``): two 64-bit polynomial hashes
-    (wrapping arithmetic), verified exactly; exact ``np.unique`` on a collision."""
-    h = (sig[:, :, None] * mult[:, :sig.shape[1]].T[None]).sum(1)
-    _, inv = np.unique(h[:, 0] ^ (h[:, 1] * np.int64(0x9E3779B97F4A7C15 - (1 << 64))),
+    """Group ids of equal rows of ``sig`` (integer ``[n, k]``): two 64-bit polynomial
+    hashes (wrapping arithmetic, one column at a time: O(n) extra memory), verified
+    exactly; exact ``np.unique`` on a collision."""
+    h0 = np.zeros(sig.shape[0], np.int64)
+    h1 = np.zeros(sig.shape[0], np.int64)
+    for j in range(sig.shape[1]):
+        col = sig[:, j].astype(np.int64)
+        h0 += col * mult[0, j]
+        h1 += col * mult[1, j]
+    _, inv = np.unique(h0 ^ (h1 * np.int64(0x9E3779B97F4A7C15 - (1 << 64))),
                        return_inverse=True)
     inv = inv.reshape(-1)
     reps = np.full(int(inv.max()) + 1, -1, np.int64)
@@ -387,15 +468,61 @@ def _group_rows(sig: np.ndarray, mult: np.ndarray) -> np.ndarray:
     return inv
 
 
+def _group_small(key: np.ndarray) -> np.ndarray:
+    """Group ids of equal rows of a small int64 matrix (first-seen order)."""
+    ids: dict[tuple, int] = {}
+    return np.array([ids.setdefault(r, len(ids)) for r in map(tuple, key.tolist())], np.int64)
+
+
+def _refine_round_small(affected, blockx, trans_q, size, bsig, n_ids, pred, pstart):
+    """One round of :func:`minimize`'s refinement in plain Python (few states: the
+    same groups and ids as the vectorised round, without its fixed overhead)."""
+    aff = affected.tolist()
+    b_a = blockx[affected].tolist()
+    rows = blockx[trans_q[affected]].tolist()
+    groups: dict[tuple, list[int]] = {}
+    in_round: dict[int, int] = {}
+    for i, (b, r) in enumerate(zip(b_a, rows)):
+        groups.setdefault((b, tuple(r)), []).append(i)
+        in_round[b] = in_round.get(b, 0) + 1
+    by_block: dict[int, list[tuple[tuple, list[int]]]] = {}
+    for (b, sig), members in groups.items():
+        by_block.setdefault(b, []).append((sig, members))
+    moved: list[int] = []
+    for b, gs in by_block.items():
+        if int(size[b]) > in_round[b]:                    # unaffected members keep bsig[b]
+            keep_sig = tuple(bsig[b].tolist())
+            keep = next((k for k, (sig, _) in enumerate(gs) if sig == keep_sig), -1)
+        else:                                             # largest group keeps the id
+            keep = max(range(len(gs)), key=lambda k: (len(gs[k][1]), -k))
+            bsig[b] = gs[keep][0]
+        for k, (sig, members) in enumerate(gs):
+            if k == keep:
+                continue
+            bsig[n_ids] = sig
+            size[n_ids] = len(members)
+            size[b] -= len(members)
+            for i in members:
+                blockx[aff[i]] = n_ids
+                moved.append(aff[i])
+            n_ids += 1
+    cand: set[int] = set()
+    for m in moved:
+        cand.update(pred[pstart[m]:pstart[m + 1]].tolist())
+    return np.array(sorted(cand), np.int64), n_ids
+
+
 def minimize(dfa: DFA) -> DFA:
     """Trim, then Moore partition refinement; result in BFS order.
 
-    Refinement is incremental: a state's signature (its block and its successors'
-    blocks) can only change when a successor changed block in the previous round, so
-    each round regroups only the predecessors of the states that moved (plus one
-    unmoved representative per touched block, which keeps the block's id). The
-    fixpoint is Moore's (the coarsest stable partition), in far less time when the
-    refinement takes many rounds (a counter like ``{0,80}`` takes ~80)."""
+    Refinement is a worklist: a state's signature (its block and its successors'
+    blocks) can only change when a successor changed block, so each round regroups
+    only the predecessors of the states that moved. Every block remembers the
+    signature its unaffected members share, so a round costs time proportional to the
+    states it regroups (times the number of byte classes), never to the whole
+    automaton: a counter like ``a{0,20000}`` (20,000 rounds of one or two states) is
+    linear. In a block whose members were all regrouped, the largest group keeps the
+    block's id. The fixpoint is Moore's (the coarsest stable partition)."""
     dfa = trim(dfa)
     Q = dfa.num_states
     if Q == 0:
@@ -405,43 +532,55 @@ def minimize(dfa: DFA) -> DFA:
     rng = np.random.default_rng(0x6A78)
     mult = rng.integers(1, 1 << 62, size=(2, C + 1), dtype=np.int64) | 1
     pred, pstart = _predecessors(trans)
-    block = dfa.accepting.astype(np.int64)
+    trans_q = np.where(trans >= 0, trans, Q)               # dead -> Q
+    blockx = np.empty(Q + 1, np.int32)                     # block of each state; [Q] = dead
+    blockx[:Q] = dfa.accepting
+    blockx[Q] = -1
+    n_acc = int(dfa.accepting.sum())
+    size = np.zeros(Q + 2, np.int64)                       # block ids never exceed Q + 1
+    size[0], size[1] = Q - n_acc, n_acc
+    bsig = np.zeros((Q + 2, C), np.int32)                  # signature of unaffected members
     n_ids = 2
     affected = np.arange(Q)
-    is_aff = np.zeros(Q, bool)
     while len(affected):
-        is_aff[:] = False
-        is_aff[affected] = True
-        touched = np.zeros(n_ids, bool)
-        touched[block[affected]] = True
-        cand = np.nonzero(touched[block] & ~is_aff)[0]
-        _, first = np.unique(block[cand], return_index=True)
-        reps = cand[first]                           # unmoved representative per block
-        U = np.concatenate([reps, affected])
-        t = trans[U]
-        sig = np.concatenate([block[U][:, None], np.where(t >= 0, block[np.maximum(t, 0)], -1)],
-                             axis=1)
-        inv = _group_rows(sig, mult)
-        g_id = np.full(int(inv.max()) + 1, -1, np.int64)
-        g_id[inv[:len(reps)]] = block[reps]
-        a_inv = inv[len(reps):]
-        a_blk = block[affected]
-        has_rep = np.zeros(n_ids, bool)
-        has_rep[block[reps]] = True
-        nr = np.nonzero(~has_rep[a_blk])[0]
-        if len(nr):                                  # no representative: a group keeps the id
-            _, f = np.unique(a_blk[nr], return_index=True)
-            keep = nr[f]
-            g_id[a_inv[keep]] = a_blk[keep]
+        if len(affected) <= _SMALL:
+            affected, n_ids = _refine_round_small(affected, blockx, trans_q, size, bsig, n_ids,
+                                                  pred, pstart)
+            continue
+        b_a = blockx[affected]
+        s_a = blockx[trans_q[affected]]                    # [n, C]
+        key = np.concatenate([b_a[:, None], s_a], axis=1)
+        inv = _group_small(key) if len(affected) <= 64 else _group_rows(key, mult)
+        G = int(inv.max()) + 1
+        first = np.full(G, -1, np.int64)
+        first[inv[::-1]] = np.arange(len(inv))[::-1]
+        g_blk, g_sig = b_a[first], s_a[first]
+        g_cnt = np.bincount(inv, minlength=G)
+        # does the block keep members outside this round (which share bsig[block])?
+        ub, uc = np.unique(b_a, return_counts=True)
+        g_has_rep = size[g_blk] > uc[np.searchsorted(ub, g_blk)]
+        g_id = np.where(g_has_rep & (g_sig == bsig[g_blk]).all(1), g_blk, -1)
+        norep = np.nonzero(~g_has_rep)[0]
+        if len(norep):                                     # largest group keeps the id
+            o = norep[np.lexsort((-g_cnt[norep], g_blk[norep]))]
+            _, f = np.unique(g_blk[o], return_index=True)
+            keep = o[f]
+            g_id[keep] = g_blk[keep]
+            bsig[g_blk[keep]] = g_sig[keep]
         fresh = np.nonzero(g_id < 0)[0]
-        g_id[fresh] = n_ids + np.arange(len(fresh))
-        n_ids += len(fresh)
-        new_blk = g_id[a_inv]
-        moved = affected[new_blk != a_blk]
-        block[affected] = new_blk
-        if len(moved) == 0:
+        if len(fresh) == 0:
             break
+        g_id[fresh] = n_ids + np.arange(len(fresh))
+        bsig[g_id[fresh]] = g_sig[fresh]
+        n_ids += len(fresh)
+        new_blk = g_id[inv]
+        mv = np.nonzero(new_blk != b_a)[0]
+        moved = affected[mv]
+        np.subtract.at(size, b_a[mv], 1)
+        np.add.at(size, new_blk[mv], 1)
+        blockx[moved] = new_blk[mv]
         affected = np.unique(pred[_ranges(pstart, moved)])
+    block = blockx[:Q]
     _, block = np.unique(block, return_inverse=True)
     block = block.reshape(-1)
     nblocks = int(block.max()) + 1
@@ -463,8 +602,12 @@ def minimize(dfa: DFA) -> DFA:
 # ---------------------------------------------------------------------------------------
 # combinators
 # ---------------------------------------------------------------------------------------
-def intersect(a: DFA, b: DFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
-    """Product automaton accepting L(a) ∩ L(b) (minimised)."""
+def intersect(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
+    """Product automaton accepting L(a) ∩ L(b) (minimised); at most
+    ``CompileLimits.max_dfa_states`` (or ``max_states``) states, checked before each
+    new state. Work: O(states of the product x byte classes)."""
+    if max_states is None:
+        max_states = current_limits().max_dfa_states
     if a.num_states == 0 or b.num_states == 0:
         return empty_dfa()
     pair = a.byte_class.astype(np.int64) * b.num_classes + b.byte_class
@@ -486,7 +629,8 @@ def intersect(a: DFA, b: DFA, max_states: int = DEFAULT_MAX_STATES) -> DFA:
             if j is None:
                 j = len(order)
                 if j >= max_states:
-                    raise AutomatonTooLargeError(f"product automaton exceeded {max_states} states")
+                    raise too_large("max_dfa_states", j + 1, "states", "intersect",
+                                    at_least=True, value=int(max_states))
                 ids[key] = j
                 order.append(key)
             row[c] = j
@@ -527,6 +671,21 @@ def concat(*parts: "NFA | DFA") -> NFA:
             out.add_epsilon(q, cur)
     out.accepting = {cur}
     return out
+
+
+@lru_cache(maxsize=4096)
+def _class_sequences(key: tuple) -> list:
+    """UTF-8 byte-range sequences of the (normalised) code-point ranges ``key``."""
+    return [seq for lo, hi in key for seq in utf8_sequences(lo, hi)]
+
+
+def codepoint_states(ranges: tuple) -> int:
+    """Number of NFA states :meth:`NFA.add_codepoints` adds for the normalised
+    ``ranges`` (for size estimates before building)."""
+    seqs = _class_sequences(ranges)
+    if len(seqs) <= 4:
+        return sum(len(seq) - 1 for seq in seqs)
+    return _class_fragment(ranges)[1] - 2
 
 
 @lru_cache(maxsize=4096)

@@ -42,7 +42,7 @@ def normalize_groups(keywords: Sequence[str | Sequence[str]]) -> list[list[str]]
 
 
 def keywords_to_dfa(keywords: Sequence[str | Sequence[str]], text_pattern: str | None = None,
-                    max_states: int = 200_000) -> DFA:
+                    max_states: int | None = None) -> DFA:
     groups = normalize_groups(keywords)
     dfa = None
     for forms in groups:

@@ -33,7 +33,8 @@ import re._parser as P
 from functools import lru_cache
 
 from ..errors import RegexSyntaxError, UnsupportedRegexError
-from .fsa import NFA
+from ..limits import current_limits, too_large
+from .fsa import NFA, codepoint_states
 from .utf8 import MAX_CODE_POINT, complement_ranges, normalize_ranges
 
 _ASCII_CATS = {
@@ -106,10 +107,140 @@ _UNSUPPORTED_OPS = {
 _SUPPORTED_FLAGS = re.ASCII | re.DOTALL | re.UNICODE | re.VERBOSE
 
 
+_CATEGORY_TEXT = {
+    C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY_SPACE: r"\s",
+    C.CATEGORY_NOT_SPACE: r"\S", C.CATEGORY_WORD: r"\w", C.CATEGORY_NOT_WORD: r"\W",
+}
+
+
+def _char_text(cp: int, in_class: bool = False) -> str:
+    ch = chr(cp)
+    if ch.isprintable() and not ch.isspace() or ch == " ":
+        special = "^-[]\\" if in_class else ".^$*+?{}[]\\|()"
+        return "\\" + ch if ch in special else ch
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+
+def unparse(items) -> str:
+    """Regex text of a parsed (sub)pattern, for messages (same language; not
+    necessarily the original spelling)."""
+    out = []
+    for op, av in items:
+        if op is C.LITERAL:
+            out.append(_char_text(av))
+        elif op is C.NOT_LITERAL:
+            out.append(f"[^{_char_text(av, True)}]")
+        elif op is C.ANY:
+            out.append(".")
+        elif op is C.IN and len(av) == 1 and av[0][0] is C.CATEGORY:
+            out.append(_CATEGORY_TEXT.get(av[0][1], "?"))
+        elif op is C.IN:
+            parts = []
+            for iop, iav in av:
+                if iop is C.NEGATE:
+                    parts.append("^")
+                elif iop is C.LITERAL:
+                    parts.append(_char_text(iav, True))
+                elif iop is C.RANGE:
+                    parts.append(f"{_char_text(iav[0], True)}-{_char_text(iav[1], True)}")
+                elif iop is C.CATEGORY:
+                    parts.append(_CATEGORY_TEXT.get(iav, "?"))
+            out.append("[" + "".join(parts) + "]")
+        elif op is C.BRANCH:
+            out.append("(?:" + "|".join(unparse(a) for a in av[1]) + ")")
+        elif op is C.SUBPATTERN:
+            out.append("(" + ("" if av[0] else "?:") + unparse(av[3]) + ")")
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            lo, hi, sub = av
+            body = unparse(sub)
+            if len(sub) != 1 or sub[0][0] in (C.MAX_REPEAT, C.MIN_REPEAT):
+                body = f"(?:{body})"
+            hi_t = "" if hi is C.MAXREPEAT else str(hi)
+            rep = {(0, ""): "*", (1, ""): "+", (0, "1"): "?"}.get(
+                (lo, hi_t), f"{{{lo}}}" if hi_t == str(lo) else f"{{{lo},{hi_t}}}")
+            out.append(body + rep + ("?" if op is C.MIN_REPEAT else ""))
+        elif op is C.AT:
+            out.append("^" if av in (C.AT_BEGINNING, C.AT_BEGINNING_STRING) else "$")
+        else:
+            out.append("?")
+    return "".join(out)
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 class _Builder:
     def __init__(self, nfa: NFA, pattern: str):
         self.nfa = nfa
         self.pattern = pattern
+        self._charsets: dict[tuple[int, int], tuple] = {}
+        self._sizes: dict[int, int] = {}
+
+    # -- size of the NFA before building it ------------------------------------------
+    def class_ranges(self, op, av, flags: int) -> tuple:
+        """Normalised code-point ranges of a one-character node (cached per node)."""
+        k = (id(av), flags) if op is C.IN else (op, av, flags & re.DOTALL)
+        r = self._charsets.get(k)
+        if r is None:
+            if op is C.LITERAL:
+                r = ((av, av),)
+            elif op is C.NOT_LITERAL:
+                r = tuple(complement_ranges([(av, av)]))
+            elif op is C.ANY:
+                r = ((0, MAX_CODE_POINT),) if flags & re.DOTALL else \
+                    tuple(complement_ranges([(10, 10)]))
+            else:
+                r = tuple(self.charset(av, flags))
+            self._charsets[k] = r
+        return r
+
+    def size(self, items, flags: int) -> int:
+        """Number of states :meth:`seq` adds for ``items`` (exact; repetitions expand)."""
+        total = 0
+        for op, av in items:
+            total += self.node_size(op, av, flags)
+        return total
+
+    def node_size(self, op, av, flags: int) -> int:
+        k = id(av) if not isinstance(av, int) else None
+        if k is not None and (k, flags) in self._sizes:
+            return self._sizes[(k, flags)]
+        if op in (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN):
+            n = 1 + codepoint_states(self.class_ranges(op, av, flags))
+        elif op is C.BRANCH:
+            n = 1 + sum(1 + self.size(alt, flags) for alt in av[1])
+        elif op is C.SUBPATTERN:
+            n = self.size(av[3], (flags | av[1]) & ~av[2])
+        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):
+            lo, hi, sub = av
+            m = self.size(sub, flags)
+            n = lo * m + (1 + m if hi is C.MAXREPEAT else 1 + (hi - lo) * m)
+        else:
+            n = 0                                  # anchors; unsupported ops fail later
+        if k is not None:
+            self._sizes[(k, flags)] = n
+        return n
+
+    def responsible(self, items, flags: int, limit: int) -> tuple[str, int]:
+        """The smallest sub-pattern whose NFA alone exceeds ``limit`` states, and its size."""
+        while True:
+            best = max(items, key=lambda it: self.node_size(it[0], it[1], flags), default=None)
+            if best is None or self.node_size(best[0], best[1], flags) <= limit:
+                return unparse(items), self.size(items, flags)
+            op, av = best
+            if op is C.SUBPATTERN:
+                items, flags = av[3], (flags | av[1]) & ~av[2]
+                continue
+            if op in (C.MAX_REPEAT, C.MIN_REPEAT):
+                inner = av[2]
+            elif op is C.BRANCH:
+                inner = max(av[1], key=lambda a: self.size(a, flags))
+            else:
+                inner = None
+            if inner is None or self.size(inner, flags) <= limit:
+                return unparse([best]), self.node_size(op, av, flags)
+            items = inner
 
     def seq(self, items, src: int, flags: int, top: bool = False) -> int:
         """Build the sequence ``items`` from ``src``; return its end state."""
@@ -133,22 +264,9 @@ class _Builder:
         nfa = self.nfa
         if op in _UNSUPPORTED_OPS:
             raise UnsupportedRegexError(f"{_UNSUPPORTED_OPS[op]} (in {self.pattern!r})")
-        if op is C.LITERAL:
+        if op in (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN):
             dst = nfa.add_state()
-            nfa.add_codepoints(src, dst, [(av, av)])
-            return dst
-        if op is C.NOT_LITERAL:
-            dst = nfa.add_state()
-            nfa.add_codepoints(src, dst, complement_ranges([(av, av)]))
-            return dst
-        if op is C.ANY:
-            dst = nfa.add_state()
-            ranges = [(0, MAX_CODE_POINT)] if flags & re.DOTALL else complement_ranges([(10, 10)])
-            nfa.add_codepoints(src, dst, ranges)
-            return dst
-        if op is C.IN:
-            dst = nfa.add_state()
-            nfa.add_codepoints(src, dst, self.charset(av, flags))
+            nfa.add_codepoints(src, dst, self.class_ranges(op, av, flags))
             return dst
         if op is C.BRANCH:
             _, alternatives = av
@@ -212,6 +330,10 @@ def regex_to_nfa(pattern: str, flags: int = 0) -> NFA:
     if not isinstance(pattern, str):
         raise TypeError(f"regex pattern must be str, got {type(pattern).__name__}")
     flags = int(flags)
+    limits = current_limits()
+    if len(pattern) > limits.max_pattern_length:
+        raise too_large("max_pattern_length", len(pattern), "characters", "parse regex",
+                        part=f"regex {_short(pattern)!r}")
     if flags & ~_SUPPORTED_FLAGS:
         raise UnsupportedRegexError(
             f"regex flags {re.RegexFlag(flags & ~_SUPPORTED_FLAGS)!r} are not supported "
@@ -231,6 +353,15 @@ def regex_to_nfa(pattern: str, flags: int = 0) -> NFA:
     s = nfa.add_state()
     nfa.start = s
     b = _Builder(nfa, pattern)
+    try:
+        needed = 1 + b.size(parsed, state_flags)
+    except RecursionError:
+        raise RegexSyntaxError(f"regex {_short(pattern)!r} is nested too deeply") from None
+    if needed > limits.max_nfa_states:
+        sub, sub_size = b.responsible(parsed, state_flags, limits.max_nfa_states)
+        where = f"regex {_short(pattern)!r}" if sub == unparse(parsed) else \
+            f"sub-pattern {_short(sub)!r} ({sub_size:,} NFA states) of regex {_short(pattern)!r}"
+        raise too_large("max_nfa_states", needed, "NFA states", "build NFA", part=where)
     end = b.seq(list(parsed), s, state_flags, top=True)
     nfa.accepting = {end}
     return nfa
