@@ -43,7 +43,7 @@ class SampleOutput(NamedTuple):
     ended: jax.Array            # bool [B]     emitted EOS within the budget
     logprob: jax.Array          # float32 [B]  Σ log p_lm of the sampled tokens up to EOS
     proposal_logprob: jax.Array  # float32 [B] Σ log q of the same tokens (q: the
-    #                              distribution actually sampled; 0 per step if greedy)
+    #                              distribution actually sampled; NaN if greedy: no density)
 
 
 def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.ConstraintState,
@@ -72,28 +72,58 @@ def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.Con
     return jnp.where(allowed, logp, -jnp.inf)
 
 
+def draw(key: jax.Array, logits: jax.Array, done: jax.Array, eos, *, greedy: bool = False):
+    """The token draw that every decoding loop shares (:func:`sample`,
+    :func:`sample_stepwise`, :func:`jaxcd.smc.run`, hmm_distill's sampler), with its EOS
+    logic in one place.
+
+    ``logits`` float ``[B, V]`` (``-inf`` = disallowed; already tempered and masked);
+    ``done`` bool ``[B]``. ``key``: one key for the whole batch, or ``[B]`` keys (one per
+    row). Returns ``(tok int32 [B], log_q [B], done' [B], empty [B])``:
+
+    - ``tok ~ softmax(logits)`` (:func:`jaxcd.sampling.categorical_with_logprob`), or the
+      argmax when ``greedy``;
+    - rows already ``done`` and rows with no finite logit (``empty``) emit EOS;
+    - ``log_q``: float32 ``log softmax(logits)[tok]`` — NaN when ``greedy`` (a point mass
+      has no proposal density to report), ``-inf`` for ``empty`` rows;
+    - ``done' = done | (tok == eos)``.
+    """
+    if greedy:
+        tok = jnp.argmax(logits, axis=-1)
+        lq = jnp.full(tok.shape, jnp.nan, jnp.float32)
+    elif key.ndim == 1 and key.shape[0] == logits.shape[0] and \
+            jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        tok, lq = jax.vmap(lambda k, l: tuple(x[0] for x in categorical_with_logprob(k, l[None])))(
+            key, logits)
+    else:
+        tok, lq = categorical_with_logprob(key, logits)
+    empty = ~jnp.any(jnp.isfinite(logits), axis=-1)
+    tok = jnp.where(done | empty, eos, tok).astype(jnp.int32)
+    lq = jnp.where(empty, -jnp.inf, lq)
+    return tok, lq, done | (tok == eos), empty
+
+
 def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrained: bool,
             greedy: bool):
-    """One decoding step without the LM: mask, sample (one key for the whole batch, as
-    in :func:`sample`; :func:`jaxcd.sampling.categorical_with_logprob`), bookkeeping, automaton
-    advance (vmapped over the batch)."""
+    """One decoding step without the LM: mask, :func:`draw` (one key for the whole
+    batch), bookkeeping, automaton advance (vmapped over the batch)."""
     masked = masked_logits(fa, tables, cs, logp) if constrained else logp
-    if greedy:
-        tok = jnp.argmax(masked, axis=-1)
-        lq = jnp.zeros(tok.shape, jnp.float32)
-    else:
-        tok, lq = categorical_with_logprob(k, masked / temperature)
-        # an empty mask (not reachable from a live GCD/LCD state; guarded) has no
-        # proposal: log q = +inf makes the importance weight 0 (DESIGN.md §6)
-        lq = jnp.where(jnp.isfinite(lq), lq, jnp.inf)
-    tok = jnp.where(done, eos, tok).astype(jnp.int32)
+    tok, lq, new_done, empty = draw(k, masked / temperature, done, eos, greedy=greedy)
+    # an empty mask (not reachable from a live GCD/LCD state; guarded) has no
+    # proposal: log q = +inf makes the importance weight 0 (DESIGN.md §6)
+    lq = jnp.where(empty, jnp.inf, lq)
     lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
     total_p, total_q = total
     total = (total_p + jnp.where(done, 0.0, lp), total_q + jnp.where(done, 0.0, lq))
     if constrained:
         cs = jax.vmap(gcd.advance, in_axes=(None, 0, 0))(fa, cs, tok)
-    done = done | (tok == eos)
-    return tok, cs, done, total
+    return tok, cs, new_done, total
+
+
+def _check_eos(lm, fa, constrained):
+    if constrained and fa is not None and int(lm.eos_token_id) != int(fa.eos_id):
+        raise ValueError(f"the LM's EOS id ({lm.eos_token_id}) differs from the automaton's "
+                         f"({fa.eos_id}): compile the constraint with this model's vocabulary")
 
 
 def _init_cs(fa, B: int, constrained: bool) -> gcd.ConstraintState:
@@ -107,6 +137,7 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
            fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *, budget: int,
            constrained: bool, temperature: float = 1.0, greedy: bool = False) -> SampleOutput:
     """Sample ``budget`` tokens for every prompt (left-padded ``[B, P]``)."""
+    _check_eos(lm, fa, constrained)
     B = prompt_ids.shape[0]
     max_len = prompt_ids.shape[1] + budget
     lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)
@@ -195,6 +226,7 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
     if constrained:
         if fa is None or tables is None:
             raise ValueError("constrained=True needs fa and tables")
+        _check_eos(lm, fa, constrained)
         if tables.beta.shape[0] - 1 < budget:
             raise ValueError(f"tables were built for {tables.beta.shape[0] - 1} steps, "
                              f"fewer than budget={budget}")

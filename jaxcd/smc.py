@@ -52,7 +52,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from . import decode, gcd, pgcd, resampling
-from .sampling import categorical
 from .smc_types import SMCResult
 from .tensorize import TensorizedAutomaton
 
@@ -196,9 +195,10 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
             a = lt + (logpsi if proposal == "lookahead" else lprod)
             phi_new = logpsi
         lse = jax.nn.logsumexp(a, axis=-1)
-        empty = ~jnp.isfinite(lse)
-        tok = categorical(k_tok, jnp.where(empty[:, None], 0.0, a).astype(jnp.float32))
-        tok = jnp.where(parts.done | empty, eos, tok).astype(jnp.int32)
+        # the shared draw (EOS for finished rows and empty proposals); log q is recomputed
+        # below in the weights' dtype
+        tok, _, done, empty = decode.draw(k_tok, a.astype(jnp.float32), parts.done, eos)
+        empty = empty | ~jnp.isfinite(lse)
         take = lambda x: jnp.take_along_axis(x, tok[:, None], axis=1)[:, 0]   # noqa: E731
         log_q = take(a) - lse
         phi_tok = take(phi_new)
@@ -214,7 +214,6 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
             u = jnp.where(live[:, None], nu.astype(wdt), parts.u)
         else:
             u = parts.u
-        done = parts.done | (tok == eos)
         tokens = parts.tokens.at[:, t].set(tok)
         lm_state, logp = lm.step(params, parts.lm_state, tok)
         parts = Particles(tokens, lm_state, logp, cs, u, log_w, log_phi, done)
