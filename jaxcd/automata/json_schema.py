@@ -104,6 +104,8 @@ def _strip(s: Any) -> Any:
             continue
         if k == "format" and v in UNSUPPORTED_FORMATS:
             continue
+        if k == "$ref" and isinstance(v, str) and not v.startswith("#"):
+            continue                       # outside the document: read as any value
         if k in _SUB_MAPS and isinstance(v, dict):
             v = {name: _strip(sub) for name, sub in v.items()}
         elif k in _SUB_LISTS and isinstance(v, list):

@@ -38,8 +38,22 @@ from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
 from .regex import _Builder, regex_to_nfa
 from .utf8 import MAX_CODE_POINT, normalize_ranges
 
-DEFAULT_MAX_DEPTH = 3
+DEFAULT_MAX_DEPTH = 2
 DEFAULT_MAX_NFA_STATES = 2_000_000
+DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
+
+# JSON Schema assertion/applicator keywords (drafts 4 to 2020-12); any other keyword
+# is an annotation (the spec ignores unknown keywords)
+SPEC_KEYWORDS = {
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties",
+    "required", "dependentRequired", "dependencies", "allOf", "anyOf", "oneOf", "not",
+    "if", "then", "else", "dependentSchemas", "prefixItems", "items", "additionalItems",
+    "contains", "properties", "patternProperties", "additionalProperties",
+    "propertyNames", "unevaluatedItems", "unevaluatedProperties", "format", "$ref",
+    "$dynamicRef", "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy",
+}
 
 # ---------------------------------------------------------------------------------------
 # JSON text pieces (outlines-core's regexes)
@@ -133,7 +147,8 @@ STRUCTURAL = {
 # keywords whose value is not a subschema but which a strict=False build ignores
 NOT_ENFORCED = {"uniqueItems", "not", "if", "then", "else", "contains", "minContains",
                 "maxContains", "dependencies", "dependentRequired", "dependentSchemas",
-                "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"}
+                "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
+                "contentSchema", "disallow", "extends", "divisibleBy"}
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -149,7 +164,10 @@ _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "mul
 
 
 def is_annotation(key: str) -> bool:
-    return key in ANNOTATIONS or key.startswith("x-") or key.startswith("x_")
+    """Annotation keywords (no effect on the language): the spec's, vendor ``x-*``
+    extensions, and every keyword that is not a JSON Schema assertion keyword."""
+    return key in ANNOTATIONS or (key not in SPEC_KEYWORDS and key not in STRUCTURAL
+                                  and key not in ("$defs", "definitions"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -249,6 +267,7 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     else ``re.fullmatch``. Anchors ``^``/``$`` are honoured at the ends of the pattern
     and of each top-level alternative."""
     from ..errors import RegexSyntaxError, UnsupportedRegexError
+    pattern = ecma_to_python(pattern)
     try:
         parsed = P.parse(pattern, flags)
     except re.error as e:
@@ -260,14 +279,7 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     if bad:
         raise UnsupportedRegexError(f"regex flags {re.RegexFlag(bad)!r} are not supported "
                                     f"(in {pattern!r})")
-    items = list(parsed)
-    if len(items) == 1 and items[0][0] is C.BRANCH:
-        alternatives = [list(a) for a in items[0][1][1]]
-    elif (len(items) == 1 and items[0][0] is C.SUBPATTERN and len(items[0][1][3]) == 1
-          and items[0][1][3][0][0] is C.BRANCH and not search):
-        alternatives = [list(a) for a in items[0][1][3][0][1][1]]
-    else:
-        alternatives = [items]
+    alternatives = _split_anchored(list(parsed))
     nfa = _JsonCharNFA()
     start = nfa.add_state()
     nfa.start = start
@@ -297,6 +309,106 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     return nfa
 
 
+def ecma_to_python(pattern: str) -> str:
+    """Rewrite the ECMA-262 regex spellings that Python's ``re`` reads differently or
+    rejects: ``(?<name>`` (Python: ``(?P<name>``), a class escape next to ``-`` in a
+    class (``[\\w-.]``: a literal ``-`` in ECMA), ``[^]`` (any character) and ``[]``
+    (nothing)."""
+    out = []
+    i, n = 0, len(pattern)
+    in_class = False
+    class_start = False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            esc = pattern[i:i + 2]
+            out.append(esc)
+            i += 2
+            if in_class and esc[1] in "dDwWsS" and i < n and pattern[i] == "-" \
+                    and i + 1 < n and pattern[i + 1] != "]":
+                out.append("\\-")
+                i += 1
+            class_start = False
+            continue
+        if in_class:
+            if class_start and pattern.startswith("^]", i):
+                out[-1] = "[\\s\\S]"
+                i += 2
+                in_class = False
+                continue
+            if class_start and c == "]":
+                out[-1] = "(?!)"
+                i += 1
+                in_class = False
+                continue
+            if c == "-" and out and out[-1][-2:] in ("\\d", "\\w", "\\s", "\\D", "\\W", "\\S") \
+                    and False:
+                pass
+            if c == "]":
+                in_class = False
+            out.append(c)
+            class_start = c == "^" and out[-2:-1] == ["["] and False
+            i += 1
+            continue
+        if c == "[":
+            in_class = True
+            class_start = True
+            out.append(c)
+            i += 1
+            continue
+        if pattern.startswith("(?<", i) and i + 3 < n and pattern[i + 3] not in "=!":
+            out.append("(?P<")
+            i += 3
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _split_anchored(items: list, limit: int = 64) -> list[list]:
+    """Top-level alternatives of a parsed pattern with ``^``/``$`` moved to the ends:
+    a leading or trailing alternation (``^a$|^b$``, ``^(?:$|x)``) is distributed so
+    that each alternative starts/ends with its own anchors."""
+    work, out = [items], []
+    while work:
+        it = work.pop()
+        if len(out) + len(work) > limit:
+            out.append(it)
+            continue
+        k = 1 if it and it[0][0] is C.AT else 0
+        if k < len(it) and _branch_alts(it[k]) is not None and _has_anchor(it[k]):
+            for a in _branch_alts(it[k]):
+                work.append(it[:k] + a + it[k + 1:])
+            continue
+        k = len(it) - 2 if len(it) >= 2 and it[-1][0] is C.AT else len(it) - 1
+        if k >= 0 and _branch_alts(it[k]) is not None and _has_anchor(it[k]):
+            for a in _branch_alts(it[k]):
+                work.append(it[:k] + a + it[k + 1:])
+            continue
+        out.append(it)
+    return out[::-1]
+
+
+def _branch_alts(item):
+    op, av = item
+    if op is C.BRANCH:
+        return [list(a) for a in av[1]]
+    if op is C.SUBPATTERN and not av[1] and not av[2] and len(av[3]) == 1:
+        return _branch_alts(av[3][0])
+    return None
+
+
+def _has_anchor(item) -> bool:
+    op, av = item
+    if op is C.AT:
+        return True
+    if op is C.BRANCH:
+        return any(_has_anchor(x) for a in av[1] for x in a)
+    if op is C.SUBPATTERN:
+        return any(_has_anchor(x) for x in av[3])
+    return False
+
+
 def _any_char_content_nfa(lo: int, hi: int | None) -> NFA:
     """JSON string content of ``lo..hi`` characters (any character JSON can spell)."""
     return regex_to_nfa(f"{STRING_CHAR}{{{lo},{'' if hi is None else hi}}}")
@@ -305,6 +417,10 @@ def _any_char_content_nfa(lo: int, hi: int | None) -> NFA:
 # ---------------------------------------------------------------------------------------
 # the builder
 # ---------------------------------------------------------------------------------------
+class _TooBig(Exception):
+    """Internal: the tree under construction already exceeds the state limit."""
+
+
 @dataclass
 class SchemaBuilder:
     """Turns a JSON Schema into a :class:`Node` tree.
@@ -320,6 +436,7 @@ class SchemaBuilder:
     strict: bool = True
     max_depth: int = DEFAULT_MAX_DEPTH
     max_nfa_states: int = DEFAULT_MAX_NFA_STATES
+    max_count: int = DEFAULT_MAX_COUNT
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
 
@@ -329,6 +446,35 @@ class SchemaBuilder:
             raise UnsupportedSchemaError(
                 f"{msg} at {path or '/'}: it would not be enforced; remove it (or pass "
                 "strict=False / --no-strict to ignore it knowingly)")
+
+    def count_bounds(self, schema: dict, lo_key: str, hi_key: str, path: str):
+        """``(lo, hi)`` of a counting keyword pair, checked; a bound above ``max_count``
+        raises (strict) or, for an upper bound under strict=False, is dropped."""
+        lo = schema.get(lo_key, 0)
+        hi = schema.get(hi_key)
+        for k, v in ((lo_key, lo), (hi_key, hi)):
+            if v is None:
+                continue
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
+            if k == lo_key:
+                lo = v
+            else:
+                hi = v
+        if lo > self.max_count:
+            raise AutomatonTooLargeError(
+                f"{lo_key} {lo} at {path}/{lo_key} needs one automaton state per counted "
+                f"element, over the limit of {self.max_count} (raise max_count to build it)")
+        if hi is not None and hi > self.max_count:
+            if self.strict:
+                raise AutomatonTooLargeError(
+                    f"{hi_key} {hi} at {path}/{hi_key} needs one automaton state per counted "
+                    f"element, over the limit of {self.max_count} (raise max_count, or pass "
+                    "strict=False / --no-strict to drop this upper bound)")
+            hi = None
+        return lo, hi
 
     # -- helpers ---------------------------------------------------------------------
     @property
@@ -355,8 +501,11 @@ class SchemaBuilder:
         target = self._find_anchor(ref)
         if target is not None:
             return target, ref
-        raise UnsupportedSchemaError(f"$ref {ref!r} at {path}: only references inside the "
-                                     "schema (#/..., #anchor) are supported")
+        if self.strict:
+            raise UnsupportedSchemaError(
+                f"$ref {ref!r} at {path}: only references inside the schema (#/..., #anchor) "
+                "are supported; pass strict=False / --no-strict to read it as any value")
+        return True, ref
 
     def _find_anchor(self, ref: str):
         name = ref[1:] if ref.startswith("#") else ref
@@ -373,14 +522,36 @@ class SchemaBuilder:
 
     # -- entry -----------------------------------------------------------------------
     def build(self) -> Node:
-        n = self.node(self.root, "")
-        if n.size > self.max_nfa_states:
-            raise AutomatonTooLargeError(
-                f"the JSON Schema expands to about {n.size} automaton states (limit "
-                f"{self.max_nfa_states}); reduce max_depth or simplify the schema")
-        return n
+        """The schema's tree. If expanding recursive ``$ref`` s ``max_depth`` times
+        exceeds ``max_nfa_states``, the depth is lowered (down to 1) before giving up;
+        ``self.depth_used`` records the depth built."""
+        requested = self.max_depth
+        try:
+            for depth in range(requested, 0, -1):
+                self.max_depth = depth
+                self._any_cache.clear()
+                self._ref_stack.clear()
+                try:
+                    n = self.node(self.root, "")
+                except _TooBig:
+                    continue
+                if n.size <= self.max_nfa_states:
+                    self.depth_used = depth
+                    return n
+        finally:
+            self.max_depth = requested
+        raise AutomatonTooLargeError(
+            f"the JSON Schema expands to more than {self.max_nfa_states} automaton states "
+            "even with recursive $refs expanded once; simplify the schema or raise "
+            "max_nfa_states")
 
     def node(self, schema: Any, path: str) -> Node:
+        n = self._node(schema, path)
+        if n.size > self.max_nfa_states:
+            raise _TooBig()
+        return n
+
+    def _node(self, schema: Any, path: str) -> Node:
         if schema is True or schema == {}:
             return self.any_value(self.max_depth)
         if schema is False:
@@ -388,6 +559,8 @@ class SchemaBuilder:
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {path or '/'} must be an object or boolean, "
                               f"got {type(schema).__name__}")
+        if all(is_annotation(k) or k in ("$defs", "definitions") for k in schema):
+            return self.any_value(self.max_depth)         # {"description": ...}: any value
         for key in schema:
             if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
                 continue
@@ -483,8 +656,8 @@ class SchemaBuilder:
         return out
 
     def _merge_kw(self, k, a, b, path):
-        if a == b:
-            return a
+        if a == b or k in NOT_ENFORCED:
+            return a          # (a not-enforced keyword is reported by node())
         if k == "type":
             ta = set(a) if isinstance(a, list) else {a}
             tb = set(b) if isinstance(b, list) else {b}
@@ -687,11 +860,7 @@ class SchemaBuilder:
                              f"{', '.join(sorted(FORMATS))})", f"{path}/format")
 
     def string(self, schema: dict, path: str) -> Node:
-        lo = schema.get("minLength", 0)
-        hi = schema.get("maxLength")
-        for k, v in (("minLength", lo), ("maxLength", hi)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
+        lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
         parts: list[NFA] = []
         fmt = schema.get("format")
         fmt_re = None
@@ -733,8 +902,7 @@ class SchemaBuilder:
 
     # -- arrays ----------------------------------------------------------------------
     def array(self, schema: dict, path: str) -> Node:
-        lo = schema.get("minItems", 0)
-        hi = schema.get("maxItems")
+        lo, hi = self.count_bounds(schema, "minItems", "maxItems", path)
         if schema.get("uniqueItems") is True and not (hi is not None and hi <= 1):
             self.unsupported("keyword 'uniqueItems' cannot be enforced by an automaton",
                              f"{path}/uniqueItems")
@@ -804,8 +972,7 @@ class SchemaBuilder:
         addl = schema.get("additionalProperties")
         pprops = schema.get("patternProperties") or {}
         names = schema.get("propertyNames")
-        lo = schema.get("minProperties", 0)
-        hi = schema.get("maxProperties")
+        lo, hi = self.count_bounds(schema, "minProperties", "maxProperties", path)
         members = []
         for name, sub in props.items():
             v = self.node(sub, f"{path}/properties/{name}")
@@ -822,8 +989,14 @@ class SchemaBuilder:
         extras = []
         declared = list(props) + [r for r in required if r not in props]
         for pat, sub in pprops.items():
-            key = seq(lit('"'), Node("dfa", (minimize(determinize(
-                json_string_content_nfa(pat, search=True))),), 20), lit('"'))
+            try:
+                kd = minimize(determinize(json_string_content_nfa(pat, search=True)))
+            except ValueError as e:
+                if self.strict:
+                    raise UnsupportedSchemaError(
+                        f"patternProperties at {path}/patternProperties: {e}") from None
+                continue            # strict=False: keys of this pattern are not generated
+            key = seq(lit('"'), Node("dfa", (kd,), kd.num_states + 2), lit('"'))
             extras.append((key, self.node(sub, f"{path}/patternProperties/{pat}")))
         if addl is not False:
             if names is not None and names is not True:
@@ -1040,7 +1213,7 @@ class _NFAEmitter:
         ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
         comma = seq(ws, lit(","), ws)
         colon = seq(ws, lit(":"), ws)
-        start = self.emit(seq(lit("{"), ws), src)
+        start = self.emit(lit("{"), src)      # "{" ws member ... | "{" ws "}" (outlines-core)
         close_in = nfa.add_state()
         end = self.emit(seq(ws, lit("}")), close_in)
         n = len(members)
@@ -1073,7 +1246,7 @@ class _NFAEmitter:
             for j, m in enumerate(members):
                 if can_add(c):
                     b = nfa.add_state()
-                    nfa.add_epsilon(F[j, c], b)
+                    nfa.add_epsilon(self.emit(ws, F[j, c]), b)
                     nfa.add_epsilon(self.emit(comma, Cs[j, c]), b)
                     a = self.emit(seq(m.key, colon), b)
                     a = self.emit(m.value, a)
@@ -1085,7 +1258,7 @@ class _NFAEmitter:
             fj, cj = F[n, c], Cs[n, c]
             if extra is not None and can_add(c):
                 b = nfa.add_state()
-                nfa.add_epsilon(fj, b)
+                nfa.add_epsilon(self.emit(ws, fj), b)
                 nfa.add_epsilon(self.emit(comma, cj), b)
                 a = self.emit(extra, b)
                 nfa.add_epsilon(a, Cs[n, lvl(c + 1)])
@@ -1137,6 +1310,8 @@ def to_regex(node: Node, whitespace: str) -> str:
             colon = f"{w}:{w}"
             mem = [f"{r(m.key)}{colon}{r(m.value)}" for m in members]
             ex = r(extra) if extra is not None else None
+            first_mem = [f"{w}{x}" for x in mem]
+            first_ex = f"{w}{ex}" if ex is not None else None
 
             def tail(j):        # members j.. after at least one emitted (comma-led)
                 parts = []
@@ -1150,15 +1325,15 @@ def to_regex(node: Node, whitespace: str) -> str:
             def first(j):       # no member yet, candidates j..
                 opts = []
                 for i in range(j, len(members)):
-                    opts.append(f"{mem[i]}{tail(i + 1)}")
+                    opts.append(f"{first_mem[i]}{tail(i + 1)}")
                     if members[i].required:
                         return "(?:" + "|".join(opts) + ")"
                 if ex is not None:
-                    opts.append(f"{ex}(?:{comma}{ex})*")
+                    opts.append(f"{first_ex}(?:{comma}{ex})*")
                 opts.append("")
                 return "(?:" + "|".join(opts) + ")"
 
-            return f"\\{{{w}{first(0)}{w}\\}}"
+            return f"\\{{{first(0)}{w}\\}}"
         raise NoRegexForm(f"this schema uses a construct ({k}) with no regex form")
 
     return r(node)

@@ -1,0 +1,517 @@
+"""jaxcd's JSON Schema builder against independent references.
+
+- numeric ranges: brute force over integer/decimal texts (``Decimal`` comparison);
+- every keyword: instances that ``jsonschema`` (with its format checker, numbers read
+  as ``Decimal``) accepts/rejects are accepted/rejected by the byte DFA;
+- plain schemas: the same language as outlines-core's regex (DFA equivalence);
+- GCD random walks on the real vocabulary: every output validates with ``jsonschema``;
+- strict/non-strict behaviour, annotations, clear errors; a hypothesis fuzzer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+
+import jax
+import jsonschema
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jaxcd import compile_json_schema, gcd
+from jaxcd.automata.fsa import DFA, determinize, minimize
+from jaxcd.automata.json_schema import schema_to_nfa, schema_to_regex, strip_unenforced
+from jaxcd.automata.numeric import decimal_range_regex, int_range_regex, multiple_of_dfa
+from jaxcd.automata.regex import regex_to_nfa
+from jaxcd.automata.schema_builder import _difference, ecma_to_python
+from jaxcd.tensorize import unpack_bits
+from jaxcd.errors import AutomatonTooLargeError, JaxcdError, SchemaError, UnsupportedSchemaError
+
+FORMAT_CHECKER = jsonschema.FormatChecker()
+
+
+# formats whose jsonschema checkers need optional packages: independent stdlib checks
+@FORMAT_CHECKER.checks("date-time", raises=ValueError)
+def _date_time(s):
+    import datetime
+    if not isinstance(s, str):
+        return True
+    return re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", s) \
+        is not None and datetime.datetime.fromisoformat(s) is not None
+
+
+@FORMAT_CHECKER.checks("time", raises=ValueError)
+def _time(s):
+    import datetime
+    if not isinstance(s, str):
+        return True
+    return re.fullmatch(r"\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)", s) is not None and \
+        datetime.time.fromisoformat(s) is not None
+
+
+@FORMAT_CHECKER.checks("hostname")
+def _hostname(s):
+    if not isinstance(s, str):
+        return True
+    return all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x)
+               for x in s.split("."))
+
+
+@FORMAT_CHECKER.checks("uri")
+def _uri(s):
+    from urllib.parse import urlsplit
+    if not isinstance(s, str):
+        return True
+    return bool(urlsplit(s).scheme) and not re.search(r"\s", s)
+
+
+def dfa_of(schema, ws="", strict=True, **kw) -> DFA:
+    nfa, _ = schema_to_nfa(schema, ws, strict, **kw)
+    return minimize(determinize(nfa))
+
+
+def validates(schema, text: str) -> bool:
+    try:
+        inst = json.loads(text, parse_float=Decimal)
+    except json.JSONDecodeError:
+        return False
+    schema = json.loads(json.dumps(schema), parse_float=Decimal)   # exact comparisons
+    cls = jsonschema.validators.validator_for(schema) if isinstance(schema, dict) else \
+        jsonschema.Draft202012Validator
+    return cls(schema, format_checker=FORMAT_CHECKER).is_valid(inst)
+
+
+# ---------------------------------------------------------------------------------------
+# numeric ranges (brute force)
+# ---------------------------------------------------------------------------------------
+def _int_texts():
+    out = [str(i) for i in range(-1100, 1101)] + ["-0", "00", "01", "-01", "+1", "1.0", ""]
+    return out
+
+
+@pytest.mark.parametrize("lo,hi", [(None, None), (0, None), (None, 0), (5, 5), (-7, 13),
+                                   (-100, -3), (1, 999), (10, 1000), (0, 0), (-1, -1),
+                                   (123, None), (None, -45), (7, 6), (-999, 1000)])
+def test_int_range_regex_brute_force(lo, hi):
+    r = int_range_regex(lo, hi)
+    for s in _int_texts():
+        canonical = re.fullmatch(r"-?(0|[1-9][0-9]*)", s) is not None
+        expect = canonical and (lo is None or int(s) >= lo) and (hi is None or int(s) <= hi)
+        got = r is not None and re.fullmatch(r, s) is not None
+        assert got == expect, (lo, hi, s, r)
+
+
+def test_int_range_regex_random():
+    rng = np.random.default_rng(0)
+    texts = _int_texts()
+    for _ in range(150):
+        lo = int(rng.integers(-3000, 3000))
+        hi = lo + int(rng.integers(-3, 4000))
+        r = int_range_regex(lo, hi)
+        for s in list(rng.choice(texts, 100)) + [str(lo), str(hi), str(lo - 1), str(hi + 1)]:
+            expect = re.fullmatch(r"-?(0|[1-9][0-9]*)", s) is not None and lo <= int(s) <= hi
+            assert (r is not None and re.fullmatch(r, s) is not None) == expect, (lo, hi, s)
+
+
+def _decimal_texts():
+    vals = set()
+    for i in list(range(0, 14)) + [99, 100, 101]:
+        for f in ["", ".0", ".5", ".05", ".25", ".123", ".9", ".99", ".10", ".001", ".50"]:
+            vals.add(f"{i}{f}")
+    vals = sorted(vals)
+    return vals + ["-" + v for v in vals] + ["01", "1.", ".5", "1e5", "--1"]
+
+
+_BOUNDS = ["0", "0.5", "1", "2.75", "-1", "-0.25", "10", "0.05", "12.5", "-12.5", "0.001",
+           "100"]
+
+
+@pytest.mark.parametrize("lo", _BOUNDS + [None])
+def test_decimal_range_regex_brute_force(lo):
+    texts = _decimal_texts()
+    for hi in _BOUNDS + [None]:
+        for li in (True, False):
+            for hii in (True, False):
+                r = decimal_range_regex(None if lo is None else Decimal(lo),
+                                        None if hi is None else Decimal(hi), li, hii)
+                for s in texts:
+                    ok = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None
+                    if ok:
+                        v = Decimal(s)
+                        ok = (lo is None or (v >= Decimal(lo) if li else v > Decimal(lo))) and \
+                             (hi is None or (v <= Decimal(hi) if hii else v < Decimal(hi)))
+                    got = r is not None and re.fullmatch(r, s) is not None
+                    assert got == ok, (lo, hi, li, hii, s, r)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 10, 12, 25])
+def test_multiple_of_dfa_brute_force(m):
+    d = multiple_of_dfa(m)
+    for s in _int_texts():
+        expect = re.fullmatch(r"-?(0|[1-9][0-9]*)", s) is not None and int(s) % m == 0
+        assert d.accepts(s.encode()) == expect, (m, s)
+
+
+# ---------------------------------------------------------------------------------------
+# every keyword: DFA membership == jsonschema validity on hand-picked instances
+# ---------------------------------------------------------------------------------------
+KEYWORD_CASES = [
+    ({"type": "integer", "minimum": -5, "exclusiveMaximum": 100},
+     ["-5", "0", "-0", "99"], ["-6", "100", "5.0", "1e2"]),
+    ({"type": "integer", "exclusiveMinimum": 2.5, "maximum": 1000},
+     ["3", "1000"], ["2", "1001"]),
+    ({"type": "integer", "minimum": 0, "maximum": 0, "exclusiveMaximum": True},
+     [], ["0", "1"]),
+    ({"type": "integer", "format": "int32"}, ["2147483647", "-2147483648"],
+     ["2147483648", "-2147483649"]),
+    ({"type": "number", "minimum": 0, "maximum": 1}, ["0", "0.5", "1", "1.000", "0.999"],
+     ["-0.01", "1.01", "2", "5e-1"]),
+    ({"type": "number", "exclusiveMinimum": -1.5, "exclusiveMaximum": 0},
+     ["-1.4999", "-1", "-0.0001"], ["-1.5", "0", "-0", "0.1"]),
+    ({"type": "number", "multipleOf": 0.01, "minimum": 0}, ["0", "1.25", "3.1"],
+     ["1.255", "-1"]),
+    ({"type": "integer", "multipleOf": 7, "minimum": -20, "maximum": 50},
+     ["-14", "0", "49"], ["-21", "1", "56", "8"]),
+    ({"type": "integer", "multipleOf": 3}, ["-3", "0", "123456789"], ["1", "100"]),
+    ({"type": "string", "format": "date"}, ['"2024-02-29"', '"2023-12-31"'],
+     ['"2023-02-29"', '"2023-04-31"', '"2023-13-01"', '"23-01-01"']),
+    ({"type": "string", "format": "time"}, ['"23:59:59Z"', '"08:00:00.5+02:00"'],
+     ['"24:00:00Z"', '"12:00:00"']),
+    ({"type": "string", "format": "date-time"}, ['"2024-01-31T12:30:00Z"'],
+     ['"2024-01-31 12:30:00Z"', '"2024-02-30T00:00:00Z"']),
+    ({"type": "string", "format": "email"}, ['"a.b@example.com"'], ['"a@b"', '"ab.com"']),
+    ({"type": "string", "format": "uuid"}, ['"123e4567-e89b-12d3-a456-426614174000"'],
+     ['"123e4567e89b12d3a456426614174000"', '"123e4567-e89b-12d3-a456-42661417400"']),
+    ({"type": "string", "format": "uri"}, ['"https://x.org/a?b=c#d"', '"urn:isbn:123"'],
+     ['"no scheme"', '"/relative"']),
+    ({"type": "string", "format": "ipv4"}, ['"192.168.0.1"', '"0.0.0.0"'],
+     ['"256.1.1.1"', '"01.2.3.4"', '"1.2.3"']),
+    ({"type": "string", "format": "ipv6"}, ['"::1"', '"2001:db8::ff00:42:8329"', '"::"'],
+     ['"1:2:3:4:5:6:7:8:9"', '"12345::"', '"1::2::3"']),
+    ({"type": "string", "format": "hostname"}, ['"example.com"', '"a-b.c"'],
+     ['"-a.com"', '"a..b"']),
+    ({"type": "string", "pattern": "^a\"b+$"}, ['"a\\"bb"'], ['"ab"', '"xa\\"b"']),
+    ({"type": "string", "pattern": "[0-9]{3}"}, ['"a123b"', '"123"'], ['"12"']),
+    ({"type": "string", "pattern": "^(\\\\|/)+$"}, ['"\\\\"', '"\\/"', '"/\\\\"'], ['"a"']),
+    ({"type": "string", "pattern": "^$|^x$"}, ['""', '"x"'], ['"y"']),
+    ({"type": "string", "minLength": 2, "maxLength": 3}, ['"ab"', '"é\\n"', '"\\u00e9"'[0:0] + '"abc"'],
+     ['"a"', '"abcd"']),
+    ({"type": "string", "minLength": 1, "pattern": "^[a-z]*$"}, ['"a"'], ['""', '"A"']),
+    ({"enum": ["a", 1, None, {"x": [1, 2]}, [True]]},
+     ['"a"', "1", "null", '{"x":[1,2]}', "[true]"], ['"b"', "2", "[false]"]),
+    ({"const": {"k": "v"}}, ['{"k":"v"}'], ['{"k":"w"}']),
+    ({"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 1}]},
+     ["1", '"x"'], ['"xy"', "true"]),
+    ({"oneOf": [{"type": "boolean"}, {"type": "null"}]}, ["true", "null"], ["0"]),
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+                 "required": ["a"]},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+     ['{"a":1,"b":"x"}'], ['{"a":1}', '{"b":"x"}']),
+    ({"$defs": {"pos": {"type": "integer", "minimum": 1}},
+      "type": "array", "items": {"$ref": "#/$defs/pos"}}, ["[1,2]", "[]"], ["[0]"]),
+    ({"definitions": {"node": {"type": "object", "properties": {
+        "v": {"type": "integer"}, "next": {"$ref": "#/definitions/node"}},
+        "required": ["v"]}}, "$ref": "#/definitions/node"},
+     ['{"v":1}', '{"v":1,"next":{"v":2}}'], ['{"next":{"v":2}}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}},
+      "additionalProperties": {"type": "boolean"}},
+     ['{"a":1,"c":true}', '{"c":false}', "{}"], ['{"a":1,"c":1}', '{"a":1,"a":true}']),
+    ({"type": "object", "properties": {"a": {"type": "integer"}},
+      "additionalProperties": False}, ['{"a":1}', "{}"], ['{"a":1,"b":2}']),
+    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}},
+      "minProperties": 1, "maxProperties": 2},
+     ['{"a":1}', '{"a":1,"c":2}'], ["{}", '{"a":1,"b":2,"c":3}']),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
+     ["[1]", "[1,2,3]"], ["[]", "[1,2,3,4]"]),
+    ({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}],
+      "items": False}, ['["a",1]', '["a"]', "[]"], ['["a",1,2]', "[1]"]),
+    ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}},
+      "additionalProperties": False}, ['{"x-a":1}', "{}"], ['{"y":1}', '{"x-a":"s"}']),
+    ({"type": ["string", "null"]}, ['"s"', "null"], ["1"]),
+    ({"description": "anything", "x-vendor": 1, "markdownDescription": "m", "id": "x",
+      "deprecated": True, "readOnly": True, "$comment": "c", "examples": [1]},
+     ["1", '"s"', "[1,{\"a\":null}]", "null"], ["nul", "[1,"]),
+    ({"type": "array", "uniqueItems": True, "maxItems": 1}, ["[]", "[1]"], ["[1,2]"]),
+]
+
+
+@pytest.mark.parametrize("schema,good,bad", KEYWORD_CASES,
+                         ids=[json.dumps(c[0])[:60] for c in KEYWORD_CASES])
+def test_keyword_membership(schema, good, bad):
+    d = dfa_of(schema)
+    for text in good:
+        assert validates(schema, text), f"bad test case: {text} should validate"
+        assert d.accepts(text.encode()), (schema, text)
+    for text in bad:
+        assert not d.accepts(text.encode()), (schema, text)
+
+
+# ---------------------------------------------------------------------------------------
+# same language as outlines-core where the semantics coincide
+# ---------------------------------------------------------------------------------------
+PLAIN = [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                      "c": {"type": "boolean"}}, "required": ["b"]},
+    {"type": "object", "properties": {"p": {"type": "number"}, "q": {"type": "null"},
+                                      "r": {"type": "array", "items": {"type": "integer"}}}},
+    {"type": "array", "items": {"type": "string", "maxLength": 4}, "minItems": 1,
+     "maxItems": 3},
+    {"anyOf": [{"type": "integer"}, {"enum": ["x", "y"]}]},
+    {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"],
+     "$defs": {"n": {"type": ["string", "null"]}}},
+    {"type": "string", "format": "uuid"},
+]
+
+
+@pytest.mark.parametrize("ws", ["", None])
+@pytest.mark.parametrize("schema", PLAIN, ids=[json.dumps(s)[:50] for s in PLAIN])
+def test_same_language_as_outlines_core(schema, ws):
+    from outlines_core.json_schema import build_regex_from_schema
+    text = json.dumps(schema)
+    theirs = build_regex_from_schema(text, whitespace_pattern=ws) if ws is not None else \
+        build_regex_from_schema(text)
+    if "uuid" in text:           # outlines-core: lowercase hex only; ours also uppercase
+        theirs = theirs.replace("[0-9a-f]", "[0-9a-fA-F]")
+    t = minimize(determinize(regex_to_nfa(theirs, re.ASCII)))
+    ours = dfa_of(schema, ws)
+    mine = minimize(determinize(regex_to_nfa(schema_to_regex(schema, ws)[0], re.ASCII)))
+    for a, b in ((ours, t), (t, ours), (mine, ours), (ours, mine)):
+        assert _difference(a, b).num_states == 0
+
+
+# ---------------------------------------------------------------------------------------
+# GCD random walks on the real vocabulary: everything produced validates
+# ---------------------------------------------------------------------------------------
+_WALK_PARTS = [
+    {"type": "object", "properties": {
+        "i": {"type": "integer", "minimum": -20, "exclusiveMaximum": 30, "multipleOf": 3},
+        "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
+        "d": {"type": "string", "format": "date"},
+        "u": {"type": "string", "format": "uuid"},
+        "ip": {"type": "string", "format": "ipv4"},
+        "e": {"enum": ["a\"b", 3, None, {"k": [1]}]},
+    }, "required": ["i", "x", "d", "ip", "e"], "additionalProperties": False},
+    {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 2, "maxLength": 5},
+        "p": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
+        "t": {"type": "string", "format": "date-time"},
+        "h": {"type": "string", "format": "hostname", "maxLength": 20},
+        "arr": {"type": "array", "items": {"anyOf": [{"type": "boolean"},
+                                                     {"$ref": "#/$defs/small"}]},
+                "minItems": 1, "maxItems": 3},
+    }, "required": ["s", "p", "t", "arr"], "additionalProperties": {"type": "integer"},
+        "maxProperties": 6},
+    {"type": "object", "properties": {
+        "tree": {"$ref": "#/$defs/tree"},
+        "m": {"type": "string", "format": "email", "maxLength": 24},
+        "v6": {"type": "string", "format": "ipv6", "maxLength": 16},
+        "tm": {"type": "string", "format": "time"},
+        "uri": {"type": "string", "format": "uri", "maxLength": 24},
+        "any": {"description": "any JSON value"},
+    }, "required": ["tree", "m", "v6", "tm", "uri", "any"]},
+]
+# one schema (one jit of the walks): the parts above as required properties A, B, C
+WALK_SCHEMA = {
+    "type": "object", "properties": dict(zip("ABC", _WALK_PARTS)), "required": ["A", "B", "C"],
+    "$defs": {"small": {"type": "integer", "minimum": 0, "maximum": 9},
+              "tree": {"type": "object", "properties": {
+                  "v": {"type": "integer"}, "kids": {"type": "array", "maxItems": 2,
+                                                    "items": {"$ref": "#/$defs/tree"}}},
+                  "required": ["v"]}}}
+
+
+
+def walk_texts(fa, vocab, budget, num_walks, seed):
+    dev = fa.to_device()
+    tables = gcd.backward(dev, budget)
+    toks, final = gcd.random_walks(jax.random.PRNGKey(seed), dev, tables, num_walks=num_walks)
+    out = []
+    for row, f in zip(np.asarray(toks), np.asarray(final)):
+        assert vocab.eos_id in row and f == fa.final_state
+        m = list(row).index(vocab.eos_id)
+        out.append(vocab.decode_bytes(row[:m]).decode("utf-8"))
+    return out
+
+
+def test_gcd_walks_validate(smol_vocab):
+    """GCD walks (uniform over the mask, jaxcd.gcd on device arrays) at a loose budget,
+    and host-side walks (mask rows of the tensorized automaton) at the tightest one."""
+    schema = WALK_SCHEMA
+    fa = compile_json_schema(schema, smol_vocab, whitespace_pattern="")
+    d = dfa_of(schema)
+    texts = walk_texts(fa, smol_vocab, fa.min_budget + 30, num_walks=32, seed=1)
+    rng = np.random.default_rng(2)
+    for _ in range(8):                 # tight budget: host masks, same GCD semantics
+        s, ids = fa.initial_state, []
+        for left in range(fa.min_budget, 0, -1):
+            m = unpack_bits(fa.mask_words(s, left), fa.vocab_size)
+            tok = int(rng.choice(np.nonzero(m)[0]))
+            if tok == smol_vocab.eos_id:
+                break
+            ids.append(tok)
+            s = fa.next_state(s, tok)
+        assert tok == smol_vocab.eos_id
+        texts.append(smol_vocab.decode_bytes(ids).decode("utf-8"))
+    for text in texts:
+        assert validates(schema, text), text
+        assert d.accepts(text.encode())
+
+
+# ---------------------------------------------------------------------------------------
+# strictness, annotations, errors
+# ---------------------------------------------------------------------------------------
+def test_strict_refuses_and_non_strict_ignores():
+    s = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(UnsupportedSchemaError, match=r"'uniqueItems' .* at /uniqueItems.*"
+                                                     r"strict=False / --no-strict"):
+        dfa_of(s)
+    assert dfa_of(s, strict=False).accepts(b"[1,1]")
+    assert dfa_of(strip_unenforced(s)).accepts(b"[1,1]")
+    for bad in ({"not": {"type": "null"}}, {"if": {"type": "integer"}, "then": {}},
+                {"type": "string", "format": "regex"},
+                {"$ref": "https://example.com/other.json"}):
+        with pytest.raises(UnsupportedSchemaError):
+            dfa_of(bad)
+        dfa_of(bad, strict=False)
+        dfa_of(strip_unenforced(bad))
+    with pytest.raises(SchemaError, match="does not resolve"):
+        dfa_of({"$ref": "#/$defs/missing"})
+    with pytest.raises(SchemaError, match="not valid JSON"):
+        dfa_of("{nope")
+
+
+def test_annotations_are_annotations():
+    # BFCL's `any`, vendor extensions, draft-04 id, int64 as bounds, float formats
+    s = {"type": "object", "properties": {
+        "a": {"description": "BFCL any"},
+        "b": {"type": "integer", "format": "int64", "x-go-type": "int64"},
+        "c": {"type": "number", "format": "double", "markdownDescription": "**c**"},
+        "d": {"type": "string", "id": "draft4-id", "deprecated": True, "readOnly": True,
+              "writeOnly": False, "title": "t", "default": "x", "$comment": "c"},
+    }, "required": ["a", "b", "c", "d"], "$schema": "http://json-schema.org/draft-04/schema#",
+        "$id": "urn:x", "fileMatch": ["*.json"]}
+    d = dfa_of(s)
+    assert d.accepts(b'{"a":[1,{"x":null}],"b":-9223372036854775808,"c":1.5e+3,"d":"s"}')
+    assert not d.accepts(b'{"a":1,"b":9223372036854775808,"c":1,"d":"s"}')
+
+
+def test_recursion_depth_and_limits():
+    tree = {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}}},
+            "$ref": "#/$defs/t"}
+    d1 = dfa_of(tree, max_depth=1)
+    d3 = dfa_of(tree, max_depth=3)
+    assert d1.accepts(b"{}") and not d1.accepts(b'{"k":{}}')
+    assert d3.accepts(b'{"k":{"k":{}}}') and not d3.accepts(b'{"k":{"k":{"k":{}}}}')
+    with pytest.raises(AutomatonTooLargeError, match=r"maxLength 5000 at /maxLength"):
+        dfa_of({"type": "string", "maxLength": 5000})
+    assert dfa_of({"type": "string", "maxLength": 5000}, strict=False).accepts(b'"' + b"a" * 6000 + b'"')
+
+
+def test_ecma_patterns():
+    assert ecma_to_python(r"^[\w-.]+$") == r"^[\w\-.]+$"
+    assert ecma_to_python(r"(?<y>\d{4})") == r"(?P<y>\d{4})"
+    d = dfa_of({"type": "string", "pattern": r"^[\w-.]+$"})
+    assert d.accepts(b'"a-b.c"') and not d.accepts(b'"a b"')
+    d = dfa_of({"type": "string", "pattern": r"^\d+$"})      # ECMA \d is ASCII
+    assert d.accepts(b'"12"') and not d.accepts('"١٢"'.encode())
+
+
+def test_cli_strict_flag():
+    from jaxcd.cli import build_parser
+    p = build_parser()
+    assert p.parse_args(["generate", "--schema", "f.json"]).strict is True
+    assert p.parse_args(["generate", "--schema", "f.json", "--no-strict"]).strict is False
+
+
+# ---------------------------------------------------------------------------------------
+# fuzzer: small random schemas; compile finishes or raises a clear error, and strings
+# sampled from the automaton validate
+# ---------------------------------------------------------------------------------------
+def sample_strings(d: DFA, rng, n: int, max_len: int = 120) -> list[bytes]:
+    """Random accepted strings of a trimmed DFA: uniform live bytes, stopping at an
+    accepting state with probability 0.3, heading to the nearest accepting state after
+    ``max_len`` bytes."""
+    Q = d.num_states
+    table = d.byte_table()
+    dist = np.full(Q, 1 << 30)
+    dist[d.accepting] = 0
+    for _ in range(Q):
+        nd = dist.copy()
+        for q in range(Q):
+            nxt = table[q][table[q] >= 0]
+            if len(nxt):
+                nd[q] = min(nd[q], 1 + dist[nxt].min())
+        if (nd == dist).all():
+            break
+        dist = nd
+    out = []
+    for _ in range(n):
+        q, buf = 0, bytearray()
+        while True:
+            live = np.nonzero(table[q] >= 0)[0]
+            if d.accepting[q] and (not len(live) or rng.random() < 0.3 or len(buf) > max_len):
+                break
+            if len(buf) > max_len:
+                live = live[dist[table[q][live]] < dist[q]]
+            b = int(rng.choice(live))
+            buf.append(b)
+            q = int(table[q][b])
+        out.append(bytes(buf))
+    return out
+
+
+def _leaf():
+    return st.one_of(
+        st.just({"type": "null"}), st.just({"type": "boolean"}),
+        st.builds(lambda lo, w, xl, xh: {"type": "integer", "minimum": lo,
+                                         "maximum": lo + w,
+                                         **({"exclusiveMinimum": lo} if xl else {}),
+                                         **({"exclusiveMaximum": lo + w} if xh else {})},
+                  st.integers(-50, 50), st.integers(0, 200), st.booleans(), st.booleans()),
+        st.builds(lambda lo, w: {"type": "number", "minimum": lo / 4, "maximum": (lo + w) / 4},
+                  st.integers(-20, 20), st.integers(0, 40)),
+        st.builds(lambda m: {"type": "integer", "multipleOf": m}, st.integers(1, 12)),
+        st.builds(lambda a, b: {"type": "string", "minLength": a, "maxLength": a + b},
+                  st.integers(0, 3), st.integers(0, 4)),
+        st.sampled_from([{"type": "string", "format": f} for f in
+                         ("date", "time", "uuid", "ipv4", "email", "hostname")]),
+        st.sampled_from([{"type": "string", "pattern": p} for p in
+                         ("^[a-c]+$", "x", "^(ab|c)*$", '^"?$', "[0-9]{2}")]),
+        st.lists(st.one_of(st.integers(-3, 3), st.text("ab\"\\é", max_size=3), st.none()),
+                 min_size=1, max_size=4).map(lambda v: {"enum": v}),
+    )
+
+
+def _schema():
+    return st.recursive(_leaf(), lambda inner: st.one_of(
+        st.builds(lambda props, req, addl: {
+            "type": "object", "properties": props,
+            "required": [k for k, r in zip(props, req) if r],
+            **({"additionalProperties": addl} if addl is not None else {})},
+            st.dictionaries(st.sampled_from(["a", "b", "c\"", "dé"]), inner, max_size=3),
+            st.lists(st.booleans(), min_size=3, max_size=3),
+            st.one_of(st.none(), st.just(False), st.just({"type": "integer"}))),
+        st.builds(lambda it, lo, w: {"type": "array", "items": it, "minItems": lo,
+                                     "maxItems": lo + w},
+                  inner, st.integers(0, 2), st.integers(0, 2)),
+        st.lists(inner, min_size=1, max_size=3).map(lambda xs: {"anyOf": xs}),
+    ), max_leaves=5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=True)
+@given(_schema())
+def test_fuzz_schemas(schema):
+    try:
+        d = dfa_of(schema)
+    except JaxcdError as e:
+        assert str(e)
+        return
+    if d.num_states == 0:
+        return                      # empty language (e.g. exclusive bounds meeting)
+    rng = np.random.default_rng(0)
+    for s in sample_strings(d, rng, 8):
+        assert validates(schema, s.decode("utf-8")), (schema, s)
