@@ -125,8 +125,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     else:
         ptables, hpi, hA, hB = None, None, None, None
     return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
-                jnp.asarray(temperature, jnp.float32), budget=budget, K=K, proposal=proposal,
-                resample=resample, ess_threshold=float(ess_threshold))
+                jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
+                budget=budget, K=K, proposal=proposal, resample=resample)
 
 
 def _particle_sharding(N: int):
@@ -143,9 +143,9 @@ def _shard(tree, sharding, N):
                         if getattr(x, "ndim", 0) >= 1 and x.shape[0] == N else x, tree)
 
 
-@partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample", "ess_threshold"))
+@partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
 def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
-         *, budget, K, proposal, resample, ess_threshold):
+         ess_threshold, *, budget, K, proposal, resample):
     B = prompt_ids.shape[0]
     N = B * K
     n = budget

@@ -31,6 +31,7 @@ V = len(TOKENS)
 VOCAB = Vocabulary.from_token_bytes(TOKENS, eos_id=EOS)
 PATTERN = r"a{3}b?|b-?|ab-"
 N = 4
+R = 300         # independent runs (the B prompts of one call); one shape for every test
 
 
 def lm_probs(prefix):
@@ -119,7 +120,6 @@ def problem():
 def test_weighted_ensemble_converges_to_posterior(problem, proposal):
     lm, fa, post, Z = problem
     hmm = random_hmm(3, seed=1) if proposal in ("lookahead", "product") else None
-    R = 300
     tvs = {}
     for K in (2, 32):
         res = run(lm, fa, R, K, proposal, hmm=hmm, seed=K)
@@ -145,7 +145,7 @@ def test_weighted_ensemble_converges_to_posterior(problem, proposal):
 def test_unweighted_gcd_and_lcd_samples_stay_biased(problem):
     lm, fa, post, _ = problem
     for proposal in ("gcd", "lcd"):
-        res = run(lm, fa, 100, 32, proposal, ess_threshold=0.0)
+        res = run(lm, fa, R, 32, proposal, ess_threshold=0.0)
         toks = np.asarray(res.tokens)
         valid = np.asarray(res.valid)
         emp = {}
@@ -188,11 +188,11 @@ def test_zero_variance_when_the_lm_is_the_hmm():
 
 def test_resampling_bookkeeping(problem):
     lm, fa, _, _ = problem
-    res = run(lm, fa, 50, 16, "gcd", ess_threshold=1.0, resample="multinomial")
+    res = run(lm, fa, R, 32, "gcd", ess_threshold=1.0, resample="multinomial")
     assert np.asarray(res.resampled)[:, :-1].any()
     ess = np.asarray(res.ess)
-    assert np.all((ess >= 1 - 1e-4) & (ess <= 16 + 1e-4))
-    never = run(lm, fa, 50, 16, "gcd", ess_threshold=0.0)
+    assert np.all((ess >= 1 - 1e-4) & (ess <= 32 + 1e-4))
+    never = run(lm, fa, R, 32, "gcd", ess_threshold=0.0)
     assert not np.asarray(never.resampled).any()
 
 
