@@ -44,3 +44,19 @@ def test_api_and_generate_examples():
     for text in out.texts:                                    # independent of jaxcd's flag
         jsonschema.validate(json.loads(text), schema)
     assert all(out.valid)
+
+
+def test_smc_example():
+    blocks = python_blocks()
+    ns: dict = {}
+    exec(compile(blocks[0], "README block 1", "exec"), ns)
+    exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
+    exec(compile(blocks[3], "README block 4", "exec"), ns)     # SMC
+    out, schema = ns["out"], ns["schema"]
+    assert len(out.texts) == 8 and out.chosen is not None
+    assert abs(sum(out.weights) - 1) < 1e-6
+    assert np.isfinite(out.log_Z) and out.log_Z < 0
+    jsonschema.validate(json.loads(out.text), schema)
+    for text, valid, w in zip(out.texts, out.valid, out.weights):
+        assert valid
+        jsonschema.validate(json.loads(text), schema)
