@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import decimal
 from decimal import Decimal
 
 import jax
@@ -31,6 +32,8 @@ from jaxcd.tensorize import unpack_bits
 from jaxcd.errors import AutomatonTooLargeError, JaxcdError, SchemaError, UnsupportedSchemaError
 
 FORMAT_CHECKER = jsonschema.FormatChecker()
+decimal.getcontext().Emax = decimal.MAX_EMAX      # sampled numbers may have huge exponents
+decimal.getcontext().Emin = decimal.MIN_EMIN
 
 
 # formats whose jsonschema checkers need optional packages: independent stdlib checks
@@ -78,6 +81,8 @@ def validates(schema, text: str) -> bool:
         inst = json.loads(text, parse_float=Decimal)
     except json.JSONDecodeError:
         return False
+    except decimal.InvalidOperation:      # exponent beyond Decimal's range (no bounds here)
+        inst = json.loads(text)
     schema = json.loads(json.dumps(schema), parse_float=Decimal)   # exact comparisons
     cls = jsonschema.validators.validator_for(schema) if isinstance(schema, dict) else \
         jsonschema.Draft202012Validator
