@@ -89,6 +89,8 @@ def _add_train(sub):
         typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
         if str(f.type) == "bool":
             typ = _parse_bool
+        if f.name == "memory_limit_gb":
+            typ = float
         if f.name in ("max_seqs", "devices"):
             typ = int
         elif f.name == "init_noise":
@@ -163,8 +165,11 @@ def _cmd_train(a) -> int:
     cfg = TrainConfig.from_dict(base)
     res = train(cfg, resume=not a.no_resume)
     last = res.metrics[-1] if res.metrics else {}
-    print(f"done: {res.run_dir}/hmm.safetensors; held-out {last.get('heldout_ll', float('nan')):.4f} "
-          f"nats/token vs unigram {last.get('unigram_heldout_ll', float('nan')):.4f}")
+    from .distributed import is_main
+
+    if is_main():
+        print(f"done: {res.run_dir}/hmm.safetensors; held-out {last.get('heldout_ll', float('nan')):.4f} "
+              f"nats/token vs unigram {last.get('unigram_heldout_ll', float('nan')):.4f}")
     return 0
 
 

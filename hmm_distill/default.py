@@ -46,7 +46,7 @@ class DefaultSettings:
     """The recipe of the default HMM (all of it is part of the cache key)."""
 
     hidden_size: int = 128
-    num_seqs: int = 768          #: continuations (prompt i mod 154)
+    num_seqs: int = 512          #: continuations (prompt i mod 154)
     max_length: int = 128        #: hard cap of a continuation (until EOS)
     batch_size: int = 64         #: sampling batch
     temperature: float = 1.0

@@ -98,5 +98,9 @@ def to_host(x) -> np.ndarray:
     """A replicated (or single-process) array as numpy, also when it spans devices of
     other processes."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return np.asarray(x.addressable_shards[0].data)
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_shards[0].data)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)

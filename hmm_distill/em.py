@@ -33,6 +33,7 @@ from .hmm import Counts, HMMParams
 from .priors import Prior
 
 AXIS = "data"
+MODEL = "model"
 
 
 def _shard_map(f, mesh, in_specs, out_specs):
@@ -53,13 +54,19 @@ def step_size(k: int, k0: float = 2.0, kappa: float = 0.7) -> float:
     return float(min(1.0, (k + k0) ** (-kappa))) if k + k0 > 0 else 1.0
 
 
-def make_mesh(num_devices: int | None = None, devices=None) -> Mesh:
-    """1-D mesh ``('data',)`` over the first ``num_devices`` devices (default all)."""
+def make_mesh(num_devices: int | None = None, devices=None, model_shards: int = 1) -> Mesh:
+    """Mesh over the first ``num_devices`` devices (default all): 1-D ``('data',)``, or
+    with ``model_shards > 1`` 2-D ``('data', 'model')`` of shape
+    ``(num_devices / model_shards, model_shards)`` (``B`` split over ``model``)."""
     devs = list(devices if devices is not None else jax.devices())
     if num_devices is not None:
         if num_devices < 1 or num_devices > len(devs):
             raise ConfigError(f"asked for {num_devices} devices, {len(devs)} available")
         devs = devs[:num_devices]
+    if model_shards > 1:
+        if len(devs) % model_shards:
+            raise ConfigError(f"{len(devs)} devices cannot be split into {model_shards} model shards")
+        return Mesh(np.array(devs).reshape(-1, model_shards), (AXIS, MODEL))
     return Mesh(np.array(devs), (AXIS,))
 
 
@@ -101,6 +108,36 @@ def _from_local(sharding: NamedSharding, global_rows: np.ndarray) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, global_rows[lo:hi], global_rows.shape)
 
 
+def _vocab_sharded_counts(mesh: Mesh):
+    """E-step with ``Bᵀ [V, H]`` split over the ``model`` axis and the batch over ``data``.
+
+    Each device holds the rows ``[m V/M, (m+1) V/M)`` of ``Bᵀ``. Emission columns
+    ``B[:, x]`` are gathered where the token falls in the local range (zero elsewhere)
+    and summed over ``model`` (exactly one shard contributes), so every device of a
+    data group runs the same forward/backward; each device then scatter-adds the
+    posteriors of its own vocabulary rows, and all counts are summed over ``data``.
+    """
+    def local(params, tokens, mask):
+        Vl, H = params.BT.shape
+        off = jax.lax.axis_index(MODEL) * Vl
+        idx = jnp.asarray(tokens, jnp.int32).T - off  # [T, N]
+        inr = (idx >= 0) & (idx < Vl)
+        E = jnp.where(inr[..., None], jnp.take(params.BT, jnp.clip(idx, 0, Vl - 1), axis=0), 0.0)
+        logE = jnp.log(jax.lax.psum(E, MODEL))
+
+        def emit_rows(tok_flat, g_flat):
+            li = tok_flat - off
+            ok = (li >= 0) & (li < Vl)
+            return jnp.zeros((Vl, H), g_flat.dtype).at[jnp.where(ok, li, Vl)].add(g_flat, mode="drop")
+
+        c = F._counts(params, tokens, mask, logE=logE, emit_rows=emit_rows)
+        return jax.tree.map(lambda x: jax.lax.psum(x, AXIS), c)
+
+    pspec = F.HMMParamsT(P(), P(), P(MODEL, None))
+    cspec = Counts(P(), P(), P(MODEL, None), P(), P(), P(), P())
+    return _shard_map(local, mesh, (pspec, P(AXIS), P(AXIS)), cspec)
+
+
 def _finite(c: Counts) -> jax.Array:
     return (jnp.all(jnp.isfinite(c.start)) & jnp.all(jnp.isfinite(c.trans))
             & jnp.isfinite(jnp.sum(c.emit_vh)) & jnp.isfinite(c.loglik))
@@ -117,10 +154,16 @@ class EM:
 
     def __init__(self, mesh: Mesh | None = None):
         self.mesh = mesh
-        self.num_devices = 1 if mesh is None else int(mesh.size)
+        #: size of the data axis (batches must be divisible by it)
+        self.num_devices = 1 if mesh is None else int(mesh.shape[AXIS])
+        #: size of the model (vocabulary) axis: B and its counts are split over it
+        self.model_shards = 1 if mesh is None or MODEL not in mesh.axis_names else int(mesh.shape[MODEL])
         if mesh is None:
             counts_fn = F.expected_counts
             ll_fn = F.log_likelihood
+        elif self.model_shards > 1:
+            counts_fn = _vocab_sharded_counts(mesh)
+            ll_fn = None
         else:
             def local_counts(params, tokens, mask):
                 c = F.expected_counts(params, tokens, mask)
@@ -150,7 +193,7 @@ class EM:
 
         self._counts = counts
         self._minibatch = minibatch
-        self._loglik = jax.jit(ll_fn)
+        self._loglik = jax.jit(ll_fn) if ll_fn is not None else None
         self._ll_sum = jax.jit(ll_sum)
         self._mstep = jax.jit(F.m_step)
 
@@ -172,19 +215,35 @@ class EM:
                 jax.device_put(np.asarray(mask, bool), sh))
 
     def replicate(self, params: HMMParams) -> HMMParams:
+        """Place parameters on the mesh: replicated, except that with a model axis ``Bᵀ``
+        is split over the vocabulary (token-major layout required then)."""
         if self.mesh is None:
             return params
-        sh = NamedSharding(self.mesh, P())
+        rep = NamedSharding(self.mesh, P())
+        if self.model_shards > 1:
+            if not isinstance(params, F.HMMParamsT):
+                params = F.to_token_major(params)
+            V = params.BT.shape[0]
+            if V % self.model_shards:
+                raise ConfigError(f"vocabulary size {V} is not divisible by the {self.model_shards} "
+                                  f"model shards")
+            shs = F.HMMParamsT(rep, rep, NamedSharding(self.mesh, P(MODEL, None)))
+        else:
+            shs = jax.tree.map(lambda _: rep, params)
         if self.multiprocess:
-            return jax.tree.map(lambda x: jax.make_array_from_process_local_data(
-                sh, np.asarray(x)), params)
-        return jax.device_put(params, sh)
+            def put(x, sh):
+                x = np.asarray(x)
+                idx = sh.addressable_devices_indices_map(x.shape)
+                return jax.make_array_from_single_device_arrays(
+                    x.shape, sh, [jax.device_put(x[i], d) for d, i in idx.items()])
+            return jax.tree.map(put, params, shs)
+        return jax.tree.map(jax.device_put, params, shs)
 
     # -- steps --------------------------------------------------------------------------------
     def counts(self, params: HMMParams, tokens, mask) -> tuple[Counts, jax.Array]:
         """E-step counts of a batch (summed over devices) and an all-finite flag."""
         t, m = self.put(tokens, mask)
-        return self._counts(params, t, m)
+        return self._counts(self._tm(params), t, m)
 
     def m_step(self, counts: Counts, params: HMMParams, pseudocount,
                emission_pseudocount=None) -> HMMParams:
@@ -203,6 +262,9 @@ class EM:
 
     def log_likelihood(self, params: HMMParams, tokens, mask) -> jax.Array:
         """Per-sequence log-likelihoods (sharded like the batch; single process only)."""
+        if self._loglik is None:
+            raise ConfigError("per-sequence log-likelihoods are not available with a model axis; "
+                              "use log_likelihood_sum")
         t, m = self.put(tokens, mask)
         return self._loglik(params, t, m)
 
@@ -211,7 +273,13 @@ class EM:
         t, m = self.put(tokens, mask)
         from .distributed import to_host
 
-        return float(to_host(self._ll_sum(params, t, m)))
+        return float(to_host(self._ll_sum(self._tm(params), t, m)))
+
+    def _tm(self, params):
+        """With a model axis the sharded E-step needs the token-major layout on the mesh."""
+        if self.model_shards > 1 and not isinstance(params, F.HMMParamsT):
+            return self.replicate(params)
+        return params
 
 
 def full_batch_em(params: HMMParams, batches, *, iterations: int, pseudocount=0.0,
@@ -242,3 +310,67 @@ def full_batch_em(params: HMMParams, batches, *, iterations: int, pseudocount=0.
         if callback is not None:
             callback(it, params, total)
     return (F.from_token_major(params) if public else params), history
+
+
+def memory_estimate(hidden_size: int, vocab_size: int, batch_rows: int, length: int, *,
+                    data_shards: int = 1, model_shards: int = 1, bytes_per: int = 4) -> dict:
+    """Estimated peak bytes per device of an EM step (float32).
+
+    ``H·V/M`` tables: the parameters ``Bᵀ``, the emission counts, the smoothed counts and
+    the new ``Bᵀ`` of the M-step and the mixed ``Bᵀ`` of a mini-batch step (5 copies);
+    the E-step's ``[T, N/D, H]`` activations (``log E``, ``log α``, ``log β``, ``γ``,
+    ``X``, ``Y``, ``v`` and a temporary: 8 copies); ``A`` and its counts.
+    """
+    H, V = int(hidden_size), int(vocab_size)
+    tables = 5 * H * (-(-V // model_shards)) * bytes_per
+    rows = -(-int(batch_rows) // data_shards)
+    acts = 8 * int(length) * rows * H * bytes_per
+    small = 4 * H * H * bytes_per
+    return {"tables": tables, "activations": acts, "small": small, "total": tables + acts + small}
+
+
+def available_memory_bytes(device=None) -> int | None:
+    """Free memory of ``device`` (default: the first local device): the accelerator's
+    ``bytes_limit - bytes_in_use``; on CPU the host's ``MemAvailable`` divided by the
+    number of local CPU devices (they share it). None if unknown."""
+    device = device or jax.local_devices()[0]
+    try:
+        st = device.memory_stats()
+    except Exception:
+        st = None
+    if st and "bytes_limit" in st:
+        return int(st["bytes_limit"]) - int(st.get("bytes_in_use", 0))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // max(1, len(jax.local_devices()))
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(hidden_size: int, vocab_size: int, batch_rows: int, length: int, *, data_shards: int = 1,
+                 model_shards: int = 1, limit_bytes: int | None = None, log=print) -> dict:
+    """Print the estimate and raise :class:`MemoryEstimateError` when it exceeds the
+    free memory per device (``limit_bytes`` overrides the detected amount)."""
+    from .errors import MemoryEstimateError
+
+    est = memory_estimate(hidden_size, vocab_size, batch_rows, length, data_shards=data_shards,
+                          model_shards=model_shards)
+    avail = limit_bytes if limit_bytes is not None else available_memory_bytes()
+    gib = 1 << 30
+    log(f"memory estimate per device: {est['total'] / gib:.2f} GiB (H x V tables "
+        f"{est['tables'] / gib:.2f} GiB over {model_shards} model shard(s), E-step "
+        f"{est['activations'] / gib:.2f} GiB for {batch_rows} rows of T={length} over {data_shards} "
+        f"data shard(s)); available {'unknown' if avail is None else f'{avail / gib:.2f} GiB'}")
+    if avail is not None and est["total"] > avail:
+        need = -(-est["tables"] // max(1, avail - est["activations"] - est["small"])) if avail > est[
+            "activations"] + est["small"] else None
+        hint = (f"shard B over >= {need * model_shards} devices (--model-shards)" if need else
+                "lower --batch-size")
+        raise MemoryEstimateError(
+            f"EM with H={hidden_size}, V={vocab_size}, batch {batch_rows} x T={length} needs about "
+            f"{est['total'] / gib:.2f} GiB per device but {avail / gib:.2f} GiB are available: {hint}, "
+            f"or lower --hidden-size")
+    return est

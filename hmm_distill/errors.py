@@ -51,3 +51,7 @@ class NonFiniteStatisticsError(HMMDistillError):
 
 class ConfigError(HMMDistillError):
     """A training / sampling configuration value is invalid."""
+
+
+class MemoryEstimateError(ConfigError):
+    """The estimated memory of an EM step exceeds what the devices have."""

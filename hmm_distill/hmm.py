@@ -294,9 +294,10 @@ log_likelihood.__doc__ = """``log p(x^n)`` for each sequence, float ``[N]`` (``-
 ``params``: :class:`HMMParams` or :class:`HMMParamsT`."""
 
 
-def _posterior_pieces(params, tokens, mask):
+def _posterior_pieces(params, tokens, mask, logE=None):
     p = _tm(params)
-    tokens, mask, logE = _prep(p, tokens, mask)
+    if logE is None:
+        tokens, mask, logE = _prep(p, tokens, mask)
     maskT = mask.T
     log_alpha, log_c, _ = _forward_scan(p, logE, maskT)
     log_beta, v, log_s = _backward_scan(p, logE, maskT)
@@ -337,13 +338,26 @@ def expected_counts(params, tokens: Array, mask: Array | None = None) -> Counts:
     ``[V, H]``. Not jitted itself (it is traced inside the jitted/sharded EM steps);
     :func:`expected_counts_jit` is the jitted version.
     """
-    p, tokens, mask, loglik, possible, gamma, X, Y = _posterior_pieces(params, tokens, mask)
-    V, H = p.BT.shape
+    return _counts(params, tokens, mask)
+
+
+def _counts(params, tokens, mask, logE=None, emit_rows=None):
+    """:func:`expected_counts` with optional precomputed ``logE [T, N, H]`` and emission
+    scatter ``emit_rows(tokens_flat, gamma_flat) -> [V_local, H]`` (vocabulary-sharded EM)."""
+    if logE is not None:
+        tokens = jnp.asarray(tokens, jnp.int32)
+        mask = jnp.ones(tokens.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    p, tokens, mask, loglik, possible, gamma, X, Y = _posterior_pieces(params, tokens, mask, logE)
+    H = p.A.shape[0]
     T, N = gamma.shape[:2]
     start = jnp.sum(gamma[0], axis=0)
     M = max(T - 1, 0) * N
     trans = p.A * (X.reshape(M, H).T @ Y.reshape(M, H))
-    emit_vh = jnp.zeros((V, H), gamma.dtype).at[tokens.T.reshape(-1)].add(gamma.reshape(T * N, H))
+    if emit_rows is None:
+        V = p.BT.shape[0]
+        emit_vh = jnp.zeros((V, H), gamma.dtype).at[tokens.T.reshape(-1)].add(gamma.reshape(T * N, H))
+    else:
+        emit_vh = emit_rows(tokens.T.reshape(-1), gamma.reshape(T * N, H))
     valid_tok = mask & possible[:, None]
     return Counts(
         start=start,

@@ -81,8 +81,8 @@ def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt
         tok, lp, done = draw(logp, step_keys[t], done)
         toks = jax.lax.dynamic_update_slice(toks, tok[:, None], (0, t))
         lps = jax.lax.dynamic_update_slice(lps, lp[:, None], (0, t))
-        state, logp = jax.lax.cond(t + 1 < length, lambda: lm.step(params, state, tok),
-                                   lambda: (state, logp))
+        # (at t = T-1 this step is wasted, but still inside the cache: max_len = P + T)
+        state, logp = lm.step(params, state, tok)
         return t + 1, state, logp, done, toks, lps
 
     toks0 = jnp.full((B, length), eos, jnp.int32)

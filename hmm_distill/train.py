@@ -38,6 +38,8 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +52,7 @@ from . import hmm as F
 from .checkpoint import (epoch_checkpoint_path, list_epoch_checkpoints, load_checkpoint,
                          save_checkpoint)
 from .data import load_samples
-from .em import EM, make_mesh, pad_batch, step_size
+from .em import EM, check_memory, make_mesh, pad_batch, step_size
 from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError, SampleDataError
 from .distributed import barrier, broadcast_int, is_main, to_host
 from .init import initialise
@@ -88,6 +90,8 @@ class TrainConfig:
     max_seqs: int | None = None        #: use only the first max_seqs sequences
     seed: int = 0
     devices: int | None = None         #: number of devices for data-parallel EM (None = all)
+    model_shards: int = 1              #: split B [H, V] over this many devices (vocabulary axis)
+    memory_limit_gb: float | None = None  #: override the detected free memory per device
     keep_checkpoints: int = 3          #: keep the last k epoch checkpoints (0 = all)
     plot: bool = True
     progress: bool = True
@@ -282,10 +286,14 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         run_dir.mkdir(parents=True, exist_ok=True)
 
     n_dev = len(jax.devices())
-    mesh = make_mesh(cfg.devices) if (cfg.devices or 1) > 1 or n_dev > 1 else None
+    mesh = (make_mesh(cfg.devices, model_shards=cfg.model_shards)
+            if (cfg.devices or 1) > 1 or n_dev > 1 or cfg.model_shards > 1 else None)
     engine = EM(mesh)
     D = engine.num_devices
     bs = -(-cfg.batch_size // D) * D
+    check_memory(H, V, bs, samples.length, data_shards=D, model_shards=engine.model_shards,
+                 limit_bytes=None if cfg.memory_limit_gb is None else int(cfg.memory_limit_gb * (1 << 30)),
+                 log=log)
     bucket = cfg.length_bucket
     full = cfg.mode == "full"
     if full:  # batches of similar lengths: trimming then saves the most
@@ -439,6 +447,9 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
                     p.unlink()
             if cfg.plot:
                 _plot(run_dir, metrics)
+        barrier(f"hmm_distill_epoch_{epoch + 1}")  # the checkpoint of this epoch is on disk
+        if os.environ.get("HMM_DISTILL_TEST_KILL_AFTER_EPOCH") == str(epoch + 1):  # tests: a killed process
+            os.kill(os.getpid(), signal.SIGKILL)
         gs = "" if m["gap_share"] is None else f", gap share {m['gap_share']:.3f}"
         log(f"epoch {epoch + 1}/{cfg.epochs}: train {m['train_ll']:.4f}  held-out {hm['heldout_ll']:.4f} "
             f"(unigram {uni_held:.4f}{gs}) nats/token; {m['tokens_per_s']:.0f} tok/s; {train_time:.1f}s")

@@ -13,6 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 SCRIPT = textwrap.dedent(r"""
     import json, sys
     import numpy as np, jax
@@ -51,6 +54,27 @@ SCRIPT = textwrap.dedent(r"""
                           batch_size=8, devices=D, plot=False, progress=False, init="random")
         runs.append([np.asarray(x) for x in train(cfg, log=lambda *a: None).params])
     out["train_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(*runs))
+    # B split over the vocabulary: meshes (data, model) = (2, 2) and (1, 4) vs one device
+    mres = {}
+    for shape in ((2, 2), (1, 4)):
+        eng = EM(make_mesh(4, model_shards=shape[1]))
+        assert eng.num_devices == shape[0] and eng.model_shards == shape[1]
+        p, hist = full_batch_em(p0, batches, iterations=3, pseudocount=1e-2, engine=eng)
+        q = eng.replicate(F.to_token_major(p0))
+        assert q.BT.sharding.spec[0] == "model"
+        for k, (t, m) in enumerate(batches):
+            q, _, ok = eng.minibatch_step(q, t, m, step_size(k), 1e-2)
+            assert bool(ok)
+        mres[shape] = (max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(p, res[1][0])),
+                       max(abs(a - b) / abs(b) for a, b in zip(hist, res[1][1])),
+                       max(float(np.abs(np.asarray(a) - b).max())
+                           for a, b in zip(F.from_token_major(q), res[1][2])),
+                       abs(eng.log_likelihood_sum(p, *batches[0]) - float(res[1][3].sum())))
+    out["model_sharded"] = [list(v) for v in mres.values()]
+    cfg = TrainConfig(data=d + "/data", out=d + "/run_ms", hidden_size=H, epochs=2, batch_size=8,
+                      devices=4, model_shards=2, plot=False, progress=False, init="random")
+    ms = [np.asarray(x) for x in train(cfg, log=lambda *a: None).params]
+    out["train_model_sharded_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(ms, runs[0]))
     print("RESULT " + json.dumps(out))
 """)
 
@@ -73,3 +97,32 @@ def test_sharded_equals_single_device(tmp_path):
     assert out["train_max_diff"] < 1e-5, out
     h1, h4 = out["hist"]
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(h1, h4)), out
+    for full, hist_rel, mb, ll in out["model_sharded"]:  # vocabulary-sharded B == one device
+        assert full < 1e-5 and hist_rel < 1e-5 and mb < 1e-5 and ll < 1e-3, out
+    assert out["train_model_sharded_max_diff"] < 1e-5, out
+
+
+def test_memory_estimate_and_refusal(tmp_path):
+    from hmm_distill.em import check_memory, memory_estimate
+    from hmm_distill.errors import MemoryEstimateError
+
+    # H = 16384, V = 49152: B alone is 16384 * 49152 * 4 bytes = 3.0 GiB; 5 such tables
+    est = memory_estimate(16384, 49152, 64, 128)
+    assert est["tables"] == 5 * 16384 * 49152 * 4
+    assert est["activations"] == 8 * 128 * 64 * 16384 * 4
+    assert memory_estimate(16384, 49152, 64, 128, model_shards=8)["tables"] == est["tables"] // 8
+    lines = []
+    with pytest.raises(MemoryEstimateError, match=r"H=16384, V=49152.*needs about 23\.\d\d GiB.*over >= 8 devices"):
+        check_memory(16384, 49152, 64, 128, limit_bytes=10 << 30, log=lines.append)
+    assert "memory estimate per device" in lines[0]
+    check_memory(16384, 49152, 64, 128, model_shards=8, limit_bytes=10 << 30, log=lines.append)
+    # the training job refuses before allocating anything
+    from hmm_distill.data import write_samples
+    from hmm_distill.train import TrainConfig, train
+
+    write_samples(tmp_path / "d", np.zeros((4, 8), np.int32), vocab_size=49152, eos_token_id=2,
+                  fingerprint="fp")
+    cfg = TrainConfig(data=str(tmp_path / "d"), out=str(tmp_path / "r"), hidden_size=4096, epochs=1,
+                      memory_limit_gb=0.5, plot=False, progress=False, init="random")
+    with pytest.raises(MemoryEstimateError, match="H=4096, V=49152"):
+        train(cfg, log=lambda *a: None)
