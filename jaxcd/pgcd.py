@@ -265,14 +265,15 @@ def hmm_update(A: jax.Array, B: jax.Array, u: jax.Array, token: jax.Array) -> ja
     return alpha @ jnp.asarray(A).astype(u.dtype)
 
 
-def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """For every token: the index ``d`` of the out-edge of ``state`` whose label set holds
-    it, and whether one does. Read from the cumulative masks: ``d(v)`` = number of the
-    first ``deg`` cumulative rows that do not contain ``v``."""
-    D = fa.out_dst.shape[1]
+def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
+                   ) -> tuple[jax.Array, jax.Array]:
+    """For every token: the index ``d < D`` of the out-edge of ``state`` whose label set
+    holds it, and whether one of the first ``D`` out-edges does. Read from the cumulative
+    masks: with ``D' = min(deg, D)`` rows, a token on edge ``j < D'`` is in ``D' − j`` of
+    them, so ``d(v) = D' − (number of rows holding v)``."""
     V = fa.vocab_size
     start = fa.out_start[state]
-    deg = fa.out_start[state + 1] - start
+    deg = jnp.minimum(fa.out_start[state + 1] - start, D)
     rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.cum_masks.shape[0] - 1)
     words = fa.cum_masks[rows]                                           # [D, W]
     ids = jnp.arange(V, dtype=jnp.uint32)
@@ -284,12 +285,15 @@ def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array) -> tuple[jax.Array
     return d, has
 
 
-def _log_num_den(fa, tables: PGCDTables, st: PGCDState):
-    """``log num(v)`` and ``log den(v)`` (float ``[V]``) for one particle."""
+def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
+    """``log num(v)`` and ``log den(v)`` (float ``[V]``) for one particle, over its first
+    ``D`` out-edges (default: all; exact whenever the edges past ``D`` have ``β^P = 0``,
+    see :func:`live_degree`)."""
+    D = fa.out_dst.shape[1] if D is None else D
     n = tables.mant.shape[0] - 1
     s, t = st.cs.state, st.cs.t
     tn = jnp.minimum(t + 1, n)
-    dsts = fa.out_dst[s]                                                 # [D]
+    dsts = fa.out_dst[s, :D]                                             # [D]
     mant = tables.mant[tn, dsts]                                         # [D, H]
     ls = tables.log_scale[tn, dsts]                                      # [D]
     acc = st.u.dtype
@@ -297,13 +301,26 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState):
     rows = jnp.concatenate([st.u[None].astype(sd), (st.u[None] * mant.astype(acc)).astype(sd)])
     P = jnp.dot(rows, tables.B, preferred_element_type=acc)             # [1 + D, V]
     den = P[0]
-    d, has = _edge_of_token(fa, s)
+    d, has = _edge_of_token(fa, s, D)
     Pn = jnp.take_along_axis(P[1:], d[None], axis=0)[0]                 # [V]
     l_d = ls[d]
     ok = has & (Pn > 0) & jnp.isfinite(l_d) & (t < n)
     log_num = jnp.where(ok, jnp.log(jnp.where(ok, Pn, 1.0)) + jnp.where(ok, l_d, 0.0), -jnp.inf)
     log_den = jnp.where(den > 0, jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
     return log_num, log_den
+
+
+def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``1 +`` the index of the last out-edge of ``st``'s state whose destination has
+    ``β^P_{t+1} > 0`` (0 if none): the out-edges past it contribute nothing. Edges are
+    sorted by their destination's distance to ``⊥``, so these are usually the first
+    few."""
+    n = tables.mant.shape[0] - 1
+    tn = jnp.minimum(st.cs.t + 1, n)
+    D = fa.out_dst.shape[1]
+    deg = fa.out_start[st.cs.state + 1] - fa.out_start[st.cs.state]
+    live = jnp.isfinite(tables.log_scale[tn, fa.out_dst[st.cs.state]]) & (jnp.arange(D) < deg)
+    return jnp.max(jnp.where(live, jnp.arange(1, D + 1), 0))
 
 
 def token_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
@@ -329,13 +346,29 @@ def prefix_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDStat
     return jax.nn.logsumexp(log_num)
 
 
-def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState):
-    """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass (what SMC
-    uses per step)."""
-    log_num, log_den = _log_num_den(fa, tables, st)
+def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | None = None):
+    """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass, over the
+    first ``D`` out-edges (default: all)."""
+    log_num, log_den = _log_num_den(fa, tables, st, D)
     ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
     logpsi = jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
     z = jax.nn.logsumexp(log_num)
     zf = jnp.isfinite(z)
     lprod = jnp.where(zf, log_num - jnp.where(zf, z, 0.0), -jnp.inf)
     return logpsi, z, lprod
+
+
+def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
+    """:func:`scores` for a batch of particles (``sts`` with a leading axis ``K``) in one
+    ``[K·(1+D'), H] @ [H, V]`` matmul, where ``D'`` is the smallest power of two (or the
+    automaton's largest out-degree) that covers every particle's :func:`live_degree` —
+    chosen at run time with ``lax.switch``, so a step pays for the out-edges that can
+    still lead to a valid output, not for the automaton's worst state. Exact: edges past
+    a particle's live degree have ``β^P = 0``."""
+    D = fa.out_dst.shape[1]
+    caps = sorted({min(1 << i, D) for i in range(max(D, 1).bit_length() + 1)})
+    need = jnp.max(jax.vmap(live_degree, in_axes=(None, None, 0))(fa, tables, sts))
+    branch = jnp.sum(jnp.asarray(caps) < need)
+    fns = [partial(lambda c, sts: jax.vmap(scores, in_axes=(None, None, 0, None))(
+        fa, tables, sts, c), c) for c in caps]
+    return jax.lax.switch(branch, fns, sts)

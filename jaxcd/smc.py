@@ -190,7 +190,7 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
             phi_new = jnp.zeros_like(a)
         else:
             sts = pgcd.PGCDState(parts.cs, parts.u)
-            logpsi, _, lprod = jax.vmap(pgcd.scores, in_axes=(None, None, 0))(fa, ptables, sts)
+            logpsi, _, lprod = pgcd.batched_scores(fa, ptables, sts)
             logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
             a = lt + (logpsi if proposal == "lookahead" else lprod)
             phi_new = logpsi

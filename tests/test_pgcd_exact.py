@@ -295,3 +295,35 @@ def test_hmm_vocabulary_mismatch_is_a_clear_error():
     fa = compile_regex("ab", VOCAB)
     with pytest.raises(pgcd.HMMMismatchError, match="hmm-distill"):
         pgcd.backward(fa, hmm, 4)
+
+
+def test_batched_scores_use_live_edges_only_and_stay_exact():
+    """batched_scores picks the matmul width from the particles' live out-degree; it must
+    equal the full-width per-particle scores for every particle, at every step."""
+    pattern, n, H = r"[ab]{1,6}-?", 6, 3
+    with jax.enable_x64(True):
+        hmm = HMMParams(*(jnp.asarray(a, jnp.float64) for a in random_hmm(H, seed=8)))
+        fa = compile_regex(pattern, VOCAB)
+        assert fa.out_dst.shape[1] > 2
+        tables = pgcd.backward(fa, hmm, n)
+        ps = prefixes(fa, n, limit=40)
+        sts = [run_state(fa, hmm, p) for p in ps]
+        batch = jax.tree.map(lambda *x: jnp.stack(x), *sts)
+        got = jax.jit(pgcd.batched_scores)(fa, tables, batch)
+        full = jax.jit(jax.vmap(pgcd.scores, in_axes=(None, None, 0)))(fa, tables, batch)
+        for g, f in zip(got, full):
+            np.testing.assert_array_equal(np.isfinite(g), np.isfinite(f))
+            np.testing.assert_allclose(np.where(np.isfinite(g), g, 0), np.where(np.isfinite(f), f, 0),
+                                       rtol=1e-12, atol=1e-12)
+        # one particle at a time: each takes the branch of its own live degree
+        deg = np.asarray(jax.jit(jax.vmap(pgcd.live_degree, in_axes=(None, None, 0)))(
+            fa, tables, batch))
+        assert len(set(deg.tolist())) >= 3               # several branches exercised
+        bs = jax.jit(pgcd.batched_scores)
+        for i in range(len(ps)):
+            one = jax.tree.map(lambda x: x[i:i + 1], batch)
+            for g, f in zip(bs(fa, tables, one), full):
+                g, f = np.asarray(g)[0], np.asarray(f)[i]
+                np.testing.assert_array_equal(np.isfinite(g), np.isfinite(f))
+                np.testing.assert_allclose(np.where(np.isfinite(g), g, 0),
+                                           np.where(np.isfinite(f), f, 0), rtol=1e-12, atol=1e-12)
