@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcd.sampling import categorical
+from jaxcd.decode import draw as jaxcd_draw
 
 from .data import (SAMPLES_FORMAT, load_shard, logprobs_name, read_metadata, shard_name,
                    write_json_atomic)
@@ -63,14 +63,12 @@ def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt
     step_keys = jnp.swapaxes(step_keys, 0, 1)  # [T, B]
 
     def draw(logp, k, done):
+        # the decoding step every jaxcd loop shares (EOS logic in one place), one key per row
         logp = logp.astype(jnp.float32)
-        if temperature == 0:
-            tok = jnp.argmax(logp, axis=-1)
-        else:
-            tok = jax.vmap(lambda k_, l_: categorical(k_, l_[None])[0])(k, logp / temperature)
-        tok = jnp.where(done, eos, tok.astype(jnp.int32))
+        tok, _, new_done, _ = jaxcd_draw(k, logp / max(temperature, 1e-6), done, eos,
+                                         greedy=temperature == 0)
         lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
-        return tok, jnp.where(done, 0.0, lp), done | (tok == eos)
+        return tok, jnp.where(done, 0.0, lp), new_done
 
     def cond(carry):
         t, _, _, done, _, _ = carry

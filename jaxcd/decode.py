@@ -91,8 +91,9 @@ def draw(key: jax.Array, logits: jax.Array, done: jax.Array, eos, *, greedy: boo
     if greedy:
         tok = jnp.argmax(logits, axis=-1)
         lq = jnp.full(tok.shape, jnp.nan, jnp.float32)
-    elif key.ndim == 1 and key.shape[0] == logits.shape[0] and \
-            jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    elif (key.ndim == 1 and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)) or \
+            (key.ndim == 2 and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        # one key per row (typed [B] or raw uint32 [B, 2])
         tok, lq = jax.vmap(lambda k, l: tuple(x[0] for x in categorical_with_logprob(k, l[None])))(
             key, logits)
     else:
