@@ -86,8 +86,12 @@ def _race_order(rng: np.random.Generator, w: np.ndarray) -> Iterator[int]:
     the top 16, then the top 512, and the whole vocabulary only if those run out."""
     with np.errstate(divide="ignore", over="ignore"):
         keys = rng.standard_exponential(w.shape[0]) / w          # +inf where w == 0
-    n = int(np.count_nonzero(np.isfinite(keys)))
+    n = int(np.count_nonzero(keys < np.inf))
     if n == 0:
+        return
+    if n <= _FIRST_CHUNK or keys.size <= _FIRST_CHUNK:
+        for v in np.argsort(keys, kind="stable")[:n]:
+            yield int(v)
         return
     done = 0
     for k in (_FIRST_CHUNK, _MIDDLE_CHUNK, None):
@@ -109,7 +113,7 @@ def _check_inputs(logprobs, method: str, max_checks) -> np.ndarray:
     if logp.ndim != 1 or logp.size == 0:
         raise ValueError(f"logprobs must be a non-empty vector [vocab_size], got shape "
                          f"{np.shape(logprobs)}")
-    if np.isnan(logp).any() or np.isposinf(logp).any():
+    if not np.all(logp < np.inf):                  # NaN compares False too
         raise ValueError("logprobs contains NaN or +inf")
     if method not in METHODS:
         raise ValueError(f"unknown AWRS method {method!r}; choose one of {', '.join(METHODS)}")
