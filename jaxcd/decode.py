@@ -121,10 +121,21 @@ def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrain
     return tok, cs, new_done, total
 
 
-def _check_eos(lm, fa, constrained):
-    if constrained and fa is not None and int(lm.eos_token_id) != int(fa.eos_id):
+def _check_eos(lm, fa, constrained, tables=None, budget=None):
+    """Static checks where the LM, the automaton and the tables meet (shapes and ids are
+    static, so these run while tracing too)."""
+    if not constrained or fa is None:
+        return
+    if int(lm.eos_token_id) != int(fa.eos_id):
         raise ValueError(f"the LM's EOS id ({lm.eos_token_id}) differs from the automaton's "
                          f"({fa.eos_id}): compile the constraint with this model's vocabulary")
+    if tables is not None:
+        if tables.beta.shape[1] != fa.num_states:
+            raise ValueError(f"the mask tables are for {tables.beta.shape[1]} states, the "
+                             f"automaton has {fa.num_states}: build them for this automaton")
+        if budget is not None and tables.beta.shape[0] - 1 < budget:
+            raise ValueError(f"tables were built for {tables.beta.shape[0] - 1} steps, "
+                             f"fewer than budget={budget}")
 
 
 def _init_cs(fa, B: int, constrained: bool) -> gcd.ConstraintState:
@@ -138,7 +149,7 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
            fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *, budget: int,
            constrained: bool, temperature: float = 1.0, greedy: bool = False) -> SampleOutput:
     """Sample ``budget`` tokens for every prompt (left-padded ``[B, P]``)."""
-    _check_eos(lm, fa, constrained)
+    _check_eos(lm, fa, constrained, tables, budget)
     B = prompt_ids.shape[0]
     max_len = prompt_ids.shape[1] + budget
     lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)

@@ -285,10 +285,21 @@ def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
     return d, has
 
 
+def check_tables(fa: TensorizedAutomaton, tables: PGCDTables) -> None:
+    """Raise :class:`HMMMismatchError` if ``tables`` were not built for ``fa`` (shapes are
+    static, so this also works while tracing)."""
+    if tables.mant.shape[1] != fa.num_states or tables.B.shape[1] != fa.vocab_size:
+        raise HMMMismatchError(
+            f"P-GCD tables for {tables.mant.shape[1]} states and {tables.B.shape[1]} tokens "
+            f"do not fit this automaton ({fa.num_states} states, {fa.vocab_size} tokens): "
+            "build them with pgcd.backward(fa, hmm, budget)")
+
+
 def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     """``log num(v)`` and ``log den(v)`` (float ``[V]``) for one particle, over its first
     ``D`` out-edges (default: all; exact whenever the edges past ``D`` have ``β^P = 0``,
     see :func:`live_degree`)."""
+    check_tables(fa, tables)
     D = fa.out_dst.shape[1] if D is None else D
     n = tables.mant.shape[0] - 1
     s, t = st.cs.state, st.cs.t

@@ -252,3 +252,25 @@ def test_particles_sharded_over_forced_host_devices(tmp_path):
     assert int(outs[1]["n"]) == 4
     np.testing.assert_array_equal(outs[0]["tokens"], outs[1]["tokens"])
     np.testing.assert_allclose(outs[0]["lw"], outs[1]["lw"], rtol=1e-5, atol=1e-5)
+
+
+def test_mismatched_tables_and_eos_are_clear_errors(problem):
+    """Where automaton, tables and LM meet, a mismatch is a clear error, not a silent
+    out-of-range gather."""
+    from jaxcd import decode, gcd
+    lm, fa, _, _ = problem
+    other = compile_regex(r"a{5}", VOCAB)
+    hmm = random_hmm(2, seed=0)
+    tables = pgcd.backward(other, hmm, 8)
+    st = pgcd.init_state(fa, hmm)
+    with pytest.raises(pgcd.HMMMismatchError, match="do not fit"):
+        pgcd.token_logpsi(fa.to_device(), hmm, tables, st)
+    ids, lens = jnp.zeros((1, 1), jnp.int32), jnp.ones(1, jnp.int32)
+    with pytest.raises(ValueError, match="fewer than budget"):
+        decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa.to_device(),
+                      gcd.backward(fa.to_device(), 3), budget=N, constrained=True)
+    swapped = Vocabulary.from_token_bytes(TOKENS[1:] + [b"<eos>"], eos_id=V - 1)
+    fa2 = compile_regex(PATTERN, swapped).to_device()
+    with pytest.raises(ValueError, match="EOS"):
+        decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa2, gcd.backward(fa2, N),
+                      budget=N, constrained=True)
