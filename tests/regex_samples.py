@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+import signal
 import re._constants as C
 import re._parser as P
 
@@ -136,6 +137,26 @@ def _token_index(vocab):
                 by_bytes.setdefault(t, i)
         hit = _INDEX[key] = (vocab, by_bytes, max(len(t) for t in by_bytes))
     return hit[1], hit[2]
+
+
+class OracleTimeout(Exception):
+    """``re.fullmatch`` backtracked for too long (nested quantifiers): no verdict."""
+
+
+def _alarm(*_):
+    raise OracleTimeout
+
+
+def fullmatch(pattern: str, text: str, flags: int = 0, seconds: float = 0.25) -> bool:
+    """``re.fullmatch`` as the oracle, interrupted after ``seconds`` (CPython's matcher
+    checks for signals; main thread only) with :class:`OracleTimeout`."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return re.fullmatch(pattern, text, flags) is not None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def tokenize_randomly(data: bytes, vocab, rng: random.Random) -> list[int]:
