@@ -383,6 +383,103 @@ def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     return ok, chain[:, ok], exits, toks, lens
 
 
+def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                  min_tokens: int, W: int):
+    """Bulk transitions for tokens ``b + (bytes of sigma)*`` from run members.
+
+    A token's first byte ``b`` outside ``sigma`` (an exit at depth 0, e.g. the space of
+    ``" hello"``) may lead from member ``g`` straight into another member ``h`` of the
+    same run (the next word of ``(\\w{1,12} ){3,8}``): then the rest of the token, if
+    all in ``sigma``, follows ``h``'s chain, and every such token of ``m + 1`` bytes goes
+    ``g -> chain_h[m]`` at once. Tokens below ``b`` that leave ``sigma`` again are
+    walked from that second exit only. Returns ``None`` or ``(handled (exit node,
+    member index) codes, packed rows [R, W], bulk src, bulk dst, bulk row, walk starts
+    (src, node, cur))``.
+    """
+    ls = trie.level_start
+    if len(ls) < 3 or len(members) == 0:
+        return None
+    n0 = int(ls[1])
+    node_byte = trie.node_byte
+    x0 = np.nonzero(~sigma[node_byte[:n0]])[0]               # depth-0 exits (node ids)
+    if len(x0) == 0:
+        return None
+    G = len(members)
+    pos = np.full(dead + 1, -1, np.int64)
+    pos[members] = np.arange(G)
+    tgt = pos[table[members[None, :], node_byte[x0][:, None]]]          # [X0, G]
+    if not (tgt >= 0).any():
+        return None
+    N = trie.num_nodes
+    parent, depth = trie.parent, trie.depth
+    in_sigma = sigma[node_byte]
+    pa = np.zeros(N, bool)                      # all bytes after the first are in sigma
+    anc = np.arange(N)                          # depth-0 ancestor
+    for j in range(1, len(ls) - 1):
+        a, b = ls[j], ls[j + 1]
+        anc[a:b] = anc[parent[a:b]]
+        pa[a:b] = in_sigma[a:b] & (pa[parent[a:b]] if j >= 2 else True)
+    ex_mask = np.zeros(N, bool)
+    ex_mask[x0[(tgt >= 0).any(1)]] = True
+    pure = (pa | (np.arange(N) < n0)) & ex_mask[anc]
+    ends = np.nonzero(pure & (trie.end_token != -1))[0]
+    if len(ends) < min_tokens:
+        return None
+    # chains from every member, long enough for the deepest all-sigma suffix; a target
+    # member qualifies only if its chain is uniform all the way
+    M = int(depth[pure].max())
+    sub = table[:, sigma]
+    D = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+    chain = np.empty((M + 1, G), np.int64)
+    chain[0] = members
+    ok = np.ones(G, bool)
+    for k in range(M):
+        d = D[chain[k]]
+        ok &= d >= 0
+        chain[k + 1] = np.where(d >= 0, d, dead)
+    tgt = np.where(tgt >= 0, np.where(ok[np.maximum(tgt, 0)], tgt, -1), -1)
+    xi, gi = np.nonzero(tgt >= 0)
+    if len(xi) == 0:
+        return None
+    # rows: tokens by (first node, suffix length)
+    c_e = trie.end_start[ends + 1] - trie.end_start[ends]
+    reps = np.repeat(np.arange(len(ends)), c_e)
+    offs = np.repeat(trie.end_start[ends] - (np.cumsum(c_e) - c_e), c_e)
+    toks = trie.end_tokens[offs + np.arange(len(reps))]
+    key = anc[ends][reps] * (M + 1) + depth[ends][reps]
+    ukey, rinv = np.unique(key, return_inverse=True)
+    rows = np.zeros(len(ukey) * W, np.uint32)
+    np.bitwise_or.at(rows, rinv.ravel() * W + (toks >> 5),
+                     np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+    rows = rows.reshape(len(ukey), W)
+    row_x, row_m = ukey // (M + 1), ukey % (M + 1)             # sorted by first node
+    # bulk edges: each handled pair (first node x, member g -> member h) x rows of x
+    px, pg, ph = x0[xi], gi, tgt[xi, gi]
+    r_lo = np.searchsorted(row_x, px)
+    r_cnt = np.searchsorted(row_x, px, side="right") - r_lo
+    pr = np.repeat(np.arange(len(px)), r_cnt)
+    ridx = np.repeat(r_lo - (np.cumsum(r_cnt) - r_cnt), r_cnt) + np.arange(int(r_cnt.sum()))
+    bdst = chain[row_m[ridx], ph[pr]]
+    live = bdst != dead
+    bsrc, bdst, brow = members[pg[pr]][live], bdst[live], ridx[live]
+    # second exits below each handled first node: first byte outside sigma again
+    sec = np.nonzero((depth >= 1) & ~in_sigma & ex_mask[anc])[0]
+    sec = sec[(depth[sec] == 1) | pa[parent[sec]]]
+    order = np.argsort(anc[sec], kind="stable")
+    sec = sec[order]
+    sec_x = anc[sec]
+    s_lo = np.searchsorted(sec_x, px)
+    s_cnt = np.searchsorted(sec_x, px, side="right") - s_lo
+    ps = np.repeat(np.arange(len(px)), s_cnt)
+    sidx = np.repeat(s_lo - (np.cumsum(s_cnt) - s_cnt), s_cnt) + np.arange(int(s_cnt.sum()))
+    y = sec[sidx]
+    cur = table[chain[depth[y] - 1, ph[ps]], node_byte[y]]
+    go = cur != dead
+    starts = (members[pg[ps]][go], y[go], cur[go])
+    handled = px * G + pg
+    return handled, rows, bsrc, bdst, brow, starts
+
+
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
                      min_run_bytes: int = 8, min_run_tokens: int = 64) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
@@ -426,14 +523,32 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
         bulk_dst.append(dst[li2, gi])
         bulk_row.append(n_rows + li2)
         n_rows += len(uL)
+        # tokens "b + sigma*" whose first byte b leads into another member: in bulk
+        second = _second_level(trie, table, Q, sigma, members, min_run_tokens, W)
+        handled = None
+        if second is not None:
+            handled, rows2, bs2, bd2, br2, (ws, wn, wc) = second
+            _count(out, len(bs2))
+            rows.append(rows2)
+            bulk_src.append(bs2)
+            bulk_dst.append(bd2)
+            bulk_row.append(n_rows + br2)
+            n_rows += len(rows2)
+            for i in range(0, len(ws), max_pairs):
+                _walk(trie, table, Q, ws[i:i + max_pairs], wn[i:i + max_pairs],
+                      wc[i:i + max_pairs], max_pairs, out)
         # walk below the exit nodes, chunked over members
         xb = trie.node_byte[exits]
         xd = trie.depth[exits]
+        G = len(members)
         step = max(1, max_pairs // max(len(exits), 1))
         for g0 in range(0, len(members), step):
             before = chain[:, g0:g0 + step][xd]                      # [X, g]
             nxt = table[before, xb[:, None]]
             xi, gi = np.nonzero(nxt != Q)
+            if handled is not None and len(xi):
+                keep = ~np.isin(exits[xi] * G + g0 + gi, handled)
+                xi, gi = xi[keep], gi[keep]
             if len(xi):
                 _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
 
