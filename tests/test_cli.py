@@ -94,3 +94,49 @@ def test_bad_files(tmp_path):
 def test_prompt_longer_than_context():
     r = jaxcd("generate", "--regex", "a", "--budget", "4", "--prompt", "hello " * 9000)
     assert_user_error(r, "context length")
+
+
+PREDICATE = '''
+import regex
+PAT = regex.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+def date(prefix: bytes, final: bool) -> bool:
+    return (PAT.fullmatch(prefix) if final else PAT.fullmatch(prefix, partial=True)) is not None
+'''
+
+
+def test_generate_smc_and_awrs_json_lines(tmp_path):
+    """--method smc / awrs --json: one line per particle, normalised weights summing to 1,
+    the same log_Z on every line, every positive-weight text valid (checked with re)."""
+    pattern = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    (tmp_path / "datepred.py").write_text(PREDICATE)
+    runs = [("--regex", pattern, "--method", "smc", "--proposal", "gcd"),
+            ("--method", "awrs", "--predicate", "datepred:date")]
+    for args in runs:
+        env = dict(ENV, PYTHONPATH=str(tmp_path))
+        r = subprocess.run([sys.executable, "-m", "jaxcd", "generate", *args, "--prompt",
+                            "When did Apollo 11 land?", "--budget", "12", "--particles", "4",
+                            "--json"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(rows) == 4
+        assert abs(sum(x["weight"] for x in rows) - 1) < 1e-6
+        assert len({x["log_Z"] for x in rows}) == 1 and rows[0]["log_Z"] < 0
+        for x in rows:
+            if x["weight"] > 0:
+                assert x["valid"] and re.fullmatch(pattern, x["text"]), x
+
+
+def test_smc_user_errors(tmp_path):
+    import numpy as np
+    from hmm_distill import HMMParams
+    from hmm_distill.checkpoint import save_checkpoint
+    r = jaxcd("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead")
+    assert_user_error(r, "--hmm", "hmm-distill")
+    ck = save_checkpoint(tmp_path / "tiny.safetensors",
+                         HMMParams(np.ones(2) / 2, np.ones((2, 2)) / 2, np.ones((2, 10)) / 10),
+                         fingerprint="tiny", eos_token_id=0)
+    r = jaxcd("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead",
+              "--hmm", str(ck), "--budget", "8")
+    assert_user_error(r, "hmm-distill", "vocabulary")
+    r = jaxcd("generate", "--method", "awrs", "--predicate", "no_such_module:f")
+    assert_user_error(r, "predicate")
