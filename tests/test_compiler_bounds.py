@@ -198,3 +198,28 @@ def test_second_level_run_shortcut_equals_brute_force(monkeypatch):
                 got, states = lifted_set(dfa, vocab, **kw)
                 assert states == ref_states and got == ref, (pattern, seed, kw)
     assert any(used)
+
+
+def test_limits_reach_every_compile_function(smol_vocab):
+    """``limits=`` is in force in every front-end; the error names the constraint."""
+    from jaxcd import (NFA, compile_automaton, compile_json_schema, compile_keywords,
+                       compile_tool_call)
+    small = CompileLimits(max_dfa_states=5)
+    tool = {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"]}}
+    nfa = regex_to_nfa("[0-9a-f]{8}")
+    calls = {
+        "JSON Schema": lambda: compile_json_schema({"type": "string", "format": "uuid"},
+                                                   smol_vocab, limits=small),
+        "keywords": lambda: compile_keywords(["apple", "banana"], smol_vocab, limits=small),
+        "tool": lambda: compile_tool_call(tool, smol_vocab, limits=small),
+        "hand-built automaton": lambda: compile_automaton(nfa, smol_vocab, limits=small),
+    }
+    for what, call in calls.items():
+        with pytest.raises(AutomatonTooLargeError, match="max_dfa_states=5") as e:
+            call()
+        assert what in str(e.value), (what, str(e.value))
+    # the default limits compile them all
+    assert compile_json_schema({"type": "string", "format": "uuid"}, smol_vocab).num_states > 30
+    assert compile_automaton(nfa, smol_vocab).num_states > 8
