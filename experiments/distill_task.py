@@ -1,0 +1,133 @@
+"""Distil SmolLM2-135M-Instruct on the built-in task prompts (issue #11).
+
+Phases, each timed:
+
+1. sample: continuations of the built-in tool-call / JSON / keyword prompts
+   (``hmm_distill/data/task_prompts.jsonl``), rendered with the chat template of
+   ``jaxcd generate``, sampled until EOS with a hard cap (the default HMM's recipe,
+   :class:`hmm_distill.default.DefaultSettings`; the samples live in the default HMM's
+   cache directory, so a built default HMM's samples are reused and vice versa).
+   Records the EOS fraction, the rows cut off, sampling tokens/s and the LM's
+   log-probability of every sampled token.
+2. train: full-batch EM at each ``H`` (default 64 and 256) with the data-scaled prior;
+   EM tokens/s per iteration.
+3. report: held-out log-likelihood per token (HMM, add-β unigram, the LM itself on the
+   same held-out continuations) and the share of the unigram→LM gap the HMM closes;
+   curves in ``distill_task_curve.png``.
+
+    python experiments/distill_task.py                       # CPU: H = 64, 256
+    python experiments/distill_task.py --hidden 1024 4096    # on a GPU
+
+Writes ``experiments/results/distill_task.json`` and ``distill_task_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hmm_distill.default import DefaultSettings, default_hmm_dir  # noqa: E402
+from hmm_distill.lms import load_lm  # noqa: E402
+from hmm_distill.prompts import builtin_prompt_set_hash, builtin_prompts_path  # noqa: E402
+from hmm_distill.sampler import read_prompts, run_sampling  # noqa: E402
+from hmm_distill.train import TrainConfig, train  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--num-seqs", type=int, default=None, help="default: the default HMM's")
+    ap.add_argument("--max-length", type=int, default=None)
+    ap.add_argument("--work", default=None, help="run directory (default: under the default HMM's cache dir)")
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "distill_task.json"))
+    a = ap.parse_args(argv)
+    s = DefaultSettings()
+    if a.num_seqs or a.max_length:
+        s = DefaultSettings(**{**asdict(s), "num_seqs": a.num_seqs or s.num_seqs,
+                               "max_length": a.max_length or s.max_length})
+    work = Path(a.work) if a.work else default_hmm_dir(None, s)
+    res = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                       "cpu_count": os.cpu_count(), "device": str(jax.devices()[0]),
+                       "jax": jax.__version__,
+                       "note": "shared machine: other jobs ran on the same 2 cores"},
+           "settings": asdict(s), "prompt_set": builtin_prompts_path().name,
+           "prompt_set_hash": builtin_prompt_set_hash(), "phases": {}}
+    t0 = time.perf_counter()
+    from jaxcd.model_files import resolve_gguf
+
+    model_file = resolve_gguf(None)
+    loaded = load_lm(f"gguf:{model_file}")  # as hmm_distill.default builds it (same sample dir)
+    texts, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
+    res["phases"]["load_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    meta = run_sampling(loaded.lm, loaded.params, work / "samples", num_seqs=s.num_seqs,
+                        length=s.max_length, shard_size=256, batch_size=s.batch_size, seed=s.seed,
+                        temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
+                        model_name=f"gguf:{model_file.name}",
+                        fingerprint=loaded.fingerprint, progress=True,
+                        prompt_set=builtin_prompts_path().name, until_eos=True, chat_template=True)
+    res["phases"]["sample_s_this_call"] = time.perf_counter() - t0
+    res["sampling"] = {k: meta.get(k) for k in ("num_seqs", "max_length", "eos_fraction", "num_cut_off",
+                                                "tokens_per_s", "prompt_set_id", "temperature")}
+    del loaded
+    res["runs"] = {}
+    for H in a.hidden:
+        t0 = time.perf_counter()
+        cfg = TrainConfig(data=str(work / "samples"), out=str(work / f"task_h{H}"), hidden_size=H,
+                          epochs=a.epochs, mode="full", prior_strength=s.prior_strength,
+                          heldout_frac=s.heldout_frac, seed=s.seed, batch_size=256, plot=False)
+        r = train(cfg)
+        wall = time.perf_counter() - t0
+        last = r.metrics[-1]
+        em_tok_s = [m["tokens_per_s"] for m in r.metrics[1:]]
+        res["runs"][str(H)] = {
+            "heldout_ll": last["heldout_ll"], "unigram_heldout_ll": last["unigram_heldout_ll"],
+            "lm_heldout_ll": last["lm_heldout_ll"], "gap_share": last["gap_share"],
+            "train_ll": last["train_ll"], "epochs": a.epochs,
+            "em_tokens_per_s_median": float(np.median(em_tok_s)) if em_tok_s else None,
+            "em_tokens_per_s_first": em_tok_s[0] if em_tok_s else None,
+            "train_wall_s": wall, "curve": [(m["epoch"], m["heldout_ll"], m["train_ll"]) for m in r.metrics]}
+        print(json.dumps({H: {k: v for k, v in res["runs"][str(H)].items() if k != "curve"}}), flush=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for H, r in res["runs"].items():
+            ep, ho, _ = zip(*r["curve"])
+            ax.plot(ep, ho, "o-", ms=3, label=f"HMM H={H} held-out (gap share {r['gap_share']:.2f})")
+        r0 = next(iter(res["runs"].values()))
+        ax.axhline(r0["unigram_heldout_ll"], color="gray", ls=":", label="unigram")
+        ax.axhline(r0["lm_heldout_ll"], color="black", ls="--", label="SmolLM2-135M (LM)")
+        ax.set_xlabel("EM iteration")
+        ax.set_ylabel("held-out log-likelihood per token (nats)")
+        ax.set_title("HMM distilled on the built-in task prompts")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out.with_name("distill_task_curve.png"), dpi=100)
+    except ImportError:
+        pass
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
