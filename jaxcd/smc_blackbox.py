@@ -117,7 +117,13 @@ def _programs(lm, K: int, max_len: int, resample: str):
 
     step = jax.jit(lm.step)
     gather = jax.jit(lambda state, idx: jax.tree.map(lambda x: x[idx], state))
-    resampler = jax.jit(jax.vmap(resampling.get(resample)))
+    one = resampling.get(resample)
+
+    @jax.jit
+    def resampler(key, t, log_w):                  # [B, K] -> ancestors [B, K]
+        keys = jax.random.split(jax.random.fold_in(key, t), log_w.shape[0])
+        return jax.vmap(one)(keys, log_w)
+
     return prefill, step, gather, resampler
 
 
@@ -147,19 +153,19 @@ def _np_ess(lw: np.ndarray) -> np.ndarray:
 
 
 def _rng_from_key(key: jax.Array) -> np.random.Generator:
+    """A NumPy generator seeded by the key's bits (and a tag, so that it differs from
+    any generator seeded by the raw key elsewhere)."""
     key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
     if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        data = jax.random.key_data(key)
-    else:
-        data = key
-    return np.random.default_rng(np.asarray(data, np.uint64).ravel().tolist())
+        key = jax.random.key_data(key)
+    return np.random.default_rng(np.asarray(key, np.uint64).ravel().tolist() + [0x5A3C])
 
 
 def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
                  predicate: Callable[[bytes, bool], bool], token_bytes, budget: int,
                  num_particles: int, resample: str = "systematic", ess_threshold: float = 0.5,
                  temperature: float = 1.0, seed: int | None = None, method: str = "awrs",
-                 max_checks: int | None = None) -> SMCResult:
+                 max_checks: int | None = None, eos_id: int | None = None) -> SMCResult:
     """SMC with AWRS proposals for ``predicate`` (see the module docstring).
 
     Args:
@@ -179,6 +185,7 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
       seed: seed of the host NumPy generator AWRS draws from (default: from ``key``).
       method, max_checks: passed to :func:`jaxcd.awrs.sample` (``"awrs"`` is
         Definition 2; ``"recursive"`` optionally bounds the checks per step).
+      eos_id: optional; must equal ``lm.eos_token_id`` (a consistency check).
 
     Returns:
       :class:`~jaxcd.smc_types.SMCResult`: ``tokens [B, K, n]`` (EOS-padded),
@@ -197,6 +204,8 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
     _check_args(budget, num_particles, resample, ess_threshold, temperature, predicate, method)
     if max_checks is not None and method != "recursive":
         raise ValueError("max_checks needs method='recursive' (see jaxcd.awrs)")
+    if eos_id is not None and int(eos_id) != int(lm.eos_token_id):
+        raise ValueError(f"eos_id={eos_id} differs from the LM's EOS id ({lm.eos_token_id})")
     table, special = _token_table(token_bytes, lm)
     n, K = int(budget), int(num_particles)
     eos = int(lm.eos_token_id)
@@ -210,9 +219,7 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
     N = B * K
     if key is None:
         raise ValueError("key is required (a JAX PRNG key, e.g. jax.random.key(0))")
-    rng = np.random.default_rng(seed) if seed is not None else _rng_from_key(
-        jax.random.fold_in(key, 1))
-    res_key = jax.random.fold_in(key, 2)
+    rng = np.random.default_rng(seed) if seed is not None else _rng_from_key(key)
     prefill, step, gather, resampler = _programs(lm, K, int(prompt_ids.shape[1]) + n, resample)
 
     cache: dict[tuple[bytes, bool], bool] = {}
@@ -269,8 +276,7 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
         need = ((ess_out[:, t] < float(ess_threshold) * K) & np.isfinite(lwb).any(1)
                 & ~done.reshape(B, K).all(1) & (not last))
         if need.any():
-            anc = np.asarray(resampler(jax.random.split(jax.random.fold_in(res_key, t), B),
-                                       jnp.asarray(lwb)))
+            anc = np.asarray(resampler(key, np.int32(t), lwb))
             anc = np.where(need[:, None], anc, np.arange(K)[None])
             idx = (anc + (np.arange(B) * K)[:, None]).reshape(N)
             lme = _np_log_mean_exp(lwb)
@@ -280,7 +286,7 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
             state = gather(state, jnp.asarray(idx, jnp.int32))
             resampled[:, t] = need
         if not last:
-            state, logp = step(params, state, jnp.asarray(tokens[:, t]))
+            state, logp = step(params, state, tokens[:, t])
     log_w = np.where(done & valid, log_w, -np.inf)
     valid &= np.isfinite(log_w)
     lwb = log_w.reshape(B, K)

@@ -164,27 +164,27 @@ def test_never_a_zero_weight_index(dtype):
 
 
 def test_single_particle_and_all_minus_inf():
+    every = jax.jit(lambda key, lw: [resampling.get(n)(key, lw) for n in NAMES])
+    for lw in ([0.5], [-jnp.inf]):
+        assert [x.tolist() for x in every(jax.random.key(0), jnp.array(lw))] == [[0]] * 3
     for name in NAMES:
-        f = resampling.get(name)
-        assert f(jax.random.key(0), jnp.array([0.5])).tolist() == [0]
-        assert f(jax.random.key(0), jnp.array([-jnp.inf])).tolist() == [0]
-        np.testing.assert_array_equal(_resample(name, 0, jnp.full((K,), -jnp.inf)),
+        np.testing.assert_array_equal(_resample(name, 0, jnp.full((K,), -jnp.inf, jnp.float32)),
                                       np.tile(np.arange(K), (R, 1)))
 
 
-def test_without_jit_and_dtypes():
+def test_unbatched_matches_vmapped_and_dtypes():
     w = _weights(8, 1.0, 20)
-    lw = jnp.asarray(_log(w), jnp.float32)
-    with jax.disable_jit():
-        eager = resampling.systematic(jax.random.key(5), lw)
-    np.testing.assert_array_equal(eager, resampling.systematic(jax.random.key(5), lw))
-    assert np.all(w[np.asarray(eager)] > 0)
     with jax.enable_x64(True):
         lw64 = jnp.asarray(_log(w), jnp.float64)
+        batched = _resample("systematic", 5, lw64)
+        keys = jax.random.split(jax.random.key(5), R)
+        one = resampling.systematic(keys[3], lw64)
+        np.testing.assert_array_equal(one, batched[3])
+        assert np.all(w[np.asarray(one)] > 0)
+        assert one.dtype == jnp.int32
         assert resampling.ess(lw64).dtype == jnp.float64
         assert resampling.log_mean_exp(lw64).dtype == jnp.float64
-        assert resampling.systematic(jax.random.key(0), lw64).dtype == jnp.int32
-    assert resampling.ess(lw).dtype == jnp.float32
+    assert resampling.ess(jnp.asarray(_log(w), jnp.float32)).dtype == jnp.float32
 
 
 def _np_ess(lw):

@@ -164,7 +164,7 @@ def z_within(res, Z, n_se=4.0):
 
 def test_posterior_and_Z_converge():
     post, Z = exact_posterior(LM, N_BUDGET)
-    B = 120
+    B = 80
     tv = {}
     with jax.enable_x64(True):
         for K in (4, 32):
@@ -181,7 +181,8 @@ def test_posterior_and_Z_converge():
             tv_lcd = total_variation(counts, post)
             assert tv_lcd > 0.4, tv_lcd
             assert np.asarray(res.resampled).any()
-    assert tv[32] < 0.15 and tv[32] < tv[4], tv
+    # measured over 3 seeds at B = 80: TV(K=4) 0.34-0.39, TV(K=32) 0.06-0.11
+    assert tv[32] < 0.15 and tv[32] < 0.5 * tv[4], tv
 
 
 @pytest.mark.parametrize("resample,ess_threshold,temperature,method",
