@@ -75,8 +75,6 @@ __all__ = ["sample", "METHODS"]
 METHODS = ("awrs", "recursive")
 
 _FIRST_CHUNK = 16
-
-
 _MIDDLE_CHUNK = 512
 
 

@@ -18,6 +18,7 @@ import pytest
 from scipy import stats
 
 from jaxcd import awrs
+from jaxcd.awrs import _race_order
 
 P5 = np.array([0.4, 0.3, 0.2, 0.1, 0.0])      # token 4 has probability 0
 V5 = len(P5)
@@ -189,3 +190,34 @@ def test_checks_far_below_vocab_on_a_peaked_distribution():
     print(f"\nV={V} Z={Z:.4f}: " + "; ".join(
         f"{m}: mean checks {c:.2f}, max {mx}, {1e3 * s:.1f} ms/call"
         for m, (c, mx, s) in results.items()))
+
+
+def test_race_order_is_the_full_sort_of_its_keys():
+    """The lazy order (top 16, top 512, then a full sort) equals the full argsort of the
+    same exponential-race keys, and is a permutation of the positive-weight tokens."""
+    for V, zeros, seed in [(5, 2, 0), (40, 10, 1), (3000, 1000, 2), (600, 0, 3)]:
+        rng = np.random.default_rng(seed)
+        w = rng.random(V)
+        w[rng.choice(V, zeros, replace=False)] = 0.0
+        order = list(_race_order(np.random.default_rng(seed + 10), w))
+        with np.errstate(divide="ignore"):
+            keys = np.random.default_rng(seed + 10).standard_exponential(V) / w
+        assert order == np.argsort(keys, kind="stable")[:V - zeros].tolist()
+        assert sorted(order) == np.flatnonzero(w > 0).tolist()
+
+
+def test_long_walks_past_the_sorted_top():
+    """One accepted token of low probability in a flat 3000-token distribution: the
+    loops walk past the first 16 and 512 sorted keys; Ẑ stays unbiased for p(v*)."""
+    rng = np.random.default_rng(5)
+    V = 3000
+    p = rng.dirichlet(np.ones(V) * 5.0)
+    target = int(np.argsort(p)[V // 10])
+    logp = np.log(p)
+    for method in awrs.METHODS:
+        out = [awrs.sample(rng, logp, lambda v: v == target, method=method) for _ in range(150)]
+        assert all(t == target for t, _, _ in out)
+        checks = np.array([c for _, _, c in out])
+        assert checks.max() > 512                       # the full-sort path ran
+        z = np.exp([lw for _, lw, _ in out])
+        assert abs(z.mean() - p[target]) < 5 * z.std() / np.sqrt(len(z)) + 1e-12, method
