@@ -341,13 +341,10 @@ def ecma_to_python(pattern: str) -> str:
                 i += 1
                 in_class = False
                 continue
-            if c == "-" and out and out[-1][-2:] in ("\\d", "\\w", "\\s", "\\D", "\\W", "\\S") \
-                    and False:
-                pass
             if c == "]":
                 in_class = False
             out.append(c)
-            class_start = c == "^" and out[-2:-1] == ["["] and False
+            class_start = False
             i += 1
             continue
         if c == "[":
