@@ -506,7 +506,7 @@ def _schema():
     ), max_leaves=5)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           derandomize=True)
 @given(_schema())
 def test_fuzz_schemas(schema):
