@@ -107,7 +107,7 @@ def check_outputs(res, B, K):
     lw = np.asarray(res.log_weights)
     valid = np.asarray(res.valid)
     assert tokens.shape == (B, K, N_BUDGET) and lw.shape == (B, K)
-    assert np.asarray(res.ess).shape == (B, N_BUDGET) and np.asarray(res.resampled).shape == (B, N_BUDGET)
+    assert np.asarray(res.ess).shape == np.asarray(res.resampled).shape == (B, N_BUDGET)
     for b in range(B):
         for k, x in enumerate(sequences(tokens[b])):
             if lw[b, k] > -np.inf:
