@@ -329,7 +329,7 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
                       resample=resample, ess_threshold=ess, temperature=temperature)
     else:
         res = smc.run_blackbox(key, m.lm, m.params, ids, lens, predicate=pred,
-                               token_bytes=list(m.vocab.token_bytes), eos_id=m.lm.eos_token_id,
+                               token_bytes=m.vocab, eos_id=m.lm.eos_token_id,
                                budget=budget, num_particles=particles, resample=resample,
                                ess_threshold=ess, temperature=temperature, seed=seed)
     res = jax.device_get(res)
