@@ -148,8 +148,17 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
     H, V = B.shape
     words = np.asarray(fa.label_words())                              # [E, W] uint32
     E = words.shape[0]
-    uniq, inv = np.unique(words, axis=0, return_inverse=True)
-    inv = inv.ravel()
+    # identical label sets, found by hashing each packed row (np.unique(axis=0) sorts
+    # the rows as void records: seconds for a few thousand 6 KB rows)
+    first: dict[bytes, int] = {}
+    inv = np.empty(E, np.int64)
+    reps = []
+    for e in range(E):
+        j = first.setdefault(words[e].tobytes(), len(reps))
+        if j == len(reps):
+            reps.append(e)
+        inv[e] = j
+    uniq = words[np.asarray(reps, np.int64)] if reps else words[:0]
     U = uniq.shape[0]
     bits = np.unpackbits(uniq.view(np.uint8), axis=1, bitorder="little")[:, :V]  # [U, V] u8
     size = bits.sum(1, dtype=np.int64)
