@@ -53,7 +53,7 @@ class DefaultSettings:
     seed: int = 0
     epochs: int = 30             #: full-batch EM iterations
     mode: str = "full"
-    prior_strength: float = 0.01
+    prior_strength: float = 0.1
     heldout_frac: float = 0.1
 
 

@@ -76,7 +76,7 @@ class TrainConfig:
     mode: str = "minibatch"            #: "minibatch" or "full"
     batch_size: int = 128              #: sequences per E-step batch
     prior: str = "data"                #: "data" (scaled to the data, hmm_distill.priors) or "flat"
-    prior_strength: float = 1e-2       #: prior="data": prior mass per row / data per row
+    prior_strength: float = 0.1        #: prior="data": prior mass per row / data per row
     unigram_smoothing: float = 0.1     #: β of the add-β unigram (prior mean and baseline)
     pseudocount: float = 1e-2          #: prior="flat": λ added to start / transition counts
     emission_pseudocount: float = 1e-2  #: prior="flat": λ_B added to each emission count

@@ -89,6 +89,7 @@ def _maxdiff(a, b):
     return max(float(np.abs(np.asarray(x) - np.asarray(y)).max()) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(data_dir, tmp_path):
     """Full-batch and mini-batch EM (batch 16 = 8 rows per process; the last batch is
     padded) run as two processes at once; each checkpoint equals the single-process one."""
@@ -105,6 +106,7 @@ def test_two_processes_equal_one(data_dir, tmp_path):
         assert len(lines) == 4  # epochs 0..3, written once
 
 
+@pytest.mark.slow
 def test_resume_after_a_killed_process(data_dir, tmp_path):
     """Process 1 is SIGKILLed right after epoch 2 (process 0 then blocks in the next
     collective and is killed too). Relaunching the same command resumes from epoch 2 and
