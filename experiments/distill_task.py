@@ -17,6 +17,7 @@ Phases, each timed:
 
     python experiments/distill_task.py                       # CPU: H = 64, 256
     python experiments/distill_task.py --hidden 1024 4096    # on a GPU
+    python experiments/distill_task.py --plot-only experiments/results/distill_task.json
 
 Writes ``experiments/results/distill_task.json`` and ``distill_task_curve.png``.
 """
@@ -35,18 +36,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
-from hmm_distill.default import DefaultSettings, default_hmm_dir  # noqa: E402
-from hmm_distill.lms import load_lm  # noqa: E402
-from hmm_distill.prompts import builtin_prompt_set_hash, builtin_prompts_path  # noqa: E402
-from hmm_distill.sampler import read_prompts, run_sampling  # noqa: E402
-from hmm_distill.train import TrainConfig, train  # noqa: E402
+def plot(res: dict, path: Path) -> None:
+    """Held-out curves of every H with the unigram and LM levels (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for H, r in res["runs"].items():
+        ep, ho, _ = zip(*r["curve"])
+        ax.plot(ep, ho, "o-", ms=3, label=f"HMM H={H} held-out (gap share {r['gap_share']:.2f})")
+    r0 = next(iter(res["runs"].values()))
+    ax.axhline(r0["unigram_heldout_ll"], color="gray", ls=":", label="unigram (add-0.1)")
+    ax.axhline(r0["lm_heldout_ll"], color="black", ls="--", label="SmolLM2-135M (LM)")
+    ax.set_xlabel("EM iteration")
+    ax.set_ylabel("held-out log-likelihood per token (nats)")
+    st = res["settings"]
+    ax.set_title(f"HMM distilled on the built-in task prompts ({st['num_seqs']} continuations, "
+                 f"cap {st['max_length']})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plot-only", metavar="JSON", help="only redraw the curves of a results file")
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--num-seqs", type=int, default=None, help="default: the default HMM's")
@@ -54,6 +72,19 @@ def main(argv=None):
     ap.add_argument("--work", default=None, help="run directory (default: under the default HMM's cache dir)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "distill_task.json"))
     a = ap.parse_args(argv)
+    if a.plot_only:
+        p = Path(a.plot_only)
+        plot(json.loads(p.read_text()), p.with_name(p.stem + "_curve.png"))
+        return
+    import jax
+    import numpy as np
+
+    from hmm_distill.default import DefaultSettings, default_hmm_dir
+    from hmm_distill.lms import load_lm
+    from hmm_distill.prompts import builtin_prompt_set_hash, builtin_prompts_path
+    from hmm_distill.sampler import read_prompts, run_sampling
+    from hmm_distill.train import TrainConfig, train
+
     s = DefaultSettings()
     if a.num_seqs or a.max_length:
         s = DefaultSettings(**{**asdict(s), "num_seqs": a.num_seqs or s.num_seqs,
@@ -105,27 +136,9 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.5, 4))
-        for H, r in res["runs"].items():
-            ep, ho, _ = zip(*r["curve"])
-            ax.plot(ep, ho, "o-", ms=3, label=f"HMM H={H} held-out (gap share {r['gap_share']:.2f})")
-        r0 = next(iter(res["runs"].values()))
-        ax.axhline(r0["unigram_heldout_ll"], color="gray", ls=":", label="unigram")
-        ax.axhline(r0["lm_heldout_ll"], color="black", ls="--", label="SmolLM2-135M (LM)")
-        ax.set_xlabel("EM iteration")
-        ax.set_ylabel("held-out log-likelihood per token (nats)")
-        ax.set_title("HMM distilled on the built-in task prompts")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out.with_name("distill_task_curve.png"), dpi=100)
+        plot(res, out.with_name(out.stem + "_curve.png"))
     except ImportError:
-        pass
+        print("matplotlib not installed: no curve (pip install 'jaxcd[plot]'; or --plot-only JSON later)")
     print(f"wrote {out}")
 
 
