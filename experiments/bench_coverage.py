@@ -353,7 +353,10 @@ def render(results: dict) -> str:
                 f"{fmt(s['max_peak_mb'], '.0f')} | {ag} |")
     lines += ["", "jaxcd times include tensorization over the 49,152-token vocabulary; "
               "llguidance compiles lazily (its time is grammar parsing and matcher creation, "
-              "masks are computed during decoding)."]
+              "masks are computed during decoding). Peak memory is the rise of the worker's "
+              "RSS high-water mark (reset before each compile) above its RSS before the "
+              "compile: memory the process already held from earlier compiles is not "
+              "counted, so it is a lower bound (0 = served from memory already held)."]
     return "\n".join(lines) + "\n"
 
 
