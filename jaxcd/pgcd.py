@@ -285,8 +285,9 @@ def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
     deg = jnp.minimum(fa.out_start[state + 1] - start, D)
     rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.cum_masks.shape[0] - 1)
     words = fa.cum_masks[rows]                                           # [D, W]
-    ids = jnp.arange(V, dtype=jnp.uint32)
-    bit = (words[:, ids >> 5] >> (ids & 31)) & jnp.uint32(1)             # [D, V]
+    # unpack by shifts and a reshape (a per-token gather of words is slow on CPU)
+    bit = (words[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
+    bit = bit.reshape(D, -1)[:, :V]                                      # [D, V]
     bit = bit.astype(jnp.int32) * (jnp.arange(D) < deg)[:, None]
     inside = jnp.sum(bit, axis=0)                                       # rows holding v
     has = inside > 0
