@@ -303,6 +303,7 @@ def main(argv=None):
 
     # --- P-GCD step components and floors --------------------------------------------------
     partial_out = Path(args.out).with_suffix(".partial.json")
+    partial_out.parent.mkdir(parents=True, exist_ok=True)
     comps = {}
     for H in args.hidden:
         c = pgcd_components(fa_d, hmms[H], ptables[H], D)
