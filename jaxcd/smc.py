@@ -101,11 +101,16 @@ def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold
 def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: TensorizedAutomaton,
         *, budget: int, num_particles: int, proposal: str = "gcd", hmm=None,
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
-        table_dtype=None) -> SMCResult:
+        table_dtype=None, tables: gcd.BudgetTables | None = None,
+        ptables: pgcd.PGCDTables | None = None) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
     left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
     :class:`~jaxcd.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
     ``log_Z [B]``, ``valid [B, K]``, ``ess [B, n]``, ``resampled [B, n]``).
+
+    ``tables`` (:func:`jaxcd.gcd.backward`, or :func:`~jaxcd.gcd.lcd_tables` for LCD)
+    and ``ptables`` (:func:`jaxcd.pgcd.backward`) may be passed to reuse tables across
+    calls with the same constraint, HMM and budget; they are built otherwise.
 
     Example::
 
@@ -118,9 +123,20 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
     fa_d = fa.to_device() if isinstance(fa.cum_masks, np.ndarray) else fa
-    gtables = gcd.lcd_tables(fa_d, budget) if proposal == "lcd" else gcd.backward(fa_d, budget)
+    if tables is None:
+        gtables = gcd.lcd_tables(fa_d, budget) if proposal == "lcd" else gcd.backward(fa_d, budget)
+    else:
+        gtables = tables
+        if tables.beta.shape != (budget + 1, fa.num_states):
+            raise ValueError(f"tables= has shape {tables.beta.shape}, expected "
+                             f"{(budget + 1, fa.num_states)} (budget + 1, num_states)")
     if proposal in ("lookahead", "product"):
-        ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype)
+        if ptables is None:
+            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype)
+        else:
+            pgcd.check_tables(fa, ptables)
+            if ptables.budget != budget:
+                raise ValueError(f"ptables= were built for budget {ptables.budget}, not {budget}")
         hpi, hA, hB = (jnp.asarray(a) for a in (hmm.pi, hmm.A, hmm.B))
     else:
         ptables, hpi, hA, hB = None, None, None, None

@@ -274,3 +274,16 @@ def test_mismatched_tables_and_eos_are_clear_errors(problem):
     with pytest.raises(ValueError, match="EOS"):
         decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa2, gcd.backward(fa2, N),
                       budget=N, constrained=True)
+
+
+def test_prebuilt_tables_give_the_same_run(problem):
+    from jaxcd import gcd
+    lm, fa, _, _ = problem
+    hmm = random_hmm(3, seed=1)
+    a = run(lm, fa, R, 32, "lookahead", hmm=hmm, seed=7)
+    b = run(lm, fa, R, 32, "lookahead", hmm=hmm, seed=7, tables=gcd.backward(fa.to_device(), N),
+            ptables=pgcd.backward(fa, hmm, N))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.log_weights), np.asarray(b.log_weights))
+    with pytest.raises(ValueError, match="budget"):
+        run(lm, fa, R, 32, "lookahead", hmm=hmm, ptables=pgcd.backward(fa, hmm, N + 2))
