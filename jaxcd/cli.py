@@ -36,6 +36,11 @@ DEMO_SCHEMA = {
     "required": ["name", "arguments"],
     "additionalProperties": False,
 }
+def _demo_hmm_settings():
+    from hmm_distill.default import DefaultSettings
+    return DefaultSettings(hidden_size=32, num_seqs=64, max_length=32, batch_size=64, epochs=10)
+
+
 DEMO_PROMPT = ("You can call tools. Call get_weather for the 3-day forecast in Paris in "
                "celsius. Answer with the JSON tool call only.")
 
@@ -180,7 +185,17 @@ def cmd_demo(args) -> int:
     # SMC at the tight budget: one particle system per seed; one output drawn from each
     # weighted ensemble, and the ensemble's own estimate of P(city non-empty | valid)
     smc_runs = [("gcd", None)]
-    if args.hmm:
+    if args.hmm == "demo":
+        # a small HMM distilled here from 64 short continuations of the built-in task
+        # prompts (a minute or two on a CPU, cached); `--hmm default` uses the full recipe
+        from hmm_distill.default import default_hmm
+        DEMO_HMM = _demo_hmm_settings()
+        hmm, info = default_hmm(args.model, settings=DEMO_HMM)
+        print(f"\nHMM for the lookahead proposal: H={DEMO_HMM.hidden_size}, distilled from "
+              f"{DEMO_HMM.num_seqs} continuations of <= {DEMO_HMM.max_length} tokens "
+              f"({'cached' if info['cached'] else 'built now'}: {info['path']})")
+        smc_runs.append(("lookahead", hmm))
+    elif args.hmm and args.hmm != "none":
         smc_runs.append(("lookahead", args.hmm))
     for proposal, hmm in smc_runs:
         drawn, est, ok, log_z = [], [], 0, []
@@ -254,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--temperature", type=float, default=1.0)
     d.add_argument("--num-samples", type=int, default=8)
     d.add_argument("--particles", type=int, default=16)
-    d.add_argument("--hmm", default=None, metavar="CKPT|default",
-                   help="also run SMC with the P-GCD lookahead proposal and this HMM")
+    d.add_argument("--hmm", default="demo", metavar="demo|default|CKPT|none",
+                   help="HMM for the SMC run with the P-GCD lookahead proposal: 'demo' (a "
+                        "small one distilled on first use, default), 'default', a checkpoint, "
+                        "or 'none' to skip it")
     d.set_defaults(func=cmd_demo)
     return p
 
