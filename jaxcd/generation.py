@@ -170,6 +170,16 @@ def resolve_predicate(predicate):
     raise ValueError(f"predicate must be a callable or 'module:function', got {predicate!r}")
 
 
+def _encode_within_context(m: "Model", prompt, chat: bool, budget: int) -> list[int]:
+    """The prompt's token ids; raises if prompt + budget exceed the model's context."""
+    prompt_ids = m.encode_prompt(prompt, chat=chat)
+    ctx = getattr(m.lm.config, "context_length", None)
+    if ctx and len(prompt_ids) + budget > ctx:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceeds the "
+                         f"model's context length ({ctx})")
+    return prompt_ids
+
+
 def _walk_valid(fa, rows, ended) -> list[bool]:
     """Constraint met: the tokens (then EOS) lead the automaton to ⊥."""
     out = []
@@ -235,11 +245,7 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
     if fa is None and method != "none":
         method = "none"
     t_compile = time.perf_counter() - t0
-    prompt_ids = m.encode_prompt(prompt, chat=chat)
-    ctx = getattr(m.lm.config, "context_length", None)
-    if ctx and len(prompt_ids) + budget > ctx:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceeds the "
-                         f"model's context length ({ctx})")
+    prompt_ids = _encode_within_context(m, prompt, chat, budget)
     fa_dev = fa.to_device() if fa is not None else None
     tables = tables_for(fa_dev, method, budget) if fa is not None else None
     # Rows are decoded in chunks of at most `batch_size` (one compiled program: the last
@@ -315,11 +321,7 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
     hmm_params = load_hmm(hmm, m) if (method == "smc" and proposal in ("lookahead", "product")
                                        and hmm is not None) else None
     t_compile = time.perf_counter() - t0
-    prompt_ids = m.encode_prompt(prompt, chat=chat)
-    ctx = getattr(m.lm.config, "context_length", None)
-    if ctx and len(prompt_ids) + budget > ctx:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceeds the "
-                         f"model's context length ({ctx})")
+    prompt_ids = _encode_within_context(m, prompt, chat, budget)
     ids, lens = pad_prompts([prompt_ids], pad_id=getattr(m.lm, "pad_token_id", 0))
     key = jax.random.PRNGKey(seed)
     t1 = time.perf_counter()
