@@ -30,15 +30,16 @@ from WordNet 3.0 itself:
   at least 3 letters long and is not in :data:`STOPWORDS`; the first that counts is
   the word's lemma. Words in :data:`STOPWORDS` are never concepts.
 * **Surface forms** of a lemma (:func:`inflections`), over every POS in which it is
-  a tagged lemma: the lemma; regular ``-s`` (``-es`` after s/x/z/ch/sh, ``-ies``
-  after consonant + y) for nouns and verbs; for verbs regular ``-ed`` (``-d`` after
-  e, ``-ied`` after consonant + y) and ``-ing`` (``ie->ying``, final e dropped except
-  after e/o/y); plus every inflected form that ``noun.exc`` / ``verb.exc`` map to the
-  lemma (irregular plurals and pasts, doubled consonants: *ran*, *mice*,
-  *stopped*). Each form also appears capitalised. Regular forms are not checked
-  against a dictionary (*runned* is listed next to *ran*); they only widen the
-  constraint. A concept is kept only if the word as it appears in the sentence is
-  one of its forms, so the reference always satisfies its own constraint.
+  a tagged lemma: the lemma; for nouns the plurals ``noun.exc`` maps to it (*mice*),
+  else the regular plural (``-es`` after s/x/z/ch/sh, ``-ies`` after consonant + y,
+  else ``-s``); for verbs the regular ``-s`` form, every form ``verb.exc`` maps to the
+  lemma (*ran*, *running*, *stopped*), the regular ``-ed`` (``-d`` after e, ``-ied``
+  after consonant + y) unless ``verb.exc`` lists a non-``-ing`` form (so *see* gets
+  *saw*, *seen*, not *seed*), and the regular ``-ing`` (``ie->ying``, final e dropped
+  except after e/o/y) unless ``verb.exc`` lists an ``-ing`` form. Each form also
+  appears capitalised. Regular forms are not checked against a dictionary; they only
+  widen the constraint. A concept is kept only if the word as it appears in the
+  sentence is one of its forms, so the reference always satisfies its own constraint.
 * **Concept sets.** A sentence with at least 3 distinct concept lemmas gets
   ``k = rng.randint(3, min(5, n))`` of them, ``rng.sample``-d with
   ``random.Random(f"{seed}:{id}")`` (deterministic per sentence and seed), listed
@@ -295,14 +296,26 @@ def _gerund(w: str) -> str:
 
 
 def inflections(lemma: str, pos_set, lex: Lexicon) -> list[str]:
-    """Lower-case surface forms of ``lemma`` over ``pos_set`` (lemma first, deduplicated)."""
+    """Lower-case surface forms of ``lemma`` over ``pos_set`` (lemma first, deduplicated).
+
+    Nouns: the irregular plurals ``noun.exc`` lists, else the regular plural. Verbs: the
+    regular ``-s``; the forms ``verb.exc`` lists; the regular ``-ed`` unless it lists a
+    form not ending in ``ing`` (*saw*/*seen* replace *seed*, *stopped* replaces
+    *stoped*), the regular ``-ing`` unless it lists one ending in ``ing``.
+    """
     forms = [lemma]
     for pos in pos_set:
-        forms.append(_plural(lemma))                      # noun plural / verb 3rd person
-        if pos == "v":
-            forms += [_past(lemma), _gerund(lemma)]
-        forms += sorted(lex.rev_exc[pos].get(lemma, []))
-    return list(dict.fromkeys(f for f in forms if f.isalpha() or "-" in f))
+        exc = sorted(lex.rev_exc[pos].get(lemma, []))
+        if pos == "n":
+            forms += exc or [_plural(lemma)]
+        else:
+            forms.append(_plural(lemma))
+            forms += exc
+            if not [f for f in exc if not f.endswith("ing")]:
+                forms.append(_past(lemma))
+            if not [f for f in exc if f.endswith("ing")]:
+                forms.append(_gerund(lemma))
+    return list(dict.fromkeys(f for f in forms if f.isalpha()))
 
 
 def with_capitals(forms) -> list[str]:
@@ -404,7 +417,7 @@ def default_dataset(seed: int = 0) -> Path:
 
 # Words whose index and exception lines the test excerpt always keeps (inflection tests).
 EXCERPT_WORDS = ("run", "ran", "mouse", "mice", "child", "children", "stop", "stopped",
-                 "box", "city", "day", "lie", "make", "see", "agree", "go", "went", "dog")
+                 "box", "city", "day", "lie", "make", "see", "agree", "dog", "spoke", "speak")
 
 
 def _candidates(word: str) -> set[str]:
