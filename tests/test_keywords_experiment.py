@@ -230,3 +230,63 @@ def test_summary_and_markdown(rows):
     assert s["valid_ci"][0] <= 50.0 <= s["valid_ci"][1]
     md = kw.markdown([s], {"command": "x", "n_examples": 10})
     assert "| gcd | 4 | 10 | 50.0 [" in md
+
+
+# --------------------------------------------------------------------------- end to end
+def test_entry_point_end_to_end(tmp_path, rows, smol_tokenizer, smol_vocab):
+    """The whole study on 2 concept sets with a toy unigram LM over the real vocabulary
+    (the real model would take minutes to compile on CPU) and a random 4-state HMM:
+    files are written, and every record agrees with the constraint and the scores."""
+    import types
+
+    import jax.numpy as jnp
+    import sacrebleu
+    from hmm_distill import HMMParams
+    from jaxcd.generation import Model
+    from jaxcd.lm import TableLM
+
+    V = len(smol_vocab)
+    rng = np.random.default_rng(0)
+    p = rng.random(V) + 0.1
+    p[np.asarray(smol_vocab.is_special)] = 0.0
+    p[smol_vocab.eos_id] = p.sum() / 20                  # ~5% EOS
+    with np.errstate(divide="ignore"):
+        logp = np.log(p / p.sum())
+    lm = TableLM(logp[None], np.zeros((1, V), np.int32), smol_vocab.eos_id)
+    lm.config = types.SimpleNamespace(context_length=None)
+    model = Model(lm, lm.params, smol_tokenizer, smol_vocab, "")
+    H = 4
+    hmm = HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(H), H), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(V), H), jnp.float32))
+    out = tmp_path / "kw"
+    a = kw.parse_args(["--data", str(SAMPLE), "--methods", "lcd,gcd,smc-lookahead",
+                       "--particles", "2", "--hmm", "x.safetensors", "--budget", "auto",
+                       "--limit", "2", "--seed", "3", "--out", str(out)])
+    res = kw.run(a, model=model, hmm=hmm)
+    by_id = {r["id"]: r for r in rows}
+    preds = [json.loads(l) for l in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 2 * 3
+    assert {(p["method"], p["particles"]) for p in preds} == {
+        (m, 2) for m in ("lcd", "gcd", "smc-lookahead")}
+    for p in preds:
+        assert {"id", "method", "particles", "output", "valid", "coverage", "bleu"} <= p.keys()
+        r = by_id[p["id"]]
+        if p["valid"]:
+            assert kw.satisfies(p["output"], r)
+        if p["method"] != "lcd":
+            assert p["valid"]                               # GCD-based: always satisfied
+            assert p["budget"] == kw.auto_budget(p["min_budget"])
+        assert p["coverage"] == kw.coverage(p["output"], r)
+        assert p["bleu"] == pytest.approx(sacrebleu.sentence_bleu(p["output"], [r["reference"]]).score)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["method"], s["particles"], s["n"]) for s in summary["summary"]] == [
+        ("lcd", 2, 2), ("gcd", 2, 2), ("smc-lookahead", 2, 2)]
+    assert summary["summary"] == res["summary"]
+    for s in summary["summary"]:
+        ps = [p for p in preds if p["method"] == s["method"]]
+        assert s["coverage_pct"] == pytest.approx(100 * np.mean([p["coverage"] for p in ps]))
+        assert s["bleu"] == pytest.approx(sacrebleu.corpus_bleu(
+            [p["output"] for p in ps], [[by_id[p["id"]]["reference"] for p in ps]]).score)
+    md = (out / "summary.md").read_text()
+    assert md.count("\n| smc-lookahead | 2 | 2 |") == 1 and "BLEU-4" in md
