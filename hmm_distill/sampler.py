@@ -8,6 +8,12 @@ exactly ``T`` tokens. Randomness is per *sequence*: sequence ``i`` uses
 ``fold_in(key(seed), i)``, so the output does not depend on the batch size or on
 which shards were generated in which run, and a resumed job is bit-identical.
 
+:func:`run_sampling` batches the rows of a shard by prompt length and prompt
+(:func:`sample_rows_shared_prefill`): each distinct prompt of a batch is prefilled once,
+padded only to the longest prompt of its batch, and its prefilled LM state is copied to
+the rows that continue it. With 512 continuations of 154 chat prompts (37–163 tokens)
+this computes 20k prompt tokens instead of 83k; the draws are unchanged.
+
 :func:`run_sampling` writes a sample directory (:mod:`hmm_distill.data`) shard by
 shard; shards that already exist complete are skipped (resume), and a directory made
 with different settings is refused.
@@ -27,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcd.decode import draw as jaxcd_draw
+from jaxcd.lm.interface import pad_prompts
 
 from .data import (SAMPLES_FORMAT, load_shard, logprobs_name, read_metadata, shard_name,
                    write_json_atomic)
@@ -34,31 +41,10 @@ from .errors import ConfigError, SampleDataError, SampleDirMismatchError
 from .priors import first_eos_mask
 
 
-@partial(jax.jit, static_argnames=("lm", "length", "temperature"))
-def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.Array,
-                                       keys: jax.Array, *, length: int,
-                                       temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """Draw one continuation of up to ``length`` tokens per row.
-
-    Args:
-      lm: a :class:`jaxcd.lm.interface.LanguageModel` (static, hashable).
-      params: its parameter pytree.
-      prompt_ids: int32 ``[B, P]`` left-padded; prompt_lengths: int32 ``[B]``.
-      keys: typed PRNG keys ``[B]``, one per sequence.
-      length: ``T`` (static), the hard cap; temperature: ``τ ≥ 0`` (static).
-    Returns:
-      ``tokens`` int32 ``[B, T]`` (tokens up to the first EOS, then EOS) and
-      ``logprobs`` float32 ``[B, T]``: the LM's (untempered) ``log p(x_t | prompt, x_{<t})``
-      of each drawn token up to and including the first EOS, 0 after it. The loop
-      stops as soon as every row has produced EOS (a ``lax.while_loop``), so short
-      continuations cost only their own length; the result equals running all ``T``
-      steps (step ``t`` always uses key ``t`` of the row's split).
-    """
-    if length < 1:
-        raise ValueError(f"length must be >= 1, got {length}")
+def _decode(lm, params, state, logp, keys, length: int, temperature: float):
+    """The decoding loop after the prefill (traced; see :func:`sample_continuations_with_logprobs`)."""
     eos = jnp.int32(lm.eos_token_id)
-    B = prompt_ids.shape[0]
-    state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + length)
+    B = keys.shape[0]
     step_keys = jax.vmap(lambda k: jax.random.split(k, length))(keys)  # [B, T]
     step_keys = jnp.swapaxes(step_keys, 0, 1)  # [T, B]
 
@@ -88,6 +74,81 @@ def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt
     carry = (jnp.int32(0), state, logp, jnp.zeros((B,), bool), toks0, lps0)
     _, _, _, _, toks, lps = jax.lax.while_loop(cond, body, carry)
     return toks, lps
+
+
+@partial(jax.jit, static_argnames=("lm", "length", "temperature"))
+def sample_continuations_with_logprobs(lm, params, prompt_ids: jax.Array, prompt_lengths: jax.Array,
+                                       keys: jax.Array, *, length: int,
+                                       temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """Draw one continuation of up to ``length`` tokens per row.
+
+    Args:
+      lm: a :class:`jaxcd.lm.interface.LanguageModel` (static, hashable).
+      params: its parameter pytree.
+      prompt_ids: int32 ``[B, P]`` left-padded; prompt_lengths: int32 ``[B]``.
+      keys: typed PRNG keys ``[B]``, one per sequence.
+      length: ``T`` (static), the hard cap; temperature: ``τ ≥ 0`` (static).
+    Returns:
+      ``tokens`` int32 ``[B, T]`` (tokens up to the first EOS, then EOS) and
+      ``logprobs`` float32 ``[B, T]``: the LM's (untempered) ``log p(x_t | prompt, x_{<t})``
+      of each drawn token up to and including the first EOS, 0 after it. The loop
+      stops as soon as every row has produced EOS (a ``lax.while_loop``), so short
+      continuations cost only their own length; the result equals running all ``T``
+      steps (step ``t`` always uses key ``t`` of the row's split).
+    """
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + length)
+    return _decode(lm, params, state, logp, keys, length, temperature)
+
+
+@partial(jax.jit, static_argnames=("lm", "max_len"))
+def _prefill(lm, params, prompt_ids, prompt_lengths, *, max_len: int):
+    return lm.prefill(params, prompt_ids, prompt_lengths, max_len)
+
+
+@jax.jit
+def _take_rows(tree, rows):
+    # every LM state leaf has the batch axis first (the LanguageModel contract)
+    return jax.tree.map(lambda x: x[rows], tree)
+
+
+@partial(jax.jit, static_argnames=("lm", "length", "temperature"))
+def _decode_jit(lm, params, state, logp, keys, *, length: int, temperature: float):
+    return _decode(lm, params, state, logp, keys, length, temperature)
+
+
+def sample_rows_shared_prefill(lm, params, prompts: Sequence[Sequence[int]], which: np.ndarray,
+                               keys: jax.Array, *, length: int, temperature: float = 1.0,
+                               prompt_bucket: int = 32, unique_bucket: int = 8,
+                               max_prompt_len: int | None = None) -> tuple[jax.Array, jax.Array, int]:
+    """:func:`sample_continuations_with_logprobs` for rows ``b`` continuing
+    ``prompts[which[b]]``, prefilling each *distinct* prompt once.
+
+    The distinct prompts of the batch are left-padded only to their own longest length
+    (rounded up to a multiple of ``prompt_bucket``, at most ``max_prompt_len``, so few
+    shapes are compiled; their count is padded to a multiple of ``unique_bucket``), run
+    through ``lm.prefill`` once, and the prefilled state rows are copied to the rows that
+    continue them (``state[rows]``: every LM state leaf has the batch axis first). The
+    draws are those of :func:`sample_continuations_with_logprobs` on the fully padded
+    batch (same keys; the extra left padding is masked out). Returns ``(tokens,
+    logprobs, prefill_tokens)`` (``prefill_tokens``: padded prompt tokens computed)."""
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}")
+    which = np.asarray(which)
+    uniq, inv = np.unique(which, return_inverse=True)
+    U = max(len(uniq), min(-(-len(uniq) // unique_bucket) * unique_bucket, len(which)))
+    uniq = np.concatenate([uniq, np.repeat(uniq[-1:], U - len(uniq))])
+    width = max(len(prompts[j]) for j in uniq)
+    width = -(-width // prompt_bucket) * prompt_bucket
+    if max_prompt_len is not None:
+        width = max(min(width, int(max_prompt_len)), max(len(prompts[j]) for j in uniq))
+    mat, lens = pad_prompts([prompts[j] for j in uniq], pad_id=0, length=width)
+    state, logp = _prefill(lm, params, jnp.asarray(mat), jnp.asarray(lens), max_len=width + int(length))
+    state, logp = _take_rows((state, logp), jnp.asarray(inv.astype(np.int32)))
+    toks, lps = _decode_jit(lm, params, state, logp, keys, length=int(length),
+                            temperature=float(temperature))
+    return toks, lps, int(mat.size)
 
 
 def sample_continuations(lm, params, prompt_ids, prompt_lengths, keys, *, length: int,
@@ -222,8 +283,6 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
     have finished. Returns the final metadata dict.
     """
-    from jaxcd.lm.interface import pad_prompts
-
     from .distributed import barrier, is_main, process_count, process_index
 
     if num_seqs < 1 or length < 1 or shard_size < 1 or batch_size < 1:
@@ -265,7 +324,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             meta["tokens_per_s"] = old["tokens_per_s"]
     barrier("hmm_distill_sample_start")
 
-    prompt_mat, prompt_len = pad_prompts(prompt_ids, pad_id=0)
+    plen = np.array([len(p) for p in prompt_ids])
+    max_plen = int(plen.max())
     num_shards = -(-num_seqs // shard_size)
     sizes = [min(shard_size, num_seqs - k * shard_size) for k in range(num_shards)]
 
@@ -311,36 +371,42 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
 
         bar = tqdm(total=sum(sizes[k] for k in todo), unit="seq",
                    desc=f"sampling {len(todo)} shard(s)" + (f" [process {I_}/{P_}]" if P_ > 1 else ""))
-    t0, n_tok = time.perf_counter(), 0
+    t0, n_tok, n_prefill, n_rowsteps = time.perf_counter(), 0, 0, 0
     bsz = int(min(batch_size, shard_size))
     for k in todo:
         n = sizes[k]
         idx = k * shard_size + np.arange(n)
-        rows, lrows = [], []
+        # rows of a shard are batched by prompt length, then prompt: a batch's distinct
+        # prompts are prefilled once each, padded only to their own length
+        w_all = idx % len(prompt_ids)
+        order = np.lexsort((idx, w_all, plen[w_all]))
+        arr = np.empty((n, length), np.int32)
+        lp = np.empty((n, length), np.float32)
         for s in range(0, n, bsz):
-            bi = idx[s:s + bsz]
+            sel = order[s:s + bsz]
+            bi = idx[sel]
             pad = bsz - len(bi)
             bi_full = np.concatenate([bi, np.repeat(bi[-1:], pad)]) if pad else bi
-            which = bi_full % len(prompt_ids)
-            toks, lps = sample_continuations_with_logprobs(
-                lm, params, jnp.asarray(prompt_mat[which]), jnp.asarray(prompt_len[which]),
-                sequence_keys(seed, bi_full), length=int(length), temperature=float(temperature))
+            toks, lps, npre = sample_rows_shared_prefill(
+                lm, params, prompt_ids, bi_full % len(prompt_ids), sequence_keys(seed, bi_full),
+                length=int(length), temperature=float(temperature), max_prompt_len=max_plen)
             toks = np.asarray(toks)[: len(bi)]
-            rows.append(toks)
-            lrows.append(np.asarray(lps)[: len(bi)])
+            arr[sel] = toks
+            lp[sel] = np.asarray(lps)[: len(bi)]
+            n_prefill += npre
+            n_rowsteps += bsz * int(first_eos_mask(toks, eos).sum(1).max())
             n_tok += int(first_eos_mask(toks, eos).sum())  # generated tokens (EOS included)
             if bar is not None:
                 bar.update(len(bi))
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
-        arr = np.concatenate(rows, 0).astype(np.int32)
-        lp = np.concatenate(lrows, 0).astype(np.float32)
         for name, a in ((logprobs_name(k), lp), (shard_name(k), arr)):  # shard last: it marks completion
             tmp = out / (name + ".tmp")
             with open(tmp, "wb") as f:
                 np.save(f, a)
             tmp.replace(out / name)
         done[k] = (arr, True)
-        write_meta({"tokens_per_s": n_tok / max(time.perf_counter() - t0, 1e-9)})
+        write_meta({"tokens_per_s": n_tok / max(time.perf_counter() - t0, 1e-9),
+                    "prefill_tokens": n_prefill, "decode_row_steps": n_rowsteps})
     if bar is not None:
         bar.close()
     if P_ > 1:

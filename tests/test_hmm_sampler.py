@@ -183,3 +183,44 @@ def test_sample_cli_with_hmm_lm(tmp_path, capsys):
     assert s.tokens.shape == (30, 7)
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["model"].startswith("hmm:") and len(meta["shards"]) == 2
+
+
+def test_shared_prefill_equals_padded_batch(tmp_path):
+    """run_sampling batches rows by prompt and prefills each distinct prompt once, padded
+    only to its batch's longest prompt; the draws equal those of one fully padded batch.
+    TableLM: exactly; a tiny random Llama (JaxLM, blocked attention): same tokens,
+    log-probs to float32 noise."""
+    from jaxcd.lm.interface import pad_prompts
+    from hmm_distill.sampler import sample_continuations_with_logprobs, sample_rows_shared_prefill
+
+    lm = _table_lm()
+    prompts = [[EOS, 1, 0], [EOS], [EOS, 0], [EOS, 1, 1]]
+    n = 30
+    meta = run_sampling(lm, lm.params, tmp_path / "t", num_seqs=n, length=T, shard_size=n, batch_size=8,
+                        seed=5, prompt_ids=prompts, progress=False)
+    got = load_samples(tmp_path / "t")
+    ids, lens = pad_prompts([prompts[i % len(prompts)] for i in range(n)])
+    ref_t, ref_lp = sample_continuations_with_logprobs(lm, lm.params, ids, lens, sequence_keys(5, np.arange(n)),
+                                                       length=T)
+    np.testing.assert_array_equal(got.tokens, np.asarray(ref_t))
+    np.testing.assert_array_equal(got.logprobs, np.asarray(ref_lp))
+    assert meta["decode_row_steps"] <= 4 * 8 * T and meta["prefill_tokens"] == 4 * 8 * 3
+
+    from test_lm_llama import write_tiny_gguf
+    from jaxcd.lm.llama import JaxLM
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
+    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
+    which = np.array([0, 1, 1, 3, 2, 0, 3, 3])
+    keys = sequence_keys(1, np.arange(len(which)))
+    L = 12
+    toks, lps, npre = sample_rows_shared_prefill(jlm, jlm.params, prompts, which, keys, length=L,
+                                                 prompt_bucket=4, unique_bucket=8)
+    assert npre == 8 * 20  # 4 distinct prompts padded to 8 rows of 20 (19 rounded up to 4)
+    ids, lens = pad_prompts([prompts[w] for w in which], length=24)  # wider padding than above
+    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, keys, length=L)
+    np.testing.assert_array_equal(np.asarray(toks), np.asarray(ref_t))
+    np.testing.assert_allclose(np.asarray(lps), np.asarray(ref_lp), atol=1e-4)
+    assert np.asarray(toks).std() > 0
