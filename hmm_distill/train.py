@@ -93,6 +93,9 @@ class TrainConfig:
     model_shards: int = 1              #: split B [H, V] over this many devices (vocabulary axis)
     memory_limit_gb: float | None = None  #: override the detected free memory per device
     keep_checkpoints: int = 3          #: keep the last k epoch checkpoints (0 = all)
+    patience: int = 0                  #: early stopping: stop after this many epochs without a new
+                                       #: best held-out log-likelihood; the result is the best epoch's
+                                       #: parameters (0 = off: run all epochs, keep the last)
     plot: bool = True
     progress: bool = True
 
@@ -120,6 +123,10 @@ class TrainConfig:
             raise ConfigError(f"length_bucket must be >= 1, got {self.length_bucket}")
         if not 0 <= self.heldout_frac < 1:
             raise ConfigError(f"heldout_frac must be in [0, 1), got {self.heldout_frac}")
+        if self.patience < 0:
+            raise ConfigError(f"patience must be >= 0, got {self.patience}")
+        if self.patience and self.heldout_frac == 0:
+            raise ConfigError("early stopping (patience > 0) needs a held-out set (heldout_frac > 0)")
         step_size(0, self.step_offset, self.step_kappa)  # validates κ, k₀
 
     def to_dict(self) -> dict:
@@ -139,6 +146,9 @@ class TrainResult:
     params: F.HMMParams
     metrics: list = field(default_factory=list)
     run_dir: Path | None = None
+    #: the metrics line of the epoch whose parameters are the result (the last epoch, or
+    #: the best held-out epoch with early stopping)
+    best: dict | None = None
 
 
 def data_identity(meta: dict, n_used: int) -> str:
@@ -353,6 +363,23 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
     if main:
         metrics_path.write_text("".join(json.dumps(m) + "\n" for m in metrics))
         (run_dir / "config.json").write_text(json.dumps(cfg_dict, indent=1, sort_keys=True))
+    best_path = run_dir / "best.safetensors"
+    best = None  # (metrics line, host params) of the best held-out epoch so far (early stopping)
+    if cfg.patience and metrics:
+        bm = max(metrics, key=lambda m: m["heldout_ll"])
+        if bm["epoch"] == epoch0:
+            best = (bm, None)  # the resumed parameters themselves
+        else:
+            try:
+                bck = load_checkpoint(best_path, expect_vocab_size=V, expect_fingerprint=fp,
+                                      expect_hidden_size=H)
+                best = (bm, F.HMMParams(*bck.params)) if bck.epoch == bm["epoch"] else None
+            except Exception:  # noqa: BLE001 - missing / other run: restart the count here
+                best = None
+            if best is None:
+                log(f"warning: the best epoch {bm['epoch']} has no best.safetensors; early stopping "
+                    f"counts from epoch {epoch0}")
+                best = (metrics[-1], None)
 
     uni = unigram_logprobs(train_tok, V, cfg.unigram_smoothing, train_msk)
     uni_held = float(uni[held_tok[held_msk]].mean()) if held_msk.any() else float("nan")
@@ -371,6 +398,7 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         m0 = {"epoch": 0, "step": 0, "train_ll": None, **held_metrics(params),
               "unigram_train_ll": uni_train, "eta": None, "epoch_time_s": 0.0, "tokens_per_s": None}
         metrics = [m0]
+        best = (m0, None)
         if main:
             metrics_path.write_text(json.dumps(m0) + "\n")
         log(f"epoch 0: held-out {m0['heldout_ll']:.4f} nats/token (unigram {uni_held:.4f}, "
@@ -379,7 +407,12 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
     n_train = train_tok.shape[0]
     n_batches = -(-n_train // bs)
     n_train_tok = int(train_msk.sum())
+    def stop_now() -> bool:
+        return bool(cfg.patience) and best is not None and metrics[-1]["epoch"] - best[0]["epoch"] >= cfg.patience
+
     for epoch in range(epoch0, cfg.epochs):
+        if stop_now():
+            break
         t0 = time.perf_counter()
         bar = None
         if cfg.progress and main:
@@ -435,7 +468,14 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
             raise NonFiniteStatisticsError(f"non-finite log-likelihood after epoch {epoch + 1}: {m}")
         metrics.append(m)
         host_params = _host(params)
+        improved = cfg.patience and m["heldout_ll"] > best[0]["heldout_ll"]
+        if improved:
+            best = (m, host_params)
         if main:
+            if improved:
+                save_checkpoint(best_path, host_params, fingerprint=fp, eos_token_id=eos, epoch=epoch + 1,
+                                step=step, rng_key=np.asarray(jax.random.key_data(base_key)),
+                                config=cfg_dict, extra={**extra_base, "metrics": m})
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(m) + "\n")
             save_checkpoint(epoch_checkpoint_path(run_dir, epoch + 1), host_params, fingerprint=fp,
@@ -455,12 +495,21 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
             f"(unigram {uni_held:.4f}{gs}) nats/token; {m['tokens_per_s']:.0f} tok/s; {train_time:.1f}s")
 
     final = _host(params)
+    chosen = metrics[-1] if metrics else None
+    last_epoch = metrics[-1]["epoch"] if metrics else epoch0
+    if cfg.patience and best is not None:
+        chosen = best[0]
+        if best[1] is not None:
+            final = best[1]
+        if chosen["epoch"] != last_epoch or last_epoch < cfg.epochs:
+            log(f"early stopping: best held-out {chosen['heldout_ll']:.4f} at epoch {chosen['epoch']} "
+                f"(ran {last_epoch} of {cfg.epochs} epochs, patience {cfg.patience})")
     if main:
         save_checkpoint(run_dir / "hmm.safetensors", final, fingerprint=fp, eos_token_id=eos,
-                        epoch=max(cfg.epochs, epoch0), step=step,
+                        epoch=chosen["epoch"] if chosen else epoch0, step=step,
                         rng_key=np.asarray(jax.random.key_data(base_key)), config=cfg_dict,
-                        extra={**extra_base, "metrics": metrics[-1] if metrics else None})
+                        extra={**extra_base, "metrics": chosen, "epochs_run": last_epoch})
         if cfg.plot and metrics:
             _plot(run_dir, metrics)
     barrier("hmm_distill_done")
-    return TrainResult(params=final, metrics=metrics, run_dir=run_dir)
+    return TrainResult(params=final, metrics=metrics, run_dir=run_dir, best=chosen)

@@ -13,7 +13,7 @@ from hmm_distill import hmm as F
 from hmm_distill.checkpoint import load_checkpoint, save_checkpoint
 from hmm_distill.cli import main
 from hmm_distill.data import load_samples, write_samples
-from hmm_distill.errors import (CheckpointError, CheckpointMismatchError, SampleDataError,
+from hmm_distill.errors import (CheckpointError, CheckpointMismatchError, ConfigError, SampleDataError,
                                 VocabularyMismatchError)
 from hmm_distill.train import TrainConfig, train
 
@@ -237,3 +237,38 @@ def test_docs_quickstart_runs(tmp_path, monkeypatch, capsys):
     scope: dict = {}
     exec(compile(snippet, "docs/hmm_distill.md", "exec"), scope)
     assert scope["hmm"].hidden_size == 16 and scope["hmm"].vocab_size == 64
+
+
+def test_early_stopping_keeps_best_heldout_epoch(tmp_path):
+    """patience=p: training stops p epochs after the best held-out log-likelihood and the
+    result is that epoch's parameters, i.e. the checkpoint an uninterrupted run wrote at
+    that epoch; a resumed run finds the best epoch again (best.safetensors)."""
+    from hmm_distill.lms import load_lm
+    from hmm_distill.sampler import run_sampling
+
+    toy = load_lm("toy:32:0")
+    data = tmp_path / "s"
+    run_sampling(toy.lm, toy.params, data, num_seqs=60, length=12, shard_size=60, batch_size=60, seed=0,
+                 progress=False, fingerprint=toy.fingerprint)
+    kw = dict(data=str(data), hidden_size=16, mode="full", prior_strength=0.01, init="random",
+              heldout_frac=0.3, plot=False, progress=False)
+    quiet = dict(log=lambda *a: None)
+    full = train(TrainConfig(out=str(tmp_path / "full"), epochs=14, keep_checkpoints=0, **kw), **quiet)
+    held = [m["heldout_ll"] for m in full.metrics]
+    best = int(np.argmax(held))
+    assert 0 < best < 14 - 3 and held[-1] < held[best]  # this data overfits: held-out peaks early
+    es = train(TrainConfig(out=str(tmp_path / "es"), epochs=14, patience=3, **kw), **quiet)
+    assert [m["epoch"] for m in es.metrics][-1] == best + 3 and es.best["epoch"] == best
+    ref = load_checkpoint(tmp_path / "full" / f"ckpt_epoch{best:04d}.safetensors").params
+    got = load_checkpoint(tmp_path / "es" / "hmm.safetensors")
+    assert got.epoch == best and got.extra["metrics"]["heldout_ll"] == pytest.approx(held[best])
+    for a, b in zip(got.params, ref):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    # resume: a run without early stopping past the best epoch, then resumed with patience
+    train(TrainConfig(out=str(tmp_path / "r"), epochs=best + 3, keep_checkpoints=1, patience=100, **kw), **quiet)
+    res = train(TrainConfig(out=str(tmp_path / "r"), epochs=14, patience=3, **kw), **quiet)
+    assert res.metrics[-1]["epoch"] == best + 3 and res.best["epoch"] == best
+    for a, b in zip(load_checkpoint(tmp_path / "r" / "hmm.safetensors").params, ref):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    with pytest.raises(ConfigError, match="held-out"):
+        train(TrainConfig(out=str(tmp_path / "x"), epochs=2, patience=2, **{**kw, "heldout_frac": 0}), **quiet)
