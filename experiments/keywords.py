@@ -27,15 +27,41 @@ resamples, seeded):
 * **seconds per example** (decode only) and, separately, compile time (automaton,
   tables and jit tracing).
 
-``--budget auto`` is the constraint's smallest budget (``fa.min_budget``) plus
-:data:`AUTO_MARGIN` tokens.
+Methods and how the output of a method at K particles is chosen are
+:mod:`experiments.runner`'s: ``lcd`` / ``gcd`` draw K independent samples from the LCD /
+GCD sampler and answer the first valid one; ``smc-lcd``, ``smc-gcd``, ``smc-lookahead``,
+``smc-product`` (P-GCD; need ``--hmm``) and ``awrs`` answer one particle drawn from the
+normalised SMC weights.
 
-CPU defaults are small (``--limit 20``, ``--particles 4``); the full study (≥ 200
-concept sets, K ∈ {1, 2, 4, 8, 16}, every method) is for a GPU::
+``--budget auto`` is the constraint's smallest budget (``fa.min_budget``, 4–7 tokens
+here) plus ``--margin`` (:data:`AUTO_MARGIN` = 24 tokens), rounded up to a multiple of
+16: 32 for almost every set (the references are 7–29 tokens long, median 10, so
+every reference fits its budget).
 
-    python -m experiments.keywords --methods lcd,gcd,smc-gcd,smc-lookahead,smc-product \\
+Shapes: every concept set has its own automaton. A run first compiles all of them
+(cached on disk under the jaxcd cache, so a rerun skips this), then pads each to the
+run's largest state, edge, out-degree and mask-row counts (powers of two;
+:func:`jaxcd.tensorize.pad_automaton`) and left-pads prompts to a multiple of 32
+tokens, so one compiled program per (method, K, budget, prompt width) serves every
+example. ``compiled`` in the predictions and ``compiles`` / ``compile s`` in the summary
+separate compilation from decoding.
+
+Outputs in ``--out``: ``predictions.jsonl`` (one line per concept set × method × K:
+``id, method, particles, output`` (the exact generated text), ``valid``, ``coverage``
+(0–1), ``bleu`` (sacrebleu sentence BLEU, for inspection; the summary's BLEU is the
+corpus score) and diagnostics: ``budget``, ``min_budget``, ``seconds``, ``compiled``,
+``tables_s``, ``tokens``, ``n_valid_particles``, ``log_Z``), ``summary.json`` (``meta``:
+command, machine, data, settings; ``summary``: one entry per method × K; ``examples``:
+per-set budget and automaton sizes) and ``summary.md``.
+
+CPU defaults are small (``--limit 20``, K = 4, lcd,gcd,smc-gcd,smc-lookahead: about
+20–25 minutes on a loaded 2-core CPU, the first run also compiling the 20 automata,
+~3.5 min). The full study (≥ 200 concept sets, K ∈ {1, 2, 4, 8, 16}, every method) is
+for a GPU::
+
+    python -m experiments.keywords --methods lcd,gcd,smc-lcd,smc-gcd,smc-lookahead,smc-product \\
         --particles 1,2,4,8,16 --hmm default --budget auto --limit 200 --seed 0 \\
-        --out experiments/results/keywords
+        --out experiments/results/keywords_full
 """
 
 from __future__ import annotations

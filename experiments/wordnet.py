@@ -53,7 +53,7 @@ Output JSONL, one line per concept set::
      "synset": "01234567-n"}
 
 ``python -m experiments.wordnet --out FILE.jsonl [--seed 0] [--limit N]`` writes the set
-(default: ``<cache>/data/wordnet_keywords_seed0.jsonl``, which is what
+(default: ``<cache>/data/wordnet_keywords_v1_seed0.jsonl``, which is what
 ``experiments.keywords`` uses without ``--data``); ``--sample 40 --out
 tests/data/wordnet/sample.jsonl --excerpt tests/data/wordnet/dict`` writes the small
 seeded sample the tests use and the WordNet excerpt that reproduces it.
@@ -381,8 +381,11 @@ def sample(rows: list[dict], n: int, seed: int = 0) -> list[dict]:
     return [rows[i] for i in idx]
 
 
+BUILD_VERSION = 1     # bump when the rules above change: the cached set is rebuilt
+
+
 def default_path(seed: int = 0) -> Path:
-    return data_dir().parent / f"wordnet_keywords_seed{seed}.jsonl"
+    return data_dir().parent / f"wordnet_keywords_v{BUILD_VERSION}_seed{seed}.jsonl"
 
 
 def write_jsonl(rows, path: Path) -> None:
