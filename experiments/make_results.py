@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from experiments.studies import LABELS, STUDIES, TITLES, md_table  # noqa: E402
+from experiments.studies import LABELS, STUDIES, TITLES, keywords_table, md_table  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 PAPER = ROOT / "experiments" / "paper_numbers.json"
@@ -95,8 +95,9 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
         out += bias_section(res, rel)
     elif name == "runtime":
         out += ["bench_pgcd (one tool-call prompt, 16 particles):", "",
-                md_table(res.get("bench_table", []), [("configuration", "config"), ("ms/step", "ms_per_step"),
-                                                      ("slowdown vs none", "slowdown")]),
+                md_table(res.get("bench_table", []), [("configuration", "config"), ("decode ms/step", "ms_per_step"),
+                                                      ("sd", "ms_sd"), ("slowdown vs none", "slowdown"),
+                                                      ("estimate", "estimate")]),
                 "On the BFCL prompts:", "", md_table(res.get("table", []), table_cols("runtime"))]
     elif name == "hmm_size":
         h = res.get("hmms", {})
@@ -108,14 +109,7 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
                        f"{_f(e.get('lm_heldout_ll'), 3)} | {_f(e.get('gap_share'), 3)} |")
         out += ["", md_table(res.get("table", []), table_cols("accuracy"))]
     elif name == "keywords":
-        tab = res.get("table", [])
-        if tab:
-            keys = [k for k in tab[0] if not isinstance(tab[0][k], (list, dict))]
-            out += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-            for e in tab:
-                out.append("| " + " | ".join(_f(e.get(k), 2) if isinstance(e.get(k), float) else str(e.get(k))
-                                             for k in keys) + " |")
-            out.append("")
+        out += [keywords_table(res.get("table", []))]
     elif name == "second_model":
         if not res.get("ran"):
             s = res.get("search", {})
@@ -171,7 +165,7 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
     out += ["### Table 1: constraint satisfaction (%)", "",
             "| format | method | paper k=4 | paper k=16 | ours k=4 | ours k=16 |", "|---|---|---|---|---|---|"]
     t1 = paper["table1_satisfaction_pct"]
-    ours_names = {"lcd": "lcd", "gcd": "gcd", "pgcd": "smc-lookahead"}
+    ours_names = {"lcd": "smc-lcd", "gcd": "smc-gcd", "pgcd": "smc-lookahead"}
     for fmt in ("json", "python"):
         for m in ("lcd", "gcd", "pgcd"):
             o = [(_entry(sat["table"], fmt, ours_names[m], k) if sat else None) for k in (4, 16)]
@@ -200,7 +194,8 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
     t2 = paper["table2_runtime"]["slowdown"]
     out += ["### Table 2: slowdown against unconstrained decoding", "",
             "| configuration | paper (H100, 8B) | ours |", "|---|---|---|"]
-    ours_rt = {r["config"]: r.get("slowdown") for r in (rt or {}).get("bench_table", [])}
+    ours_rt = {r["config"]: r.get("slowdown") for r in (rt or {}).get("bench_table", [])
+               if not r.get("estimate")}
     pairs = [("LCD", "lcd", "lcd"), ("GCD", "gcd", "gcd"), ("P-GCD H=1024", "pgcd_h1024", "lookahead H=1024"),
              ("P-GCD H=4096", "pgcd_h4096", "lookahead H=4096"), ("P-GCD H=16384", "pgcd_h16384", None)]
     for label, pk, ok in pairs:

@@ -23,9 +23,10 @@ NAME               #    what
 
 Modes: the default is a small CPU run (minutes on an idle 2-core CPU; the examples are a
 seeded, category-balanced subset of BFCL's main categories), ``--full`` the GPU settings,
-``--smoke`` tiny settings for CI (1 example, k ≤ 2, a random 8-state HMM instead of the
-distilled one). Every study writes ``STUDY.json`` (provenance: command, date (UTC),
-machine, seeds, git commit; the settings; every entry-point call; the tables), ``STUDY.md``
+``--smoke`` tiny settings for CI (1 example, k ≤ 2, a random 4-state HMM instead of the
+distilled one; one example shared by the studies). Several studies run in one process
+with ``NAME1,NAME2`` or ``all`` (then ``--out`` is the parent folder). Every study writes
+``STUDY.json`` (provenance: command, date (UTC), machine, seeds, git commit; the settings; every entry-point call; the tables), ``STUDY.md``
 and ``STUDY.png`` into ``experiments/results/STUDY/`` (or ``--out``); the entry points'
 own files (``predictions.jsonl``, ``summary.json``, ``summary.md``) go into
 sub-folders. ``python -m experiments.make_results`` turns them into ``RESULTS.md``.
@@ -75,17 +76,18 @@ class StudyError(RuntimeError):
 # ---------------------------------------------------------------------------------------
 # settings per study and mode
 # ---------------------------------------------------------------------------------------
+#: smoke settings share one BFCL example, the JSON format, k = 2 and a random H=4 HMM, so
+#: that the studies run in one process reuse each other's compiled programs
+_SMOKE = dict(limit=1, particles=[2], formats=["json"], margin=0, hmm="smoke")
 SETTINGS = {
     "satisfaction": {
-        "smoke": dict(limit=1, particles=[2], methods=["lcd", "gcd", "smc-lookahead"],
-                      formats=["json", "python"], hmm="smoke"),
-        "default": dict(limit=10, particles=[4, 16], methods=["lcd", "gcd", "smc-lookahead"],
+        "smoke": dict(_SMOKE, methods=["smc-lcd", "smc-gcd", "smc-lookahead"]),
+        "default": dict(limit=10, particles=[4, 16], methods=["smc-lcd", "smc-gcd", "smc-lookahead"],
                         formats=["json", "python"], hmm="default"),
-        "full": dict(limit=0, particles=[4, 16], methods=["lcd", "gcd", "smc-lookahead"],
+        "full": dict(limit=0, particles=[4, 16], methods=["smc-lcd", "smc-gcd", "smc-lookahead"],
                      formats=["json", "python"], hmm="default")},
     "accuracy": {
-        "smoke": dict(limit=1, particles=[1, 2], methods=["smc-lcd", "smc-gcd", "smc-lookahead"],
-                      formats=["json"], hmm="smoke"),
+        "smoke": dict(_SMOKE, methods=["smc-gcd", "smc-lookahead"]),
         "default": dict(limit=8, particles=[1, 2, 4, 8, 16],
                         methods=["smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
                         formats=["json", "python"], hmm="default"),
@@ -93,19 +95,19 @@ SETTINGS = {
                      methods=["lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
                      formats=["json", "python"], hmm="default")},
     "runtime": {
-        "smoke": dict(bench=["--quick", "--rounds", "1"], limit=1, particles=[2],
-                      methods=["gcd", "smc-gcd"], formats=["json"], hmm="none"),
+        # smoke: the BFCL part only (bench_pgcd itself takes minutes even with --quick)
+        "smoke": dict(_SMOKE, bench=None, methods=["smc-gcd"], hmm="none"),
         "default": dict(bench=["--hidden", "64", "256", "--e2e-hidden", "64", "256",
                                "--precompute-hidden", "64", "256"],
-                        limit=4, particles=[16], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
+                        limit=4, particles=[16], methods=["gcd", "smc-gcd", "smc-lookahead"],
                         formats=["json"], hmm="default"),
         "full": dict(bench=["--rounds", "3", "--hidden", "64", "256", "1024", "4096",
                             "--e2e-hidden", "64", "256", "1024", "4096"],
                      limit=100, particles=[16], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
                      formats=["json"], hmm="default")},
     "hmm_size": {
-        "smoke": dict(hidden=[4], num_seqs=8, max_length=16, epochs=1, limit=1, particles=[2],
-                      methods=["smc-lookahead"], baselines=["smc-gcd"], formats=["json"]),
+        "smoke": dict(_SMOKE, hidden=[4], num_seqs=8, max_length=16, epochs=1,
+                      methods=["smc-lookahead"], baselines=["smc-gcd"]),
         "default": dict(hidden=[64, 256], num_seqs=256, max_length=96, epochs=20, limit=8,
                         particles=[1, 4, 16], methods=["smc-lookahead"],
                         baselines=["smc-lcd", "smc-gcd"], formats=["json"]),
@@ -113,7 +115,7 @@ SETTINGS = {
                      particles=[1, 2, 4, 8, 16], methods=["smc-lookahead", "smc-product"],
                      baselines=["smc-lcd", "smc-gcd"], formats=["json"])},
     "keywords": {
-        "smoke": dict(limit=1, particles=[2], methods=["lcd", "gcd", "smc-gcd"], hmm="none"),
+        "smoke": dict(limit=1, particles=[2], methods=["smc-gcd"], hmm="none", margin=4),
         "default": dict(limit=10, particles=[4], methods=["lcd", "gcd", "smc-gcd", "smc-lookahead"],
                         hmm="default"),
         "full": dict(limit=200, particles=[1, 2, 4, 8, 16],
@@ -121,14 +123,13 @@ SETTINGS = {
                      hmm="default")},
     "bias": {"smoke": ["--smoke"], "default": [], "full": ["--full"]},
     "awrs": {
-        "smoke": dict(limit=1, particles=[2], methods=["awrs", "smc-gcd"], formats=["json"],
-                      hmm="none"),
+        "smoke": dict(_SMOKE, methods=["awrs", "smc-gcd"], hmm="none"),
         "default": dict(limit=6, particles=[4], methods=["awrs", "smc-gcd", "smc-lookahead"],
                         formats=["json"], hmm="default"),
         "full": dict(limit=200, particles=[4, 16], methods=["awrs", "smc-gcd", "smc-lookahead"],
                      formats=["json", "python"], hmm="default")},
     "second_model": {
-        "smoke": dict(limit=1, particles=[1, 2], methods=["smc-gcd"], formats=["json"], hmm="none"),
+        "smoke": dict(_SMOKE, methods=["smc-gcd"], hmm="none"),
         "default": dict(limit=8, particles=[1, 4, 16], methods=["smc-lcd", "smc-gcd"],
                         formats=["json"], hmm="none"),
         "full": dict(limit=200, particles=[1, 2, 4, 8, 16],
@@ -235,7 +236,7 @@ def bfcl_subset(out_dir: Path, limit: int, seed: int, categories=MAIN_CATEGORIES
                        "ids": [r["id"] for r in chosen]}
 
 
-def smoke_hmm(out: Path, hidden: int = 8, seed: int = 0) -> str:
+def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0) -> str:
     """A random HMM checkpoint over the default model's vocabulary (smoke runs only: it
     exercises the P-GCD code path without the minutes-long distillation)."""
     from hmm_distill import random_params, save_checkpoint
@@ -407,24 +408,20 @@ def plot_bars(tab: list[dict], metric: str, path: Path, title: str, ylabel: str)
 
 def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: Path, answers: Path,
                     model: str | None = None, tag: str = "") -> tuple[list[dict], list[dict]]:
-    n = sum(1 for line in open(data) if line.strip())
-    """One ``experiments.tool_calls`` call per format; returns (call records, predictions
-    with a ``format`` field)."""
-    calls, rows = [], []
-    for fmt in st["formats"]:
-        d = out / f"{tag}{fmt}"
-        argv = ["--data", str(data), "--answers", str(answers), "--format", fmt,
-                "--methods", ",".join(st["methods"]),
-                "--particles", ",".join(str(k) for k in st["particles"]),
-                "--hmm", hmm or "none", "--budget", "auto", "--limit", str(n),
-                "--seed", str(seed), "--out", str(d)]
-        if model:
-            argv += ["--model", model]
-        calls.append(call_entry("experiments.tool_calls", argv, log))
-        for r in read_predictions(d / "predictions.jsonl"):
-            r["format"] = fmt
-            rows.append(r)
-    return calls, rows
+    """One ``experiments.tool_calls`` call (all formats) into ``out/TAGrun``; returns (call
+    records, predictions)."""
+    d = out / f"{tag}run"
+    argv = ["--data", str(data), "--answers", str(answers), "--format", ",".join(st["formats"]),
+            "--methods", ",".join(st["methods"]),
+            "--particles", ",".join(str(k) for k in st["particles"]),
+            "--hmm", hmm or "none", "--budget", "auto", "--limit", "0", "--seed", str(seed),
+            "--out", str(d)]
+    if st.get("margin") is not None:
+        argv += ["--margin", str(st["margin"])]
+    if model:
+        argv += ["--model", model]
+    calls = [call_entry("experiments.tool_calls", argv, log)]
+    return calls, read_predictions(d / "predictions.jsonl")
 
 
 def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
@@ -488,27 +485,32 @@ def study_runtime(out, mode, st, seed, log, model=None):
     import subprocess
 
     bench_out = out / "bench_pgcd"
-    cmd = [sys.executable, str(ROOT / "experiments" / "bench_pgcd.py"), *st["bench"], "--out", str(bench_out)]
-    log("$ " + " ".join(cmd))
-    t0 = time.perf_counter()
-    with open(out / "bench_pgcd.log", "w") as logf:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        raise StudyError(f"bench_pgcd.py exited with {rc} (see {out / 'bench_pgcd.log'})")
-    bench = json.loads(bench_out.with_suffix(".json").read_text())
-    calls = [{"entry": "python experiments/bench_pgcd.py", "argv": cmd[2:], "seconds": round(time.perf_counter() - t0, 1)}]
+    calls, bench = [], None
+    if st.get("bench") is not None:
+        cmd = [sys.executable, str(ROOT / "experiments" / "bench_pgcd.py"), *st["bench"],
+               "--out", str(bench_out)]
+        log("$ " + " ".join(cmd))
+        t0 = time.perf_counter()
+        with open(out / "bench_pgcd.log", "w") as logf:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            raise StudyError(f"bench_pgcd.py exited with {rc} (see {out / 'bench_pgcd.log'})")
+        bench = json.loads(bench_out.with_suffix(".json").read_text())
+        calls.append({"entry": "python experiments/bench_pgcd.py", "argv": cmd[2:],
+                      "seconds": round(time.perf_counter() - t0, 1)})
     # the same methods on BFCL prompts (per-example decode time, compile calls excluded)
     data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
     hmm = resolve_hmm(st["hmm"], out, log)
     c2, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
     calls += c2
     tab = table_from_predictions(rows, seed)
-    bench_md = bench_out.with_suffix(".md").read_text() if bench_out.with_suffix(".md").exists() else ""
-    rt = bench_rows(bench)
+    bench_md = (bench_out.with_suffix(".md").read_text() if bench is not None
+                and bench_out.with_suffix(".md").exists() else "(bench_pgcd not run in this mode)")
+    rt = bench_rows(bench) if bench is not None else []
     fig = plot_runtime(rt, out / "runtime.png")
     body = ("## bench_pgcd (one tool-call prompt, batch = 16 particles)\n\n"
-            + md_table(rt, [("configuration", "config"), ("ms/step", "ms_per_step"),
-                            ("slowdown vs none", "slowdown")])
+            + md_table(rt, [("configuration", "config"), ("decode ms/step", "ms_per_step"),
+                            ("sd", "ms_sd"), ("slowdown vs none", "slowdown"), ("estimate", "estimate")])
             + "\nFull benchmark output (`bench_pgcd.md`):\n\n" + bench_md.replace("\n# ", "\n### ")
             + f"\n\n## The same methods on {subset['examples']} BFCL prompts (k = {st['particles']})\n\n"
             + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
@@ -520,27 +522,19 @@ def study_runtime(out, mode, st, seed, log, model=None):
 
 
 def bench_rows(bench: dict) -> list[dict]:
-    """``[{config, ms_per_step, slowdown}]`` from bench_pgcd's JSON (whatever its layout:
-    rows with a name and ms/step, slowdowns computed against ``none``)."""
+    """``[{config, ms_per_step, ms_sd, slowdown, estimate}]`` from bench_pgcd's JSON: the
+    *decode* ms/step (prefill subtracted) as ``mean ± sd`` over rounds and the decode
+    slowdown against ``none`` (bench_pgcd's own ratios)."""
     rows = []
-    cands = bench.get("rows") or bench.get("results") or bench.get("configs") or {}
-    if isinstance(cands, dict):
-        cands = [dict(v, config=k) if isinstance(v, dict) else {"config": k, "ms_per_step": v}
-                 for k, v in cands.items()]
-    for r in cands:
-        name = r.get("config") or r.get("name") or r.get("method")
-        ms = r.get("decode_ms_per_step") or r.get("ms_per_step") or r.get("decode_ms_step") or r.get("ms_step")
-        if isinstance(ms, (list, tuple)):
-            ms = ms[0]
-        if name is None or ms is None:
+    for name, r in (bench.get("rows") or {}).items():
+        ms = r.get("decode_ms_per_step", r.get("ms_per_step"))
+        sd = r.get("decode_slowdown", r.get("slowdown"))
+        if ms is None:
             continue
-        rows.append({"config": name, "ms_per_step": float(ms), "slowdown": r.get("slowdown")})
-    base = next((r["ms_per_step"] for r in rows if r["config"] == "none"), None)
-    for r in rows:
-        if r["slowdown"] is None and base:
-            r["slowdown"] = r["ms_per_step"] / base
-        if isinstance(r["slowdown"], (list, tuple)):
-            r["slowdown"] = r["slowdown"][0]
+        rows.append({"config": name, "ms_per_step": float(ms[0] if isinstance(ms, (list, tuple)) else ms),
+                     "ms_sd": float(ms[1]) if isinstance(ms, (list, tuple)) and len(ms) > 1 else None,
+                     "slowdown": None if sd is None else float(sd[0] if isinstance(sd, (list, tuple)) else sd),
+                     "estimate": bool(r.get("estimate"))})
     return rows
 
 
@@ -673,6 +667,8 @@ def study_keywords(out, mode, st, seed, log, model=None):
     argv = ["--methods", ",".join(st["methods"]), "--particles", ",".join(map(str, st["particles"])),
             "--hmm", hmm or "none", "--budget", "auto", "--limit", str(st["limit"]),
             "--seed", str(seed), "--out", str(d)]
+    if st.get("margin") is not None:
+        argv += ["--margin", str(st["margin"])]
     calls = [call_entry("experiments.keywords", argv, log)]
     summary = json.loads((d / "summary.json").read_text())
     entries = summary.get("summary", summary) if isinstance(summary, dict) else summary
@@ -680,10 +676,26 @@ def study_keywords(out, mode, st, seed, log, model=None):
         entries = entries.get("rows") or entries.get("table") or list(entries.values())
     tab = [e for e in entries if isinstance(e, dict)]
     fig = plot_keywords(tab, out / "keywords.png")
-    md = (d / "summary.md").read_text() if (d / "summary.md").exists() else ""
-    body = (f"WordNet concept sets: {st['limit']} (seed {seed}); HMM: {st['hmm']}; budget auto.\n\n"
-            + md + ("\n![keywords](keywords.png)\n" if fig else ""))
+    body = (f"WordNet concept sets: {st['limit']} (seed {seed}); HMM: {st['hmm']}; budget auto"
+            + (f" (margin {st['margin']})" if st.get("margin") is not None else "") + ".\n\n"
+            + keywords_table(tab) + ("\n![keywords](keywords.png)\n" if fig else ""))
     return {"calls": calls, "table": tab, "figure": "keywords.png" if fig else None}, body
+
+
+def keywords_table(tab: list[dict]) -> str:
+    """Markdown of the keywords entry point's summary rows (with their 95% intervals)."""
+    def ci(e, k, nd=1):
+        v, c = e.get(k), e.get(k.replace("_pct", "") + "_ci")
+        if v is None:
+            return "–"
+        return f"{v:.{nd}f}" + (f" [{c[0]:.{nd}f}, {c[1]:.{nd}f}]" if c else "")
+    lines = ["| method | k | n | constraint satisfied % | concept coverage % | BLEU-4 | s/example (warm) |",
+             "|---|---|---|---|---|---|---|"]
+    for e in tab:
+        lines.append(f"| {LABELS.get(e.get('method'), e.get('method'))} | {e.get('particles')} | {e.get('n')} | "
+                     f"{ci(e, 'valid_pct')} | {ci(e, 'coverage_pct')} | {ci(e, 'bleu', 2)} | "
+                     f"{_f(e.get('seconds_warm'), 2)} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_keywords(tab: list[dict], path: Path) -> bool:
@@ -770,38 +782,52 @@ RUNNERS = {"satisfaction": study_satisfaction, "accuracy": study_accuracy, "runt
            "awrs": study_awrs, "second_model": study_second_model}
 
 
+def run_study(name: str, mode: str, out: Path, seed: int, limit, model, argv) -> dict:
+    st = SETTINGS[name][mode]
+    if limit is not None and isinstance(st, dict):
+        st = dict(st, limit=limit)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg):
+        print(f"[{name}] {msg}", flush=True)
+
+    res = {"provenance": provenance(MODULE, argv, [seed]), "mode": mode, "settings": st}
+    t0 = time.perf_counter()
+    extra, body = RUNNERS[name](out, mode, st, seed, log, model=model)
+    res.update(extra)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    write_study(out, name, res, body)
+    log(f"wrote {out / (name + '.json')}, {name}.md" + (f", {res['figure']}" if res.get("figure") else "")
+        + f" ({res['seconds']} s)")
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m experiments.studies",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("name", choices=list(STUDIES))
+    ap.add_argument("name", help=f"one of {', '.join(STUDIES)}; several comma-separated; or all")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--smoke", action="store_true", help="tiny settings (CI)")
     g.add_argument("--full", action="store_true", help="GPU settings")
     ap.add_argument("--limit", type=int, default=None, help="examples (overrides the mode's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="a GGUF file (study 8; others: the default model)")
-    ap.add_argument("--out", default=None, help="default: experiments/results/NAME")
+    ap.add_argument("--out", default=None,
+                    help="default: experiments/results/NAME (several studies: the parent folder)")
     a = ap.parse_args(argv)
+    names = list(STUDIES) if a.name == "all" else [x for x in a.name.split(",") if x]
+    for n in names:
+        if n not in STUDIES:
+            ap.error(f"unknown study {n!r} (choose from {', '.join(STUDIES)}, or all)")
     mode = "smoke" if a.smoke else "full" if a.full else "default"
-    st = SETTINGS[a.name][mode]
-    if a.limit is not None and isinstance(st, dict):
-        st = dict(st, limit=a.limit)
-    out = Path(a.out) if a.out else RESULTS / a.name
-    out.mkdir(parents=True, exist_ok=True)
-
-    def log(msg):
-        print(f"[{a.name}] {msg}", flush=True)
-
     from experiments.study_bias import enable_compile_cache
     enable_compile_cache()
-    res = {"provenance": provenance(MODULE, argv, [a.seed]), "mode": mode, "settings": st}
-    t0 = time.perf_counter()
-    extra, body = RUNNERS[a.name](out, mode, st, a.seed, log, model=a.model)
-    res.update(extra)
-    res["seconds"] = round(time.perf_counter() - t0, 1)
-    write_study(out, a.name, res, body)
-    log(f"wrote {out / (a.name + '.json')}, {a.name}.md" + (f", {res['figure']}" if res.get("figure") else "")
-        + f" ({res['seconds']} s)")
+    for n in names:
+        if len(names) == 1:
+            out = Path(a.out) if a.out else RESULTS / n
+        else:
+            out = (Path(a.out) if a.out else RESULTS) / n
+        run_study(n, mode, out, a.seed, a.limit, a.model, argv)
     return 0
 
 

@@ -3,8 +3,10 @@
 ``make_results`` turns the results into RESULTS.md. Plus a real check of study 6 (bias):
 the enumerated posterior, the exact GCD bias, SMC's evidence estimate and its TV.
 
-Each study is one parametrized case, run as ``python -m experiments.studies NAME --smoke``
-in a subprocess (memory-limited) writing into a temporary folder.
+All studies run in *one* subprocess (memory-limited), ``python -m experiments.studies
+NAME1,NAME2,... --smoke --out DIR``, so that they share compiled programs (the smoke
+settings use one BFCL example, one format, k = 2); each study's files are then checked by
+one parametrized case.
 """
 
 import importlib.util
@@ -34,24 +36,21 @@ def _limit():
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return tmp_path_factory.mktemp("results")
-
-
-def run_study(name: str, out: Path) -> subprocess.CompletedProcess:
+    out = tmp_path_factory.mktemp("results")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "experiments.studies", name, "--smoke", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limit)
+    p = subprocess.run([sys.executable, "-m", "experiments.studies", ",".join(STUDIES), "--smoke",
+                        "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=1200, preexec_fn=_limit)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return out
 
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_study_smoke(name, results):
     out = results / name
-    p = run_study(name, out)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads((out / f"{name}.json").read_text())
     pv = res["provenance"]
-    assert pv["command"].startswith("python -m experiments.studies " + name)
+    assert pv["command"].startswith("python -m experiments.studies ") and name in pv["command"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", pv["date_utc"])
     assert pv["machine"]["cpu"] and pv["machine"]["jax_backend"] == "cpu"
     assert pv["seeds"] == [0]
@@ -71,15 +70,28 @@ def test_study_smoke(name, results):
         assert "Not run: no second model could be had" in md
     else:
         assert res.get("calls"), "a study records the entry-point calls it made"
+    if res.get("subset"):                                # BFCL studies: the predictions
+        preds = []
+        for d in out.glob("*run"):
+            H = re.fullmatch(r"h(\d+)-run", d.name)          # study 4 names its rows by H
+            for x in (d / "predictions.jsonl").open():
+                r = json.loads(x)
+                if H:
+                    r["method"] += f" H={H.group(1)}"
+                preds.append(r)
+        st = res["settings"]
+        assert preds and {p["method"].split(" ")[0] for p in preds} >= set(st["methods"])
+        for e in res["table"]:
+            rows = [p for p in preds if p["method"] == e["method"] and p["particles"] == e["particles"]
+                    and p["format"] == e["format"]]
+            assert e["n"] == len(rows)
+            assert e["valid_pct"] == pytest.approx(100 * np.mean([bool(p["valid"]) for p in rows]))
+            if not e["method"].startswith("smc-lcd") and e["method"] != "awrs":
+                assert e["valid_pct"] == 100.0         # GCD-based proposals always satisfy
 
 
 def test_make_results(results, tmp_path):
-    """RESULTS.md from whatever the smoke runs wrote (the parametrized cases run first in
-    file order); numbers in it come from the files."""
-    for name in STUDIES:
-        if not (results / name / f"{name}.json").exists():
-            p = run_study(name, results / name)
-            assert p.returncode == 0, p.stderr[-3000:]
+    """RESULTS.md from what the smoke runs wrote; numbers in it come from the files."""
     out = tmp_path / "RESULTS.md"
     p = subprocess.run([sys.executable, "-m", "experiments.make_results", "--results", str(results),
                         "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -106,11 +118,7 @@ def test_bias_study_is_right(results):
     to the posterior than unweighted GCD."""
     from experiments import study_bias as sb
 
-    f = results / "bias" / "bias.json"
-    if not f.exists():
-        p = run_study("bias", results / "bias")
-        assert p.returncode == 0, p.stderr[-3000:]
-    res = json.loads(f.read_text())
+    res = json.loads((results / "bias" / "bias.json").read_text())
     pr = res["problems"]["regex"]
     assert abs(pr["posterior_sum"] - 1) < 1e-9
     # a second enumeration: every token sequence up to the budget, weight = product of
