@@ -14,15 +14,22 @@ Storage (the maths of DESIGN.md with a layout chosen for fast masks):
 - ``edge_src``, ``edge_dst`` (int32 ``[E]``) are ``T_out`` and ``T_in`` in index form;
   edges are sorted by source, then by ``dist[dst]`` (shortest number of tokens from
   ``dst`` to ``⊥``).
-- ``cum_masks`` (uint32 ``[E + S, W]``, ``W = ceil(V / 32)``, bit ``v % 32`` of word
-  ``v // 32``): for state ``s`` with out-edges ``e_1..e_d`` (in that order), row
-  ``base[s] + k`` is the bit-packed union ``L_{e_1} ∪ … ∪ L_{e_k}`` (row ``base[s]``
-  is empty), with ``base[s] = out_start[s] + s``. ``B_f`` is recovered exactly as
-  ``row_k XOR row_{k-1}`` because a DFA's out-labels are disjoint.
+- Cumulative masks: for state ``s`` with out-edges ``e_1..e_d`` (in that order),
+  logical row ``base[s] + k`` (``base[s] = out_start[s] + s``, ``k = 0..d``) is the
+  bit-packed union ``L_{e_1} ∪ … ∪ L_{e_k}`` (row ``base[s]`` is empty). Many logical
+  rows are equal (states with the same out-labels, in every copy of a counter), so
+  they are stored once: ``row_index`` (int32 ``[E + S]``) maps a logical row to a row
+  of ``cum_masks`` (uint32 ``[R, W]``, ``W = ceil(V / 32)``, bit ``v % 32`` of word
+  ``v // 32``; row 0 is the empty set). Tables grow with the number ``R`` of distinct
+  rows, not with ``(E + S) · V``. Equal rows are found from 128-bit sums of random
+  per-token values without building the rows (see :func:`_dedupe_rows`). ``B_f`` is
+  recovered exactly as ``row_k XOR row_{k-1}`` because a DFA's out-labels are
+  disjoint.
 - Because ``β_{t+1}(s') = 1{dist[s'] ≤ n - t - 1}`` is monotone in ``dist``, the live
   out-edges of a state always form a prefix of its sorted edge list, so the GCD
-  mask ``1{w_{t+1}ᵀ B_f}`` is the single row ``base[s] + Σ_e β_{t+1}(dst e)`` — one
-  gather, whatever the budget. Tests check this against the dense formula.
+  mask ``1{w_{t+1}ᵀ B_f}`` is the single logical row ``base[s] + Σ_e β_{t+1}(dst e)``
+  — two gathers (``row_index``, then ``cum_masks``), whatever the budget. Tests
+  check this against the dense formula.
 """
 
 from __future__ import annotations
@@ -44,9 +51,10 @@ from .limits import current_limits, too_large
 from .vocab import Vocabulary
 
 INF_DIST = 1 << 30
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
-_DATA_FIELDS = ("edge_src", "edge_dst", "out_start", "out_dst", "cum_masks", "dist")
+_DATA_FIELDS = ("edge_src", "edge_dst", "out_start", "out_dst", "cum_masks", "row_index",
+                "dist")
 _META_FIELDS = ("num_states", "vocab_size", "initial_state", "final_state", "dead_state",
                 "eos_id", "key")
 
@@ -65,7 +73,8 @@ class TensorizedAutomaton:
     edge_dst: np.ndarray    # int32 [E]
     out_start: np.ndarray   # int32 [S + 1]   CSR offsets of out-edges
     out_dst: np.ndarray     # int32 [S, D]    out-edge destinations, padded with dead_state
-    cum_masks: np.ndarray   # uint32 [E + S, W]
+    cum_masks: np.ndarray   # uint32 [R, W]   distinct cumulative masks (row 0 empty)
+    row_index: np.ndarray   # int32 [E + S]   logical row base[s] + k -> row of cum_masks
     dist: np.ndarray        # int32 [S]       tokens to ⊥ (INF_DIST if none)
     num_states: int
     vocab_size: int
@@ -96,7 +105,8 @@ class TensorizedAutomaton:
     def stats(self) -> dict:
         return {"num_states": self.num_states, "num_edges": self.num_edges,
                 "vocab_size": self.vocab_size, "max_out_degree": int(self.out_dst.shape[1]),
-                "min_budget": self.min_budget, "nbytes": self.nbytes}
+                "min_budget": self.min_budget, "num_mask_rows": int(self.cum_masks.shape[0]),
+                "nbytes": self.nbytes}
 
     def to_device(self) -> "TensorizedAutomaton":
         return jax.device_put(self)
@@ -119,8 +129,8 @@ class TensorizedAutomaton:
         src = np.asarray(self.edge_src)
         out_start = np.asarray(self.out_start)
         rows = out_start[src] + src + (np.arange(self.num_edges) - out_start[src]) + 1
-        cum = np.asarray(self.cum_masks)
-        return cum[rows] ^ cum[rows - 1]
+        cum, ri = np.asarray(self.cum_masks), np.asarray(self.row_index)
+        return cum[ri[rows]] ^ cum[ri[rows - 1]]
 
     @property
     def B_f(self) -> np.ndarray:
@@ -143,7 +153,7 @@ class TensorizedAutomaton:
         if a == b or not 0 <= token < self.vocab_size:
             return self.dead_state
         base = a + state
-        col = self.cum_masks[base + 1: base + 1 + (b - a), token >> 5]
+        col = self.cum_masks[self.row_index[base + 1: base + 1 + (b - a)], token >> 5]
         hit = np.nonzero((col >> np.uint32(token & 31)) & np.uint32(1))[0]
         if len(hit) == 0:
             return self.dead_state
@@ -157,7 +167,7 @@ class TensorizedAutomaton:
             k = b - a
         else:
             k = int(np.count_nonzero(self.dist[self.edge_dst[a:b]] <= steps_left - 1))
-        return self.cum_masks[a + state + k]
+        return self.cum_masks[self.row_index[a + state + k]]
 
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
@@ -306,12 +316,18 @@ def _run_groups(dfa: DFA, min_bytes: int):
     Q, C = dfa.trans.shape
     trans = np.where(dfa.trans >= 0, dfa.trans, Q).astype(np.int64)
     size = np.bincount(dfa.byte_class, minlength=C)
-    key = (np.arange(Q)[:, None] * (Q + 1) + trans).ravel()
-    uk, inv = np.unique(key, return_inverse=True)
-    cnt = np.bincount(inv.ravel(), weights=np.tile(size, Q))
-    tq, tt = uk // (Q + 1), uk % (Q + 1)
+    # per row: successors sorted, byte counts summed over runs of equal successors
+    o = np.argsort(trans, axis=1, kind="stable")
+    st = np.take_along_axis(trans, o, 1)
+    new = np.ones((Q, C), bool)
+    new[:, 1:] = st[:, 1:] != st[:, :-1]
+    flat_new = new.ravel()
+    seg = np.cumsum(flat_new) - 1
+    cnt = np.bincount(seg, weights=size[o].ravel())
+    tt = st.ravel()[flat_new]
+    tq = np.repeat(np.arange(Q), new.sum(1))
     cnt[tt == Q] = -1
-    order = np.lexsort((-cnt, tq))
+    order = np.lexsort((-cnt, tq))                      # most bytes, then smallest target
     first = order[np.searchsorted(tq[order], np.arange(Q))]
     dom, dom_bytes = tt[first], cnt[first]
     cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
@@ -320,9 +336,53 @@ def _run_groups(dfa: DFA, min_bytes: int):
     sig = trans[cand] == dom[cand, None]                              # [n, C]
     _, ginv = np.unique(np.packbits(sig, axis=1), axis=0, return_inverse=True)
     ginv = ginv.ravel()
+    by_group = np.argsort(ginv, kind="stable")
+    bounds = np.searchsorted(ginv[by_group], np.arange(int(ginv.max()) + 2))
     for g in range(int(ginv.max()) + 1):
-        members = cand[ginv == g]
-        yield sig[np.argmax(ginv == g)][dfa.byte_class], members
+        idx = by_group[bounds[g]:bounds[g + 1]]
+        yield sig[idx[0]][dfa.byte_class], cand[idx]
+
+
+def _pure_nodes(trie, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trie nodes whose whole byte path is in ``sigma`` ("pure", sorted) and the nodes
+    whose byte is the first one outside ``sigma`` on their path ("exits", sorted).
+    Work: the pure nodes and their children, not the whole trie."""
+    nb, cstart, ccount = trie.node_byte, trie.child_start, trie.child_count
+    roots = trie.first_node[trie.first_node >= 0]
+    in_s = sigma[nb[roots]]
+    frontier = roots[in_s]
+    pure, exits = [frontier], [roots[~in_s]]
+    while len(frontier):
+        cc = ccount[frontier]
+        keep = cc > 0
+        frontier, cc = frontier[keep], cc[keep]
+        if len(frontier) == 0:
+            break
+        csum = np.cumsum(cc)
+        child = np.repeat(cstart[frontier] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        in_s = sigma[nb[child]]
+        frontier = child[in_s]
+        pure.append(frontier)
+        exits.append(child[~in_s])
+    return np.sort(np.concatenate(pure)), np.sort(np.concatenate(exits))
+
+
+def _sigma_chain(table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                 length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``chain[j + 1] = D(chain[j])`` from ``chain[0] = members`` (int64 ``[length + 1,
+    G]``), where ``D(x)`` is the state every byte of ``sigma`` leads ``x`` to (``dead``
+    absorbs); ``ok[g]``: ``D`` was defined all along ``g``'s chain. Only the states on
+    the chains are looked at."""
+    sb = np.nonzero(sigma)[0]
+    chain = np.empty((length + 1, len(members)), np.int64)
+    chain[0] = members
+    ok = np.ones(len(members), bool)
+    for j in range(length):
+        sub = table[chain[j][:, None], sb[None, :]]
+        d = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+        ok &= d >= 0
+        chain[j + 1] = np.where(d >= 0, d, dead)
+    return chain, ok
 
 
 def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
@@ -342,38 +402,15 @@ def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     """
     if int(trie.tokens_by_first_byte[sigma].sum()) < min_tokens:
         return None
-    N = trie.num_nodes
-    ls = trie.level_start
-    parent = trie.parent
-    in_sigma = sigma[trie.node_byte]
-    pure = in_sigma.copy()
-    for j in range(1, len(ls) - 1):
-        a, b = ls[j], ls[j + 1]
-        lvl = pure[a:b]
-        lvl &= pure[parent[a:b]]
-        if not lvl.any():
-            pure[b:] = False
-            break
-    ends = np.nonzero(pure & (trie.end_token != -1))[0]
+    pure, exits = _pure_nodes(trie, sigma)
+    ends = pure[trie.end_token[pure] != -1]
     if len(ends) == 0 or np.count_nonzero(trie.end_token[ends] >= 0) < min_tokens:
         return None
     depth = trie.depth
     pure_depth = int(depth[pure].max()) + 1                # longest all-sigma prefix (bytes)
-    # D: the common sigma-successor of each state (dead absorbs; -1: not uniform)
-    sub = table[:, sigma]
-    D = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
-    chain = np.empty((pure_depth + 1, len(members)), np.int64)
-    chain[0] = members
-    ok = np.ones(len(members), bool)
-    for j in range(pure_depth):
-        d = D[chain[j]]
-        ok &= d >= 0
-        chain[j + 1] = np.where(d >= 0, d, dead)
+    chain, ok = _sigma_chain(table, dead, sigma, members, pure_depth)
     if not ok.any():
         return None
-    parent_pure = np.ones(N, bool)
-    parent_pure[ls[1]:] = pure[parent[ls[1]:]]
-    exits = np.nonzero(~in_sigma & parent_pure)[0]
     # pure tokens (with duplicates of a byte string expanded) and their lengths
     c_e = trie.end_start[ends + 1] - trie.end_start[ends]
     reps = np.repeat(np.arange(len(ends)), c_e)
@@ -428,15 +465,7 @@ def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     # chains from every member, long enough for the deepest all-sigma suffix; a target
     # member qualifies only if its chain is uniform all the way
     M = int(depth[pure].max())
-    sub = table[:, sigma]
-    D = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
-    chain = np.empty((M + 1, G), np.int64)
-    chain[0] = members
-    ok = np.ones(G, bool)
-    for k in range(M):
-        d = D[chain[k]]
-        ok &= d >= 0
-        chain[k + 1] = np.where(d >= 0, d, dead)
+    chain, ok = _sigma_chain(table, dead, sigma, members, M)
     tgt = np.where(tgt >= 0, np.where(ok[np.maximum(tgt, 0)], tgt, -1), -1)
     xi, gi = np.nonzero(tgt >= 0)
     if len(xi) == 0:
@@ -480,7 +509,7 @@ def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     return handled, rows, bsrc, bdst, brow, starts
 
 
-def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
+def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                      min_run_bytes: int = 8, min_run_tokens: int = 64) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
@@ -497,8 +526,8 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
     V = vocab.vocab_size
     W = (V + 31) // 32
     table = np.full((Q + 1, 256), Q, np.int32)
-    bt = dfa.byte_table()
-    table[:Q] = np.where(bt >= 0, bt, Q)
+    np.take(dfa.trans, dfa.byte_class, axis=1, out=table[:Q])
+    table[table < 0] = Q                                # dead -> Q (row Q: all dead)
 
     out = _Out()
     bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
@@ -564,15 +593,19 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
             if len(fi):
                 _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
 
-    def cat(parts, dtype=np.int64):
-        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+    def cat(parts, dtype=np.int32):
+        """Concatenate (int32: states and tokens fit) and free the parts."""
+        x = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        parts.clear()
+        return x
 
     src, tok, dst = cat(out[0]), cat(out[1]), cat(out[2])
     bsrc, bdst, brow = cat(bulk_src), cat(bulk_dst), cat(bulk_row)
     rows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
 
     # states reachable from the start by whole tokens, BFS order
-    pairs = np.unique(np.concatenate([src * Q + dst, bsrc * Q + bdst]))
+    pairs = np.unique(np.concatenate([src.astype(np.int64) * Q + dst,
+                                      bsrc.astype(np.int64) * Q + bdst]))
     es, ed = pairs // Q, pairs % Q
     starts = np.searchsorted(es, np.arange(Q + 1))
     index = {0: 0}
@@ -585,11 +618,16 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 20,
             if d not in index:
                 index[d] = len(order)
                 order.append(d)
-    remap = np.full(Q, -1, np.int64)
-    remap[np.array(order)] = np.arange(len(order))
+    del pairs, es, ed
+    remap = np.full(Q, -1, np.int32)
+    remap[np.array(order)] = np.arange(len(order), dtype=np.int32)
     keep = remap[src] >= 0
     bkeep = remap[bsrc] >= 0
-    return Lifted(np.array(order), remap[src[keep]], tok[keep], remap[dst[keep]],
+    if keep.all():                                      # (usual) no copies
+        src, tok, dst = remap[src], tok, remap[dst]
+    else:
+        src, tok, dst = remap[src[keep]], tok[keep], remap[dst[keep]]
+    return Lifted(np.array(order), src, tok, dst,
                   remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
 
 
@@ -672,42 +710,149 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     out_start = np.searchsorted(e_src2, np.arange(S2 + 1)).astype(np.int32)
     deg = np.diff(out_start)
     D = max(int(deg.max()) if S2 else 1, 1)
-    table_bytes = 4 * ((E + S2) * W + S2 * D + 2 * E + 2 * S2 + 1)
-    if table_bytes > current_limits().max_table_bytes:
-        raise too_large("max_table_bytes", table_bytes,
-                        f"bytes of tables ({S2:,} states, {E:,} edges, {V:,} tokens)", "tensorize")
     dead2 = int(new_id[dead])
     out_dst = np.full((S2, D), dead2, np.int32)
     col = np.arange(E) - out_start[e_src2]
     out_dst[e_src2, col] = e_dst2
 
-    # labels -> packed words. Out-labels of a state are disjoint (DFA), and so are
-    # the bulk rows and individual tokens of one edge: OR == sum everywhere below.
-    # cum_masks row base[s] + k = L_{e_1} | ... | L_{e_k}: rows of a state's block are
-    # filled by a running sum (no carries: disjoint bits).
-    cum = np.zeros((E + S2, W), np.uint32)
-    row_of_edge = np.arange(E) + e_src2 + 1                      # base[src] + rank + 1
+    # labels of the live edges: individual (edge, token) pairs and bulk (edge, row) pairs
     pe = pe_all[:n_ind]
     ok = pe >= 0
     pe, ptok = pe[ok], tok[ok]
-    flat = cum.reshape(-1)
-    np.bitwise_or.at(flat, row_of_edge[pe] * W + (ptok >> 5),
-                     np.left_shift(np.uint32(1), (ptok & 31).astype(np.uint32)))
     be = pe_all[n_ind:]
     bok = be >= 0
-    for e, r in zip(row_of_edge[be[bok]].tolist(), lifted.bulk_row[bok].tolist()):
-        cum[e] |= lifted.rows[r]
-    for s in np.nonzero(deg > 1)[0].tolist():
-        # row by row: NumPy's cumsum along axis 0 is strided and ~4x slower
-        a = int(out_start[s]) + s + 1
-        for r in range(a + 1, int(out_start[s + 1]) + s + 1):
-            np.add(cum[r], cum[r - 1], out=cum[r])
+    be, brow = be[bok], lifted.bulk_row[bok]
+    # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
+    order = np.argsort(pe, kind="stable")
+    pe, ptok = pe[order], ptok[order]
+    pstart = np.searchsorted(pe, np.arange(E + 1))
+    order = np.argsort(be, kind="stable")
+    be, brow = be[order], brow[order]
+    bstart = np.searchsorted(be, np.arange(E + 1))
+    row_index, reps = _dedupe_rows(ptok, pstart, be, brow, lifted.rows, out_start, V)
+    R = len(reps)
+    table_bytes = 4 * (R * W + S2 * D + 3 * E + 3 * S2 + 1)
+    if table_bytes > current_limits().max_table_bytes:
+        raise too_large("max_table_bytes", table_bytes,
+                        f"bytes of tables ({S2:,} states, {E:,} edges, {R:,} distinct mask rows, "
+                        f"{V:,} tokens)", "tensorize")
+    cum = _materialize_rows(reps, ptok, pstart, brow, bstart, lifted.rows, out_start, W)
     return TensorizedAutomaton(
         edge_src=e_src2.astype(np.int32), edge_dst=e_dst2.astype(np.int32),
-        out_start=out_start, out_dst=out_dst, cum_masks=cum,
+        out_start=out_start, out_dst=out_dst, cum_masks=cum, row_index=row_index,
         dist=np.minimum(dist2, INF_DIST).astype(np.int32),
         num_states=S2, vocab_size=V, initial_state=int(new_id[0]),
         final_state=int(new_id[final]), dead_state=dead2, eos_id=int(eos), key=key)
+
+
+_HASH_SEED = 0x6A78_C0DE
+
+
+def _token_hashes(vocab_size: int) -> np.ndarray:
+    """Two independent uniform 64-bit values per token, uint64 ``[2, V]`` (fixed seed)."""
+    rng = np.random.default_rng(_HASH_SEED)
+    return rng.integers(0, 1 << 64, size=(2, vocab_size), dtype=np.uint64, endpoint=False)
+
+
+def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
+    """Which logical rows of the cumulative masks are equal, without building them.
+
+    Logical row ``base[s] + k`` (``base[s] = out_start[s] + s``) is the union of the
+    labels of the first ``k`` out-edges of ``s``. Each token gets two independent
+    uniform 64-bit values; a set's hash is the sum of its tokens' values mod 2^64, so
+    (labels of one state being disjoint) the hash of row ``k`` is the running sum of
+    its edges' hashes. Two different sets get the same pair of hashes with probability
+    2^-128 (the difference of two sums of independent uniform values is uniform).
+    Tokens of edge ``e``: ``ptok[pstart[e]:pstart[e + 1]]``; bulk rows: ``brow`` where
+    ``be == e``. Returns ``row_index`` (int32 ``[E + S]``, logical row -> distinct row,
+    the empty row is 0) and, per distinct row, a representative ``(state, k)`` as
+    int64 ``[R, 2]``.
+    """
+    S = len(out_start) - 1
+    E = len(pstart) - 1
+    hv = _token_hashes(V)
+    h = np.empty((2, E), np.uint64)
+    row_h = np.zeros((2, len(bulk_rows)), np.uint64)
+    if len(bulk_rows):
+        used = np.unique(brow)
+        for r in used.tolist():
+            t = np.nonzero(unpack_bits(bulk_rows[r], V))[0]
+            row_h[:, r] = hv[:, t].sum(axis=1)
+    run = np.zeros(len(ptok) + 1, np.uint64)
+    for i in range(2):
+        np.cumsum(hv[i][ptok], out=run[1:])                # wraps mod 2^64
+        h[i] = run[pstart[1:]] - run[pstart[:-1]]
+        if len(be):
+            np.add.at(h[i], be, row_h[i][brow])
+    # cumulative hashes per state: C[e] - C[out_start[s]] over the sorted edges
+    C = np.zeros((2, E + 1), np.uint64)
+    np.cumsum(h, axis=1, out=C[:, 1:])
+    deg = np.diff(out_start).astype(np.int64)
+    srow = np.repeat(np.arange(S), deg + 1)                 # state of each logical row
+    lrow = np.arange(E + S) - srow                          # = out_start[s] + k
+    k = lrow - out_start[srow]
+    rh = C[:, lrow] - C[:, out_start[srow]]
+    # group equal hash pairs; the empty set (hash 0, 0) first
+    key0 = rh[0]
+    _, first, inv = np.unique(key0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not (rh[1] == rh[1][first[inv]]).all():             # equal first hash only
+        pairs = np.stack([rh[0], rh[1]], 1)
+        _, first, inv = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    empty = inv[out_start[0] + 0]                           # row base[0] (k = 0) is empty
+    perm = np.arange(len(first))
+    perm[[0, empty]] = perm[[empty, 0]]
+    inv = perm[inv]
+    first = first[perm]
+    reps = np.stack([srow[first], k[first]], 1)
+    return inv.astype(np.int32), reps
+
+
+def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W: int,
+                      chunk_bytes: int = 32 << 20) -> np.ndarray:
+    """The distinct rows, uint32 ``[R, W]``: row ``u`` is the union of the labels of the
+    first ``reps[u, 1]`` out-edges of state ``reps[u, 0]``.
+
+    The representatives of one state, sorted by ``k``, cut its first edges into
+    segments; each segment's tokens (a contiguous range of ``ptok``: pairs are sorted by
+    edge and a state's edges are contiguous) are packed once, and a row is the previous
+    row of its state plus its segment (labels of one state are disjoint, so ``+`` is
+    ``|``). Work: the tokens of the needed edges once, plus ``R · W`` words; scratch is
+    at most ``chunk_bytes``."""
+    R = len(reps)
+    out = np.zeros((R, W), np.uint32)
+    sel = np.nonzero(reps[:, 1] > 0)[0]
+    if len(sel) == 0:
+        return out
+    sel = sel[np.lexsort((reps[sel, 1], reps[sel, 0]))]
+    s, k = reps[sel, 0], reps[sel, 1]
+    first = np.ones(len(sel), bool)
+    first[1:] = s[1:] != s[:-1]
+    e_hi = out_start[s].astype(np.int64) + k                 # segment: edges [e_lo, e_hi)
+    e_lo = np.empty_like(e_hi)
+    e_lo[0] = out_start[s[0]]
+    e_lo[1:] = np.where(first[1:], out_start[s[1:]], e_hi[:-1])
+    per_chunk = max(1, chunk_bytes // (12 * W))
+    for c0 in range(0, len(sel), per_chunk):
+        c1 = min(len(sel), c0 + per_chunk)
+        n = c1 - c0
+        a, b = pstart[e_lo[c0:c1]], pstart[e_hi[c0:c1]]
+        cnt = b - a
+        idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        t = ptok[idx]
+        seg = np.bincount(np.repeat(np.arange(n), cnt) * W + (t >> 5),
+                          weights=np.ldexp(1.0, (t & 31).astype(np.int32)),
+                          minlength=n * W).astype(np.uint32).reshape(n, W)
+        ba, bb = bstart[e_lo[c0:c1]], bstart[e_hi[c0:c1]]
+        for i in np.nonzero(bb > ba)[0].tolist():
+            for r in brow[ba[i]:bb[i]].tolist():
+                seg[i] |= bulk_rows[r]
+        # running union within each state (row by row: a strided cumsum is ~3x slower)
+        for i in np.nonzero(~first[c0:c1])[0].tolist():
+            np.add(seg[i], seg[i - 1] if i > 0 else out[sel[c0 - 1]], out=seg[i])
+        out[sel[c0:c1]] = seg
+    return out
 
 
 def cache_key(kind: str, source: str, options: dict, vocab: Vocabulary) -> str:
@@ -715,3 +860,77 @@ def cache_key(kind: str, source: str, options: dict, vocab: Vocabulary) -> str:
     h.update(json.dumps([kind, source, options, vocab.fingerprint, FORMAT_VERSION],
                         sort_keys=True, default=str).encode())
     return h.hexdigest()[:40]
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+def pad_automaton(fa: TensorizedAutomaton, num_states: int | None = None,
+                  num_edges: int | None = None, max_out_degree: int | None = None,
+                  num_mask_rows: int | None = None, key: str = "padded") -> tuple[TensorizedAutomaton, np.ndarray]:
+    """The same token automaton with padded shapes, so that one compiled program
+    (:func:`jaxcd.smc.run`, :func:`jaxcd.decode.sample`, :func:`jaxcd.gcd.backward`,
+    :func:`jaxcd.pgcd.backward`) serves many constraints: the static fields become
+    ``num_states`` (default: the next power of two of ``fa.num_states + 1``),
+    ``initial_state = 0``, ``final_state = num_states - 2``, ``dead_state =
+    num_states - 1`` and ``key``; the arrays get ``num_edges`` edges (default: the next
+    power of two), ``max_out_degree`` columns of ``out_dst`` and ``num_mask_rows`` rows
+    of ``cum_masks`` (defaults: the next power of two).
+
+    The language, budgets and masks are unchanged: padding states have no edges
+    (``dist = INF_DIST``); padding edges are ``dead → dead`` with an empty label set
+    (so ``β``, ``β^P``, masks and ``δ`` of every real state are untouched and ``dead``
+    stays dead). Returns ``(padded, new_id)`` with ``new_id[old_state]`` the state's id
+    in the padded automaton.
+    """
+    S, E = fa.num_states, fa.num_edges
+    D = int(np.asarray(fa.out_dst).shape[1])
+    S2 = _pow2(S + 1) if num_states is None else int(num_states)
+    E2 = _pow2(E) if num_edges is None else int(num_edges)
+    D2 = _pow2(D) if max_out_degree is None else int(max_out_degree)
+    cum = np.asarray(fa.cum_masks)
+    R = cum.shape[0]
+    R2 = _pow2(R) if num_mask_rows is None else int(num_mask_rows)
+    if S2 < S or E2 < E or D2 < D or R2 < R:
+        raise ValueError(f"pad_automaton: cannot shrink ({S} states, {E} edges, out-degree {D}, "
+                         f"{R} mask rows) to ({S2}, {E2}, {D2}, {R2})")
+    init, fin, dead = fa.initial_state, fa.final_state, fa.dead_state
+    if len({init, fin, dead}) < 3:
+        raise ValueError("pad_automaton: initial, final and dead states must differ")
+    new_id = np.empty(S, np.int64)
+    others = np.setdiff1d(np.arange(S), [init, fin, dead])
+    new_id[init] = 0
+    new_id[others] = np.arange(1, len(others) + 1)
+    new_id[fin], new_id[dead] = S2 - 2, S2 - 1
+    src, dst = np.asarray(fa.edge_src, np.int64), np.asarray(fa.edge_dst, np.int64)
+    out_start = np.asarray(fa.out_start, np.int64)
+    deg = np.diff(out_start)
+    # edges: grouped by new source, each source keeping its own (dist-sorted) order
+    order = np.argsort(new_id[src], kind="stable")
+    n_src = np.concatenate([new_id[src][order], np.full(E2 - E, S2 - 1)])
+    n_dst = np.concatenate([new_id[dst][order], np.full(E2 - E, S2 - 1)])
+    n_deg = np.zeros(S2, np.int64)
+    n_deg[new_id] = deg
+    n_deg[S2 - 1] += E2 - E
+    n_start = np.concatenate([[0], np.cumsum(n_deg)])
+    # logical mask rows: each state's block of deg + 1 rows moves to its new base; new
+    # rows (padding states and edges) point at row 0, the empty set
+    s_of_row = np.repeat(np.arange(S), deg + 1)
+    off = np.arange(len(s_of_row)) - (out_start[s_of_row] + s_of_row)
+    n_rows = n_start[new_id[s_of_row]] + new_id[s_of_row] + off
+    n_index = np.zeros(E2 + S2, np.int32)
+    n_index[n_rows] = np.asarray(fa.row_index)
+    n_cum = np.zeros((R2, cum.shape[1]), np.uint32)
+    n_cum[:R] = cum
+    out_dst = np.asarray(fa.out_dst, np.int64)
+    n_out = np.full((S2, D2), S2 - 1, np.int32)
+    n_out[new_id, :D] = new_id[out_dst]
+    dist = np.full(S2, INF_DIST, np.int32)
+    dist[new_id] = np.asarray(fa.dist)
+    return TensorizedAutomaton(
+        edge_src=n_src.astype(np.int32), edge_dst=n_dst.astype(np.int32),
+        out_start=n_start.astype(np.int32), out_dst=n_out, cum_masks=n_cum, row_index=n_index,
+        dist=dist,
+        num_states=S2, vocab_size=fa.vocab_size, initial_state=0, final_state=S2 - 2,
+        dead_state=S2 - 1, eos_id=fa.eos_id, key=key), new_id

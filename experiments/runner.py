@@ -1,0 +1,385 @@
+"""Shared machinery of the real-data experiments (function calling, keywords).
+
+- :class:`Runner` loads the model (and an HMM) once and runs one *method* at one
+  particle count ``K`` on one prompt + constraint, returning the texts, validity,
+  weights, the chosen output and timings (:class:`RunResult`).
+- Constraints are compiled once per example (:func:`build_constraint`) and **padded to
+  bucketed shapes** (:func:`jaxcd.tensorize.pad_automaton`: states, edges and out-degree
+  to powers of two with floors), prompts are left-padded to a multiple of
+  ``Shapes.prompt_multiple`` tokens, so the jitted programs (:func:`jaxcd.smc.run`,
+  :func:`jaxcd.decode.sample`, the β / β^P backward passes) are compiled once per
+  bucket instead of once per example. :class:`RunResult` says whether a call compiled
+  (a jit cache grew) so that compile and run time can be reported apart.
+- :func:`bootstrap_ci`, :func:`summarize`, :func:`write_predictions`,
+  :func:`write_summary`: the result files.
+
+Methods (:data:`METHODS`)
+-------------------------
+=================  =====================================================================
+``lcd``, ``gcd``   unweighted sampling: ``K`` independent samples (one batch) from the
+                   LCD / GCD sampler; the output is the first *valid* sample (sample 0 if
+                   none is). ``K = 1`` is plain LCD / GCD decoding; for ``gcd`` every
+                   sample is valid, so the output's distribution does not depend on ``K``.
+``smc-lcd``        SMC with ``K`` particles and the LCD / GCD proposal (the paper's use of
+``smc-gcd``        LCD and GCD: proposals inside SMC; :mod:`jaxcd.smc`)
+``smc-lookahead``  SMC with the P-GCD proposals (need an HMM: ``hmm=``)
+``smc-product``
+``awrs``           SMC with AWRS proposals and a black-box predicate (the example's byte
+                   automaton, queried as an oracle on byte prefixes; no budget awareness
+                   beyond "EOS only at the last step"), counting predicate calls
+=================  =====================================================================
+
+For the SMC methods the output is one particle **drawn from the weighted ensemble**
+(weights normalised; a seeded NumPy draw per example × method × K); when every weight
+is 0 (possible with LCD and AWRS) the output is particle 0 and it is invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+METHODS = ("lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product", "awrs")
+HMM_METHODS = ("smc-lookahead", "smc-product")
+
+
+# ---------------------------------------------------------------------------------------
+# shapes
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Shapes:
+    """Bucketing of the shapes that the jitted programs are specialised on."""
+
+    prompt_multiple: int = 128     #: prompt width: a multiple of this
+    budget_multiple: int = 16      #: ``--budget auto`` rounds up to a multiple of this
+    min_states: int = 128          #: automaton states: a power of two, at least this
+    min_edges: int = 512           #: edges: a power of two, at least this
+    min_degree: int = 16           #: out-degree (columns of ``out_dst``): power of two
+
+    def prompt_width(self, n: int) -> int:
+        m = self.prompt_multiple
+        return max(m, -(-n // m) * m)
+
+    def budget(self, n: int) -> int:
+        m = self.budget_multiple
+        return -(-n // m) * m
+
+
+def _pow2(x: int, lo: int) -> int:
+    return max(int(lo), 1 << max(int(x) - 1, 0).bit_length())
+
+
+@dataclass
+class Constraint:
+    """A compiled constraint: ``fa`` padded (host arrays), ``dfa`` the byte DFA (for the
+    AWRS oracle), ``info`` sizes and build time."""
+
+    fa: Any
+    dfa: Any
+    info: dict
+    _dev: Any = None
+
+    @property
+    def min_budget(self) -> int:
+        return self.fa.min_budget
+
+    @property
+    def device(self):
+        if self._dev is None:
+            self._dev = self.fa.to_device()
+        return self._dev
+
+
+def build_constraint(nfa, vocab, shapes: Shapes = Shapes(), key: str = "") -> Constraint:
+    """Determinise, minimise, tensorize over ``vocab`` and pad to ``shapes``."""
+    from jaxcd.automata.fsa import determinize, minimize
+    from jaxcd.tensorize import pad_automaton, tensorize
+    t0 = time.perf_counter()
+    dfa = minimize(determinize(nfa))
+    fa = tensorize(dfa, vocab, key=key)
+    S, E, D = fa.num_states, fa.num_edges, int(fa.out_dst.shape[1])
+    pfa, _ = pad_automaton(fa, _pow2(S + 1, shapes.min_states), _pow2(E, shapes.min_edges),
+                           _pow2(D, shapes.min_degree))
+    info = {"byte_states": dfa.num_states, "states": S, "edges": E, "max_out_degree": D,
+            "padded": [pfa.num_states, pfa.num_edges, int(pfa.out_dst.shape[1])],
+            "min_budget": fa.min_budget, "build_s": round(time.perf_counter() - t0, 4)}
+    return Constraint(pfa, dfa, info)
+
+
+def dfa_predicate(dfa):
+    """The black-box predicate for AWRS: ``prefix`` can still be completed (the byte DFA
+    is trimmed, so every live state reaches acceptance); with ``final``, ``prefix`` is
+    itself accepted."""
+    def check(prefix: bytes, final: bool) -> bool:
+        q = dfa.run(prefix)
+        return q >= 0 and (bool(dfa.accepting[q]) if final else True)
+    return check
+
+
+# ---------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    texts: list[str]
+    valid: list[bool]
+    output: str                   # the method's answer
+    output_valid: bool
+    chosen: int | None
+    weights: list[float] | None
+    seconds: float                # wall time of the call (tables included)
+    compiled: bool                # some jitted program was compiled during the call
+    tokens: int                   # tokens of the output, EOS included
+    log_Z: float | None = None
+    num_checks: int | None = None
+    tables_s: float = 0.0
+
+
+def _jit_cache_size() -> int:
+    from jaxcd import decode, gcd, pgcd, smc
+    n = 0
+    for f in (smc._run, decode.sample, gcd.backward, pgcd._backward):
+        try:
+            n += f._cache_size()
+        except AttributeError:
+            pass
+    return n
+
+
+def stable_seed(*parts) -> int:
+    return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
+
+
+class Runner:
+    """The model (and HMM) loaded once; :meth:`run` one method × K on one prompt."""
+
+    def __init__(self, model=None, hmm=None, temperature: float = 1.0,
+                 resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes()):
+        from jaxcd.generation import Model, load_hmm, load_model
+        self.model = model if isinstance(model, Model) else load_model(model)
+        self.hmm_spec = hmm
+        self._hmm = None
+        if hmm not in (None, "none"):
+            self._hmm = load_hmm(hmm, self.model)
+        self.temperature = float(temperature)
+        self.resample = resample
+        self.ess = float(ess)
+        self.shapes = shapes
+        self._tables: dict = {}
+
+    @property
+    def vocab(self):
+        return self.model.vocab
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def constraint(self, nfa, key: str = "") -> Constraint:
+        return build_constraint(nfa, self.vocab, self.shapes, key)
+
+    def _gtables(self, c: Constraint, budget: int, kind: str):
+        from jaxcd import gcd, pgcd
+        k = (id(c), budget, kind)
+        if k not in self._tables:
+            if len(self._tables) > 64:
+                self._tables.clear()
+            if kind == "lcd":
+                self._tables[k] = gcd.lcd_tables(c.device, budget)
+            elif kind == "gcd":
+                self._tables[k] = gcd.backward(c.device, budget)
+            else:
+                self._tables[k] = pgcd.backward(c.device, self._hmm, budget)
+        return self._tables[k]
+
+    def release(self, c: Constraint) -> None:
+        """Drop the tables cached for ``c`` (call when done with an example)."""
+        for k in [k for k in self._tables if k[0] == id(c)]:
+            del self._tables[k]
+
+    def run(self, method: str, c: Constraint, prompt_ids: Sequence[int], budget: int,
+            particles: int, seed: int, tag: str = "") -> RunResult:
+        """Run ``method`` with ``particles`` = K on one prompt; ``tag`` (e.g. the example
+        id) enters the seeds so that examples get independent randomness."""
+        from jaxcd import decode, smc
+        from jaxcd.lm.interface import pad_prompts
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method in HMM_METHODS and self._hmm is None:
+            raise ValueError(f"method {method!r} needs an HMM (hmm='default' or a checkpoint)")
+        m = self.model
+        K = int(particles)
+        ctx = getattr(m.lm.config, "context_length", None)
+        width = self.shapes.prompt_width(len(prompt_ids))
+        if ctx and width + budget > ctx:
+            width = len(prompt_ids)
+        if ctx and width + budget > ctx:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceed the "
+                             f"model's context ({ctx})")
+        s = stable_seed(seed, tag, method, K)
+        key = jax.random.PRNGKey(s)
+        eos = m.lm.eos_token_id
+        pad = getattr(m.lm, "pad_token_id", 0)
+        n0 = _jit_cache_size()
+        t0 = time.perf_counter()
+        weights, chosen, log_Z, checks = None, None, None, None
+        tables_s = 0.0
+        if method in ("lcd", "gcd"):
+            ta = time.perf_counter()
+            tables = self._gtables(c, budget, method)
+            tables_s = time.perf_counter() - ta
+            ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
+            out = jax.device_get(decode.sample(key, m.lm, m.params, ids, lens, c.device, tables,
+                                               budget=budget, constrained=True,
+                                               temperature=self.temperature))
+            toks = np.asarray(out.tokens)
+            valid = [bool(v) for v in np.asarray(out.valid)]
+            chosen = next((i for i, v in enumerate(valid) if v), 0)
+        else:
+            ids, lens = pad_prompts([list(prompt_ids)], pad_id=pad, length=width)
+            if method == "awrs":
+                res = smc.run_blackbox(key, m.lm, m.params, ids, lens,
+                                       predicate=dfa_predicate(c.dfa), token_bytes=m.vocab,
+                                       eos_id=eos, budget=budget, num_particles=K,
+                                       resample=self.resample, ess_threshold=self.ess,
+                                       temperature=self.temperature, seed=s)
+            else:
+                proposal = method[4:]
+                ta = time.perf_counter()
+                kind = "lcd" if proposal == "lcd" else "gcd"
+                tables = self._gtables(c, budget, kind)
+                ptables = self._gtables(c, budget, "pgcd") if method in HMM_METHODS else None
+                tables_s = time.perf_counter() - ta
+                res = smc.run(key, m.lm, m.params, ids, lens, c.device, budget=budget,
+                              num_particles=K, proposal=proposal,
+                              hmm=self._hmm if method in HMM_METHODS else None,
+                              resample=self.resample, ess_threshold=self.ess,
+                              temperature=self.temperature, tables=tables, ptables=ptables)
+            res = jax.device_get(res)
+            toks = np.asarray(res.tokens)[0]
+            valid = [bool(v) for v in np.asarray(res.valid)[0]]
+            lw = np.asarray(res.log_weights, np.float64)[0]
+            log_Z = float(np.asarray(res.log_Z)[0])
+            if res.num_checks is not None:
+                checks = int(np.asarray(res.num_checks).sum())
+            if np.isfinite(lw).any():
+                w = np.exp(lw - lw[np.isfinite(lw)].max())
+                w = w / w.sum()
+                chosen = int(np.random.default_rng(s).choice(len(w), p=w))
+            else:
+                w, chosen = np.zeros_like(lw), None
+            weights = [float(x) for x in w]
+        dt = time.perf_counter() - t0
+        compiled = _jit_cache_size() > n0
+        texts, lengths = [], []
+        for row in toks.tolist():
+            ended = eos in row
+            row = row[: row.index(eos)] if ended else row
+            lengths.append(len(row) + int(ended))
+            texts.append(m.vocab.decode_bytes(row).decode("utf-8", errors="replace"))
+        i = 0 if chosen is None else chosen
+        return RunResult(texts, valid, texts[i], bool(valid[i]) and chosen is not None, chosen,
+                         weights, round(dt, 4), compiled, lengths[i], log_Z, checks,
+                         round(tables_s, 4))
+
+
+# ---------------------------------------------------------------------------------------
+# statistics and files
+# ---------------------------------------------------------------------------------------
+def bootstrap_ci(values: Sequence[float], reps: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (resampling the examples);
+    ``(nan, nan)`` for no values."""
+    x = np.asarray(values, np.float64)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, (reps, x.size))].mean(axis=1)
+    a = (1 - level) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1 - a))
+
+
+def summarize(rows: list[dict], keys: Sequence[str] = ("method", "particles"),
+              seed: int = 0) -> list[dict]:
+    """One entry per distinct ``keys``: n, valid %, accuracy % (over rows with a ground
+    truth) with a bootstrap 95% interval, mean seconds per example (all calls, and
+    calls that did not compile), compiles, mean output tokens."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    out = []
+    for g, rs in groups.items():
+        acc = [float(r["correct"]) for r in rs if r.get("correct") is not None]
+        lo, hi = bootstrap_ci(acc, seed=seed)
+        vlo, vhi = bootstrap_ci([float(r["valid"]) for r in rs], seed=seed)
+        warm = [r["seconds"] for r in rs if not r.get("compiled")]
+        ent = dict(zip(keys, g))
+        ent.update({
+            "n": len(rs), "valid_pct": 100 * float(np.mean([r["valid"] for r in rs])),
+            "valid_ci": [100 * vlo, 100 * vhi],
+            "n_scored": len(acc),
+            "accuracy_pct": 100 * float(np.mean(acc)) if acc else None,
+            "accuracy_ci": [100 * lo, 100 * hi] if acc else None,
+            "seconds_mean": float(np.mean([r["seconds"] for r in rs])),
+            "seconds_warm_mean": float(np.mean(warm)) if warm else None,
+            "compiles": int(sum(bool(r.get("compiled")) for r in rs)),
+            "tokens_mean": float(np.mean([r.get("tokens", 0) for r in rs])),
+        })
+        checks = [r["num_checks"] for r in rs if r.get("num_checks") is not None]
+        if checks:
+            ent["checks_mean"] = float(np.mean(checks))
+        out.append(ent)
+    return out
+
+
+def write_predictions(path: str | Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def _fmt(x, nd=1):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def summary_markdown(summary: list[dict], keys: Sequence[str], title: str = "") -> str:
+    head = [k for k in keys] + ["n", "valid %", "accuracy %", "95% CI", "s/example",
+                                "s/example (warm)", "compiles", "tokens"]
+    lines = ([f"### {title}", ""] if title else []) + [
+        "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in summary:
+        ci = e.get("accuracy_ci")
+        lines.append("| " + " | ".join(
+            [str(e[k]) for k in keys]
+            + [str(e["n"]), _fmt(e["valid_pct"]), _fmt(e["accuracy_pct"]),
+               f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "–",
+               _fmt(e["seconds_mean"], 2), _fmt(e["seconds_warm_mean"], 2),
+               str(e["compiles"]), _fmt(e["tokens_mean"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(out_dir: str | Path, summary: dict, markdown: str) -> None:
+    out_dir = Path(out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out_dir / "summary.md").write_text(markdown)
+
+
+def machine_info() -> dict:
+    import platform
+    return {"python": platform.python_version(), "jax": jax.__version__,
+            "backend": jax.default_backend(),
+            "devices": [str(d) for d in jax.devices()], "cpu": platform.processor() or
+            platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+__all__ = ["METHODS", "HMM_METHODS", "Shapes", "Constraint", "build_constraint",
+           "dfa_predicate", "RunResult", "Runner", "bootstrap_ci", "summarize",
+           "write_predictions", "summary_markdown", "write_summary", "machine_info",
+           "stable_seed"]

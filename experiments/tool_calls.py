@@ -1,0 +1,245 @@
+r"""Function calling on BFCL data: constraint satisfaction and accuracy of LCD, GCD, SMC
+and P-GCD (the paper's Tables 1/3, Figure 2, on the Berkeley Function Calling
+Leaderboard instead of xLAM).
+
+    python -m experiments.tool_calls --data bfcl:simple_python --format json \
+        --methods lcd,gcd,smc-gcd,smc-lookahead --particles 4 --hmm default \
+        --budget auto --limit 20 --seed 0 --out experiments/results/tool_calls/sp_json
+
+``--data`` / ``--answers``: JSON Lines files (BFCL's ``BFCL_v4_<category>.json`` and
+``possible_answer/BFCL_v4_<category>.json``), or ``bfcl:<category>`` for the files of
+the ``bfcl-eval`` wheel (fetched into the jaxcd cache on first use; the answers default
+to the category's). Several comma-separated ``--data`` entries are concatenated (and
+``--answers`` then lists as many files, or ``auto``). ``--format``: ``json`` (a JSON
+array of ``{"name", "arguments"}``) or ``python`` (``[f(a=1, b='x'), ...]``), or
+``json,python`` for both. Methods and how the output of a method at K particles is
+chosen: :mod:`experiments.runner` (``lcd``/``gcd``: K independent samples, the first
+valid one; ``smc-*``/``awrs``: one particle drawn from the weighted ensemble).
+
+``--budget auto`` = ``min_budget + margin`` rounded up to a multiple of 16 and capped
+at ``--budget-cap`` (256), where ``min_budget`` is the smallest budget of the example's
+constraint (``fa.min_budget``: one call with the shortest values) and ``margin`` is
+``--margin`` (default 48 tokens; 144 in the ``parallel*`` categories, whose answers hold
+several calls). On samples of 12 examples per category the ground-truth answers needed
+``min_budget`` + 0–36 tokens in ``simple_python``/``multiple``/``live_multiple`` and
++20–183 in ``parallel``. The budget is recorded per example.
+
+``--limit N``: N examples drawn with ``--seed`` from the data (kept in file order);
+``--limit 0``: all of them.
+
+Outputs in ``--out``: ``predictions.jsonl`` (one line per example × format × method × K:
+``id, method, particles, output`` (the exact generated text), ``valid``, ``correct``
+(BFCL's AST checker; ``null`` without ground truth) and diagnostics: ``format``,
+``category``, ``budget``, ``min_budget``, ``seconds``, ``compiled``, ``tokens``,
+``n_valid_particles``, ``why``), ``summary.json`` and ``summary.md`` (per format ×
+method × K: n, valid %, accuracy % with a bootstrap 95% interval, mean seconds per
+example — all calls and the calls that compiled nothing — compiles, output tokens).
+
+Shapes. Each example has its own automaton; the jitted programs are specialised on
+its shape. All automata of a run (per format) are padded to the run's largest state,
+edge and out-degree counts (powers of two; :func:`jaxcd.tensorize.pad_automaton` —
+masks are one row gather whatever the size, so padding costs memory, not time), prompts
+are left-padded to quarter-octave widths (e.g. 256, 320, 384, 448, 512, 640, ...), and
+budgets are multiples of 16: one compiled program serves every example with the same
+(width, budget). ``compiled`` in the predictions and ``compiles`` in the summary say
+how many calls paid for a compilation.
+
+CPU defaults are small (``--limit 20``, K = 4). Full settings for a GPU::
+
+    python -m experiments.tool_calls --data bfcl:simple_python,bfcl:multiple,bfcl:parallel,\
+bfcl:parallel_multiple,bfcl:live_multiple --answers auto --format json,python \
+        --methods lcd,gcd,smc-lcd,smc-gcd,smc-lookahead,smc-product \
+        --particles 1,2,4,8,16 --hmm default --budget auto --limit 0 --seed 0 \
+        --out experiments/results/tool_calls/full
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import bfcl
+from .runner import (HMM_METHODS, METHODS, Runner, Shapes, build_constraint, machine_info,
+                     summarize, summary_markdown, write_predictions, write_summary)
+
+DEFAULT_MARGIN = 48
+PARALLEL_MARGIN = 144
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m experiments.tool_calls",
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="JSONL file(s) or bfcl:<category>, comma-separated")
+    p.add_argument("--answers", default="auto", help="possible-answer JSONL file(s), or auto")
+    p.add_argument("--format", default="json", help="json, python or json,python")
+    p.add_argument("--methods", default="lcd,gcd,smc-gcd,smc-lookahead")
+    p.add_argument("--particles", default="4", help="K[,K...]")
+    p.add_argument("--hmm", default="default", help="CKPT, default or none")
+    p.add_argument("--budget", default="auto", help="N or auto")
+    p.add_argument("--margin", type=int, default=None,
+                   help=f"auto budget margin (default {DEFAULT_MARGIN}; {PARALLEL_MARGIN} for "
+                        "parallel categories)")
+    p.add_argument("--budget-cap", type=int, default=256)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    a.formats = [f.strip() for f in a.format.split(",") if f.strip()]
+    a.method_list = [m.strip() for m in a.methods.split(",") if m.strip()]
+    a.ks = [int(k) for k in a.particles.split(",") if k.strip()]
+    for f in a.formats:
+        if f not in ("json", "python"):
+            p.error(f"--format: {f!r} is not json or python")
+    for m in a.method_list:
+        if m not in METHODS:
+            p.error(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
+    if not a.ks or min(a.ks) < 1:
+        p.error("--particles: positive integers")
+    if a.budget != "auto" and not (a.budget.isdigit() and int(a.budget) > 0):
+        p.error("--budget: a positive integer or auto")
+    if a.hmm == "none" and any(m in HMM_METHODS for m in a.method_list):
+        p.error("smc-lookahead / smc-product need --hmm (default or a checkpoint)")
+    return a
+
+
+def load(a) -> list[bfcl.Example]:
+    datas = [d.strip() for d in a.data.split(",") if d.strip()]
+    if a.answers == "auto":
+        answers = [bfcl.resolve(d, answers=True) if d.startswith("bfcl:") else None
+                   for d in datas]
+    else:
+        answers = [x.strip() for x in a.answers.split(",")]
+        if len(answers) != len(datas):
+            raise SystemExit(f"--answers lists {len(answers)} files for {len(datas)} --data")
+    exs = []
+    for d, ans in zip(datas, answers):
+        part = bfcl.load_examples(bfcl.resolve(d), ans)
+        if a.limit and len(part) > a.limit:
+            rng = np.random.default_rng(a.seed)
+            keep = sorted(rng.choice(len(part), a.limit, replace=False).tolist())
+            part = [part[i] for i in keep]
+        exs += part
+    return exs
+
+
+def prompt_width(n: int) -> int:
+    """Quarter-octave bucket: round up to a multiple of 2^(floor(log2 n) - 2), at least 64."""
+    if n <= 64:
+        return 64
+    step = 1 << max(n.bit_length() - 3, 4)
+    return -(-n // step) * step
+
+
+def auto_budget(a, ex: bfcl.Example, min_budget: int) -> int:
+    margin = a.margin if a.margin is not None else (
+        PARALLEL_MARGIN if "parallel" in ex.category else DEFAULT_MARGIN)
+    return min(a.budget_cap, -(-(min_budget + margin) // 16) * 16)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(a) -> dict:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    exs = load(a)
+    runner = Runner(a.model, hmm=a.hmm if any(m in HMM_METHODS for m in a.method_list) else None,
+                    temperature=a.temperature)
+    tok, vocab = runner.tokenizer, runner.vocab
+    rows: list[dict] = []
+    per_example: list[dict] = []
+    for fmt in a.formats:
+        # pass 1: every example's automaton (sizes only), so the run pads to one shape
+        t0 = time.perf_counter()
+        sizes, dfas = [], []
+        for ex in exs:
+            nfa, info = bfcl.constraint_nfa(ex, fmt)
+            c = build_constraint(nfa, vocab, Shapes(min_states=1, min_edges=1, min_degree=1))
+            sizes.append((c.info["states"], c.info["edges"], c.info["max_out_degree"]))
+            dfas.append((nfa, info, c.info))
+        pow2 = lambda x: 1 << max(int(x) - 1, 0).bit_length()          # noqa: E731
+        S = pow2(max(s for s, _, _ in sizes) + 1)
+        E = pow2(max(e for _, e, _ in sizes))
+        D = pow2(max(d for _, _, d in sizes))
+        runner.shapes = Shapes(min_states=S, min_edges=E, min_degree=D)
+        log(f"[{fmt}] {len(exs)} examples; automata padded to {S} states, {E} edges, "
+            f"out-degree {D} (pass 1: {time.perf_counter() - t0:.1f} s)")
+        for i, ex in enumerate(exs):
+            nfa, info, _ = dfas[i]
+            c = runner.constraint(nfa, key="")
+            ids = bfcl.prompt_ids(ex, tok, fmt)
+            budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else int(a.budget)
+            if budget < c.min_budget:
+                log(f"{ex.id}: budget {budget} < min_budget {c.min_budget}; skipped")
+                continue
+            runner.shapes = Shapes(prompt_multiple=prompt_width(len(ids)), min_states=S,
+                                   min_edges=E, min_degree=D)
+            per_example.append({"id": ex.id, "format": fmt, "category": ex.category,
+                                "budget": budget, "min_budget": c.min_budget,
+                                "prompt_tokens": len(ids),
+                                "prompt_width": runner.shapes.prompt_width(len(ids)),
+                                **{k: c.info[k] for k in ("states", "edges", "max_out_degree",
+                                                          "build_s")}, **info})
+            for method in a.method_list:
+                for K in a.ks:
+                    r = runner.run(method, c, ids, budget, K, a.seed, tag=f"{fmt}|{ex.id}")
+                    correct, why = bfcl.score(ex, r.output, fmt)
+                    row = {"id": ex.id, "method": method, "particles": K, "output": r.output,
+                           "valid": r.output_valid, "correct": correct, "format": fmt,
+                           "category": ex.category, "budget": budget,
+                           "min_budget": c.min_budget, "seconds": r.seconds,
+                           "compiled": r.compiled, "tables_s": r.tables_s, "tokens": r.tokens,
+                           "n_valid_particles": int(sum(r.valid)), "log_Z": r.log_Z,
+                           "why": why}
+                    if r.num_checks is not None:
+                        row["num_checks"] = r.num_checks
+                    rows.append(row)
+                    log(f"[{fmt}] {i + 1}/{len(exs)} {ex.id} {method} K={K} budget={budget} "
+                        f"valid={r.output_valid} correct={correct} {r.seconds:.1f}s"
+                        f"{' (compiled)' if r.compiled else ''}")
+            runner.release(c)
+            write_predictions(out / "predictions.jsonl", rows)
+    keys = ("format", "method", "particles")
+    summary = summarize(rows, keys, seed=a.seed)
+    by_cat = summarize(rows, ("category",) + keys, seed=a.seed)
+    meta = {"command": "python -m experiments.tool_calls " + " ".join(sys.argv[1:]),
+            "args": {k: v for k, v in vars(a).items()}, "machine": machine_info(),
+            "model": Path(runner.model.path).name, "hmm": a.hmm,
+            "n_examples": len(exs), "wall_s": round(time.perf_counter() - t_start, 1),
+            "budget_rule": (f"auto: min_budget + margin ({a.margin if a.margin is not None else f'{DEFAULT_MARGIN}, {PARALLEL_MARGIN} for parallel*'}), "
+                            f"rounded up to 16, capped at {a.budget_cap}")
+            if a.budget == "auto" else f"fixed {a.budget}",
+            "output_choice": "lcd/gcd: first valid of K independent samples; smc-*/awrs: "
+                             "one particle drawn from the normalised weights"}
+    md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
+          f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "
+          f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {len(exs)} examples, "
+          f"budget {meta['budget_rule']}; wall {meta['wall_s']} s.", "",
+          summary_markdown(summary, keys)]
+    if len({r["category"] for r in rows}) > 1:
+        md += ["", summary_markdown(by_cat, ("category",) + keys, "per category")]
+    result = {"meta": meta, "summary": summary, "by_category": by_cat,
+              "examples": per_example}
+    write_summary(out, result, "\n".join(md))
+    return result
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    res = run(a)
+    print((Path(a.out) / "summary.md").read_text())
+    return res
+
+
+if __name__ == "__main__":
+    main()
