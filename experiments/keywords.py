@@ -33,8 +33,8 @@ GCD sampler and answer the first valid one; ``smc-lcd``, ``smc-gcd``, ``smc-look
 ``smc-product`` (P-GCD; need ``--hmm``) and ``awrs`` answer one particle drawn from the
 normalised SMC weights.
 
-``--budget auto`` is the constraint's smallest budget (``fa.min_budget``, 4–7 tokens
-here) plus ``--margin`` (:data:`AUTO_MARGIN` = 24 tokens), rounded up to a multiple of
+``--budget auto`` is the constraint's smallest budget (``fa.min_budget``: 4–6 tokens
+on the 20 sets of the CPU run) plus ``--margin`` (:data:`AUTO_MARGIN` = 24 tokens), rounded up to a multiple of
 16: 32 for almost every set (the references are 7–29 tokens long, median 10, so
 every reference fits its budget).
 
@@ -212,7 +212,8 @@ def markdown(summary: list[dict], meta: dict) -> str:
               "constraint accepts substrings. BLEU: sacrebleu corpus BLEU-4 against one "
               "reference per set (CommonGen has several, so scores are lower than there). "
               "s/example: decode wall time per example (tables included); warm: calls that "
-              "compiled nothing; compile s: the extra time of the calls that compiled. "
+              "compiled nothing; compile s: the extra time of the calls that compiled (near 0 "
+              "or negative when the call only compiled small tables: within the noise). "
               f"Output choice: {meta.get('output_choice', '')}."]
     return "\n".join(lines) + "\n"
 
