@@ -193,7 +193,9 @@ def markdown(summary: list[dict], meta: dict) -> str:
              f"`{meta.get('command', '')}`", "",
              f"{meta.get('n_examples')} concept sets from `{meta.get('data')}`, model "
              f"`{meta.get('model')}`, budget {meta.get('budget')}, seed {meta.get('seed')}, "
-             f"HMM {meta.get('hmm')}; {meta.get('machine_str', '')}", "",
+             f"HMM {meta.get('hmm')}"
+             + (f" (H={meta['hmm_hidden_size']})" if meta.get("hmm_hidden_size") else "")
+             + f"; {meta.get('machine_str', '')}", "",
              "| method | K | n | constraint satisfied % | coverage % | BLEU-4 | s/example | "
              "s/example (warm) | compiles | compile s (total) | tokens |",
              "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
@@ -388,7 +390,10 @@ def run(a, model=None, hmm=None) -> dict:
                 sys.argv[1:] if model is None else ["(in-process)"]),
             "args": {k: v for k, v in vars(a).items()}, "machine": machine_info(),
             "model": Path(runner.model.path).name if runner.model.path else "custom",
-            "hmm": a.hmm if need_hmm else None, "data": data_path, "n_examples": len(rows),
+            "hmm": a.hmm if need_hmm else None,
+            "hmm_hidden_size": (int(np.shape(runner._hmm.A)[0])
+                                if need_hmm and runner._hmm is not None else None),
+            "data": data_path, "n_examples": len(rows),
             "seed": a.seed, "wall_s": round(time.perf_counter() - t_start, 1),
             "budget": (f"auto: min_budget + {a.margin}, rounded up to 16"
                        if a.budget == "auto" else f"fixed {a.budget}"),
