@@ -254,6 +254,26 @@ def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0) -> str:
     return str(path)
 
 
+def hmm_info(spec: str | None) -> dict | None:
+    """What the results record about the HMM used: the default HMM's recipe and held-out
+    scores (its info.json), or a checkpoint's hidden size."""
+    if spec in (None, "none"):
+        return None
+    if spec == "default":
+        from hmm_distill.default import default_hmm_dir
+        p = default_hmm_dir(None) / "info.json"
+        if not p.exists():
+            return {"spec": "default"}
+        info = json.loads(p.read_text())
+        st = info.get("settings", {})
+        return {"spec": "default", "hidden_size": info.get("hidden_size"), "num_seqs": st.get("num_seqs"),
+                "max_length": st.get("max_length"), "epochs": st.get("epochs"), "heldout": info.get("heldout")}
+    from hmm_distill.checkpoint import load_checkpoint
+    ck = load_checkpoint(spec)
+    return {"spec": str(spec), "hidden_size": int(ck.hidden_size),
+            "random": "random_h" in Path(spec).name}
+
+
 def resolve_hmm(spec: str, out: Path, log) -> str | None:
     if spec == "none":
         return None
@@ -438,7 +458,7 @@ def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
             f"JAX {pv['machine'].get('jax_backend')}",
             f"- seeds: {pv['seeds']}",
             f"- git commit: {g['commit'][:12]}{' (working tree differs)' if g.get('dirty') else ''}",
-            f"- mode: {res['mode']}", ""]
+            f"- mode: {res['mode']}", "", ""]
     (out / f"{name}.md").write_text("\n".join(head) + md_body)
 
 
@@ -459,7 +479,7 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
                              ("accuracy % [95% CI]", "accuracy")])
             + ("\n![constraint satisfaction](satisfaction.png)\n" if fig else ""))
     return {"subset": subset, "calls": calls, "table": tab, "figure": "satisfaction.png" if fig else None,
-            "hmm": hmm}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
 
 
 def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
@@ -478,7 +498,7 @@ def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
                              ("s/example (warm)", "seconds_warm_mean")])
             + (f"\n![accuracy against k]({name}.png)\n" if fig else ""))
     return {"subset": subset, "calls": calls, "table": tab, "figure": f"{name}.png" if fig else None,
-            "hmm": hmm}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
 
 
 def study_runtime(out, mode, st, seed, log, model=None):
