@@ -151,6 +151,184 @@ def sample_rows_shared_prefill(lm, params, prompts: Sequence[Sequence[int]], whi
     return toks, lps, int(mat.size)
 
 
+# ------------------------------------------------------------------------------------------
+# Continuous batching for the JAX Llama LM (jaxcd.lm.JaxLM): a pool of rows, each row
+# refilled with the next sequence as soon as its continuation ends.
+
+def _is_jaxlm(lm) -> bool:
+    try:
+        from jaxcd.lm.llama import JaxLM
+    except Exception:  # noqa: BLE001
+        return False
+    return isinstance(lm, JaxLM)
+
+
+@partial(jax.jit, static_argnames=("lm", "chunk", "length", "temperature"), donate_argnums=(2,))
+def _pool_chunk(lm, params, pool, *, chunk: int, length: int, temperature: float):
+    """``chunk`` decoding steps of every row of the pool. A row draws while it is active
+    (step ``t < length``, no EOS yet) with key ``t`` of its own split; finished rows keep
+    stepping (their results are not used) until the host refills them."""
+    eos = jnp.int32(lm.eos_token_id)
+    rows = jnp.arange(pool["t"].shape[0])
+
+    def body(_, pool):
+        t, done = pool["t"], pool["done"]
+        k = pool["keys"][rows, jnp.minimum(t, length - 1)]
+        logp = pool["logp"].astype(jnp.float32)
+        tok, _, new_done, _ = jaxcd_draw(k, logp / max(temperature, 1e-6), done, eos,
+                                         greedy=temperature == 0)
+        lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
+        tw = jnp.minimum(t, length - 1)
+        toks = pool["toks"].at[rows, tw].set(jnp.where(done, pool["toks"][rows, tw], tok))
+        lps = pool["lps"].at[rows, tw].set(jnp.where(done, pool["lps"][rows, tw], lp))
+        t = jnp.where(done, t, t + 1)
+        state, logp = lm.step(params, pool["state"], tok)
+        return {**pool, "state": state, "logp": logp, "t": t, "done": new_done | (t >= length),
+                "toks": toks, "lps": lps}
+
+    return jax.lax.fori_loop(0, chunk, body, pool)
+
+
+@partial(jax.jit, static_argnames=("shift",), donate_argnums=(0,))
+def _pool_insert(pool, pre_state, pre_logp, src, replace, keys, lens, d, new_slot, *, shift: bool):
+    """Move the cache of every row ``d`` slots left (when ``shift``), then give the rows
+    with ``replace`` the prefilled prompt ``src[b]`` (its ``lens[b]`` prompt slots moved to
+    end at ``new_slot``), fresh keys and an empty output. JaxLM cache layouts:
+    ``k [B, n_kv, D, S]``, ``v [B, n_kv, S, D]``, ``slot [B]``, ``offset [B]``."""
+    st = pool["state"]
+    pre_end = pre_state["slot"][0]  # the prefilled prompts end at this slot
+
+    def put(old, pre, axis):
+        new = pre[src]
+        pad = [(0, 0)] * new.ndim
+        pad[axis] = (0, old.shape[axis] - new.shape[axis])  # the prefilled cache is shorter
+        new = jnp.roll(jnp.pad(new, pad), new_slot - pre_end, axis=axis)
+        old = jnp.roll(old, -d, axis=axis) if shift else old
+        return jnp.where(replace.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
+
+    k = tuple(put(o, p_, 3) for o, p_ in zip(st["k"], pre_state["k"]))
+    v = tuple(put(o, p_, 2) for o, p_ in zip(st["v"], pre_state["v"]))
+    off_old = st["offset"] - d if shift else st["offset"]
+    offset = jnp.where(replace, new_slot - lens, jnp.clip(off_old, 0, new_slot))
+    state = {"k": k, "v": v, "slot": jnp.full_like(st["slot"], new_slot), "offset": offset}
+    r = replace[:, None]
+    return {"state": state,
+            "logp": jnp.where(r, pre_logp[src], pool["logp"]),
+            "t": jnp.where(replace, 0, pool["t"]),
+            "done": jnp.where(replace, False, pool["done"]),
+            "keys": _where_keys(replace, keys, pool["keys"]),
+            "toks": jnp.where(r, pool["eos_row"], pool["toks"]),
+            "lps": jnp.where(r, 0.0, pool["lps"]),
+            "eos_row": pool["eos_row"]}
+
+
+def _where_keys(replace, new, old):
+    return jax.random.wrap_key_data(jnp.where(replace[:, None, None], jax.random.key_data(new),
+                                              jax.random.key_data(old)))
+
+
+def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarray, which: np.ndarray,
+                seed: int, *, length: int, temperature: float = 1.0, batch_size: int = 64,
+                chunk: int = 16, group: int = 16, prompt_bucket: int = 32, on_done=None) -> dict:
+    """Continuations of sequences ``seq_ids[j]`` (prompt ``prompts[which[j]]``, key
+    ``fold_in(key(seed), seq_ids[j])``) by continuous batching with a :class:`JaxLM`.
+
+    ``batch_size`` rows decode ``chunk`` steps at a time; after each chunk every row whose
+    continuation has ended (EOS or ``length`` tokens) is handed to ``on_done(j, tokens,
+    logprobs)`` and refilled with the next waiting sequence. Prompts are prefilled
+    ``group`` distinct ones at a time, in the order the sequences need them, padded to
+    the group's longest prompt (rounded up to ``prompt_bucket``), each once while its
+    sequences are inserted (give the sequences sorted by prompt). A refilled row gets its
+    prompt's keys/values placed so that the prompt ends at the pool's current cache slot
+    (a left-padded row: positions are slot − offset); when the cache would overflow,
+    every row's cache is first moved left by the slots no live row needs. The draws are
+    those of :func:`sample_continuations_with_logprobs` for each sequence (same keys,
+    same contexts). Returns counters (``prefill_tokens``, ``decode_row_steps``,
+    ``chunks``, ``shifts``)."""
+    n = len(seq_ids)
+    B, C, T = int(batch_size), int(chunk), int(length)
+    seq_ids, which = np.asarray(seq_ids), np.asarray(which)
+    max_plen = max(len(prompts[w]) for w in which) if n else 1
+    S = lm.cache_slots(max_plen + T + C)
+    eos = int(lm.eos_token_id)
+    st_shape = jax.eval_shape(lambda: lm.prefill(params, jnp.zeros((B, max_plen), jnp.int32),
+                                                 jnp.full((B,), max_plen, jnp.int32), S))
+    state, logp = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), st_shape)
+    base = jax.random.key(seed)
+
+    def row_keys(ids):
+        return jax.vmap(lambda i: jax.random.split(jax.random.fold_in(base, i), T))(
+            jnp.asarray(ids, jnp.uint32))
+
+    pool = {"state": state, "logp": logp, "t": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
+            "keys": row_keys(np.zeros(B, np.int64)), "toks": jnp.full((B, T), eos, jnp.int32),
+            "lps": jnp.zeros((B, T), jnp.float32), "eos_row": jnp.full((1, T), eos, jnp.int32)}
+    order_prompts = list(dict.fromkeys(which.tolist()))  # prompts in the order they are needed
+    pos_of = {u: i for i, u in enumerate(order_prompts)}
+    groups: list[tuple[dict, object, object]] = []       # (prompt -> row, state, logp), newest last
+    row_job = np.full(B, -1)  # index j of the sequence a row decodes (-1: free)
+    slot, nxt = 0, 0
+    stats = {"prefill_tokens": 0, "decode_row_steps": 0, "chunks": 0, "shifts": 0}
+
+    def prefill_group(u):
+        gp = order_prompts[pos_of[u]: pos_of[u] + group]
+        gp_pad = gp + [gp[-1]] * (group - len(gp))
+        width = max(len(prompts[v]) for v in gp)
+        width = max(width, min(-(-width // prompt_bucket) * prompt_bucket, max_plen))
+        mat, lens = pad_prompts([prompts[v] for v in gp_pad], pad_id=0, length=width)
+        st, lg = _prefill(lm, params, jnp.asarray(mat), jnp.asarray(lens), max_len=width)
+        stats["prefill_tokens"] += int(mat.size)
+        groups.append(({v: i for i, v in enumerate(gp)}, st, lg))
+        del groups[:-2]
+
+    while True:
+        free = np.flatnonzero(row_job < 0)
+        if nxt < n and len(free):
+            take = np.arange(nxt, min(n, nxt + len(free)))
+            nxt = int(take[-1]) + 1
+            rows = free[: len(take)]
+            lens_new = np.array([len(prompts[w]) for w in which[take]])
+            live = row_job >= 0
+            live_len = int((slot - np.asarray(pool["state"]["offset"])[live]).max()) if live.any() else 0
+            shift = not (slot >= lens_new.max() and slot + C <= S)
+            new_slot = max(int(lens_new.max()), live_len) if shift else slot
+            stats["shifts"] += int(shift)
+            d = slot - new_slot
+            pending = np.ones(len(take), bool)
+            while pending.any():
+                u = int(which[take[np.flatnonzero(pending)[0]]])
+                if not any(u in g[0] for g in groups):
+                    prefill_group(u)
+                gmap, gst, glg = next(g for g in groups if u in g[0])
+                sel = pending & np.array([w in gmap for w in which[take]])
+                src, rep = np.zeros(B, np.int32), np.zeros(B, bool)
+                ids, lens_b = np.zeros(B, np.int64), np.zeros(B, np.int32)
+                src[rows[sel]] = [gmap[w] for w in which[take[sel]]]
+                rep[rows[sel]] = True
+                ids[rows[sel]] = seq_ids[take[sel]]
+                lens_b[rows[sel]] = lens_new[sel]
+                pool = _pool_insert(pool, gst, glg, jnp.asarray(src), jnp.asarray(rep), row_keys(ids),
+                                    jnp.asarray(lens_b), jnp.int32(d), jnp.int32(new_slot), shift=shift)
+                shift, d = False, 0
+                pending &= ~sel
+            row_job[rows] = take
+            slot = new_slot
+        if not (row_job >= 0).any():
+            break
+        pool = _pool_chunk(lm, params, pool, chunk=C, length=T, temperature=float(temperature))
+        slot += C
+        stats["chunks"] += 1
+        stats["decode_row_steps"] += B * C
+        fin = np.flatnonzero(np.asarray(pool["done"]) & (row_job >= 0))
+        if len(fin):
+            toks, lps = np.asarray(pool["toks"])[fin], np.asarray(pool["lps"])[fin]
+            for r, tk, lq in zip(fin, toks, lps):
+                if on_done is not None:
+                    on_done(int(row_job[r]), tk, lq)
+            row_job[fin] = -1
+    return stats
+
+
 def sample_continuations(lm, params, prompt_ids, prompt_lengths, keys, *, length: int,
                          temperature: float = 1.0) -> jax.Array:
     """The tokens of :func:`sample_continuations_with_logprobs` (int32 ``[B, T]``)."""
@@ -270,7 +448,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                  prompt_ids: Sequence[Sequence[int]] | None = None,
                  prompt_texts: Sequence | None = None, model_name: str = "lm",
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
-                 until_eos: bool = False, chat_template: bool = False) -> dict:
+                 until_eos: bool = False, chat_template: bool = False,
+                 continuous: bool | None = None) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
@@ -278,6 +457,12 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     the expected shape are kept (resume). ``until_eos`` records that ``length`` is a hard
     cap on continuations meant to run until EOS (the metadata counts the rows cut off
     there); either way a batch stops as soon as all its rows have ended.
+
+    ``continuous`` (default: for a :class:`jaxcd.lm.JaxLM`) samples each shard by
+    continuous batching (:func:`sample_pool`): a row whose continuation has ended is
+    refilled with the next sequence, so no decoding step is spent on finished rows while
+    sequences wait. Otherwise rows are batched by prompt (:func:`sample_rows_shared_prefill`).
+    Either way the samples are the same.
 
     With several JAX processes (:mod:`hmm_distill.distributed`) process ``I`` of ``N``
     samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
@@ -373,6 +558,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                    desc=f"sampling {len(todo)} shard(s)" + (f" [process {I_}/{P_}]" if P_ > 1 else ""))
     t0, n_tok, n_prefill, n_rowsteps = time.perf_counter(), 0, 0, 0
     bsz = int(min(batch_size, shard_size))
+    continuous = _is_jaxlm(lm) if continuous is None else bool(continuous)
     for k in todo:
         n = sizes[k]
         idx = k * shard_size + np.arange(n)
@@ -382,7 +568,20 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         order = np.lexsort((idx, w_all, plen[w_all]))
         arr = np.empty((n, length), np.int32)
         lp = np.empty((n, length), np.float32)
-        for s in range(0, n, bsz):
+        if continuous:
+            def on_done(j, tk, lq):
+                nonlocal n_tok
+                arr[order[j]], lp[order[j]] = tk, lq
+                n_tok += int(first_eos_mask(tk[None], eos).sum())
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
+
+            st = sample_pool(lm, params, prompt_ids, idx[order], w_all[order], seed, length=int(length),
+                             temperature=float(temperature), batch_size=bsz, on_done=on_done)
+            n_prefill += st["prefill_tokens"]
+            n_rowsteps += st["decode_row_steps"]
+        for s in range(0, n if not continuous else 0, bsz):
             sel = order[s:s + bsz]
             bi = idx[sel]
             pad = bsz - len(bi)
