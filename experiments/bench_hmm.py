@@ -164,6 +164,88 @@ def bench_lm_sampling(args):
     return out
 
 
+def _cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def bench_task_sampling(args):
+    """Sampling on the built-in task prompts, the old way and the new way in one run.
+
+    The same sequences (sequence ``i`` continues prompt ``i mod K`` of every
+    ``--task-stride``-th built-in chat prompt, key ``fold_in(key(0), i)``, until EOS with a
+    cap of ``--task-length`` tokens) are drawn by
+
+    * ``padded_batches`` (the sampler before this change): consecutive batches of
+      ``--task-batch`` rows, every prompt left-padded to the longest prompt of the set,
+      prefilled per row, each batch decoding until all its rows have ended;
+    * ``continuous`` (:func:`hmm_distill.sampler.sample_pool`, the default for the JAX
+      LM): rows ordered by prompt, each distinct prompt prefilled once per group,
+      finished rows refilled with the next sequence.
+
+    Wall and CPU (user+sys) seconds include compilation (both paths compile a few
+    programs); the load average is recorded. Generated tokens (up to and including EOS)
+    are the same for both (checked)."""
+    from hmm_distill.lms import load_lm
+    from hmm_distill.priors import first_eos_mask
+    from hmm_distill.prompts import builtin_prompts_path
+    from hmm_distill.sampler import (read_prompts, sample_continuations_with_logprobs, sample_pool,
+                                     sequence_keys)
+    from jaxcd.lm.interface import pad_prompts
+
+    loaded = load_lm("gguf")
+    lm, params = loaded.lm, loaded.params
+    _, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
+    prompts = ids[::args.task_stride]
+    n, T, B = args.task_seqs, args.task_length, args.task_batch
+    seq = np.arange(n)
+    which = seq % len(prompts)
+    eos = lm.eos_token_id
+    res = {"model": repr(lm), "num_prompts": len(prompts), "num_seqs": n, "cap": T, "batch": B,
+           "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
+           "prompt_tokens_max": max(len(p) for p in prompts)}
+    # old: consecutive batches, fully padded prompts
+    mat, lens = pad_prompts(prompts, pad_id=0)
+    l0, w0, c0 = os.getloadavg()[0], time.perf_counter(), _cpu_s()
+    old = []
+    for s in range(0, n, B):
+        bi = seq[s:s + B]
+        t, _ = sample_continuations_with_logprobs(lm, params, jnp.asarray(mat[which[bi]]),
+                                                  jnp.asarray(lens[which[bi]]), sequence_keys(0, bi), length=T)
+        old.append(np.asarray(t))
+    old = np.concatenate(old)
+    res["padded_batches"] = {"wall_s": time.perf_counter() - w0, "cpu_s": _cpu_s() - c0,
+                             "load_start": l0, "load_end": os.getloadavg()[0]}
+    # new: continuous batching (sequences ordered by prompt length, prompt)
+    order = np.lexsort((seq, which, np.array([len(prompts[w]) for w in which])))
+    new = np.empty_like(old)
+
+    def put(j, tk, _):
+        new[order[j]] = tk
+
+    l0, w0, c0 = os.getloadavg()[0], time.perf_counter(), _cpu_s()
+    st = sample_pool(lm, params, prompts, seq[order], which[order], 0, length=T, batch_size=B, on_done=put)
+    res["continuous"] = {"wall_s": time.perf_counter() - w0, "cpu_s": _cpu_s() - c0,
+                         "load_start": l0, "load_end": os.getloadavg()[0], **st}
+    ntok = int(first_eos_mask(old, eos).sum())
+    res["generated_tokens"] = ntok
+    res["same_tokens_rows"] = int((old == new).all(1).sum())
+    res["eos_fraction"] = float((old == eos).any(1).mean())
+    for k in ("padded_batches", "continuous"):
+        r = res[k]
+        r["tokens_per_s"], r["tokens_per_cpu_s"] = ntok / r["wall_s"], ntok / r["cpu_s"]
+    res["speedup_cpu"] = res["padded_batches"]["cpu_s"] / res["continuous"]["cpu_s"]
+    res["speedup_wall"] = res["padded_batches"]["wall_s"] / res["continuous"]["wall_s"]
+    print(f"\ntask sampling ({n} continuations of {len(prompts)} prompts, cap {T}, batch {B}): "
+          f"padded batches {res['padded_batches']['tokens_per_s']:.1f} tok/s "
+          f"({res['padded_batches']['cpu_s']:.0f} CPU s), continuous {res['continuous']['tokens_per_s']:.1f} "
+          f"tok/s ({res['continuous']['cpu_s']:.0f} CPU s); identical rows {res['same_tokens_rows']}/{n}",
+          flush=True)
+    return res
+
+
 def bench_init(args):
     from hmm_distill.lms import table_fingerprint, toy_bigram_lm
     from hmm_distill.sampler import run_sampling
@@ -225,7 +307,11 @@ def main(argv=None):
     ap.add_argument("--lm-batch", type=int, default=64)
     ap.add_argument("--lm-length", type=int, default=32)
     ap.add_argument("--lm-repeats", type=int, default=2)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["throughput", "lm", "init"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["throughput", "lm", "init", "task"])
+    ap.add_argument("--task-seqs", type=int, default=64)
+    ap.add_argument("--task-stride", type=int, default=8, help="every k-th built-in prompt")
+    ap.add_argument("--task-length", type=int, default=64)
+    ap.add_argument("--task-batch", type=int, default=32)
     ap.add_argument("--init-vocab", type=int, default=512)
     ap.add_argument("--init-seqs", type=int, default=3000)
     ap.add_argument("--init-hidden", type=int, default=64)
@@ -248,11 +334,13 @@ def main(argv=None):
     rows = [] if "throughput" in args.skip else [r for V in args.vocabs for r in bench_throughput(args, V)]
     lm = None if "lm" in args.skip else bench_lm_sampling(args)
     init = None if "init" in args.skip else bench_init(args)
+    task = None if "task" in args.skip else bench_task_sampling(args)
     result = {
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}", "jax": jax.__version__,
         "hmmlearn": hl_version, "args": vars(args), "throughput": rows, "lm_sampling": lm,
-        "init_comparison": init, "total_seconds": time.perf_counter() - t0,
+        "init_comparison": init, "task_sampling": task, "load_average": list(os.getloadavg()),
+        "total_seconds": time.perf_counter() - t0,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -293,6 +381,25 @@ def to_markdown(r: dict) -> str:
                   f"program), batch {s['batch']}, {s['length']} tokens per row from BOS: "
                   f"**{s['tokens_per_s']:,.0f} tokens/s** (compile + first call "
                   f"{s['compile_plus_first_s']:.1f} s, excluded).", ""]
+    if r.get("task_sampling"):
+        s = r["task_sampling"]
+        p, c = s["padded_batches"], s["continuous"]
+        lines += ["## Sampling on the task prompts: before / after (one run)", "",
+                  f"`{s['model']}`; {s['num_seqs']} continuations of {s['num_prompts']} built-in chat "
+                  f"prompts ({s['prompt_tokens_mean']:.0f} tokens on average, at most "
+                  f"{s['prompt_tokens_max']}), until EOS with a cap of {s['cap']} tokens, batch "
+                  f"{s['batch']}; {s['generated_tokens']} generated tokens (EOS fraction "
+                  f"{s['eos_fraction']:.2f}); identical rows in both: {s['same_tokens_rows']}/{s['num_seqs']}. "
+                  f"Compilation included. Load average during the run: {p['load_start']:.1f}–{c['load_end']:.1f} "
+                  f"on {r['cpu_count']} cores, so the CPU time is the comparable number.", "",
+                  "| sampler | wall s | CPU s (user+sys) | tokens/s | tokens per CPU s |", "|---|---|---|---|---|",
+                  f"| padded batches (before) | {p['wall_s']:.0f} | {p['cpu_s']:.0f} | {p['tokens_per_s']:.1f} | "
+                  f"{p['tokens_per_cpu_s']:.1f} |",
+                  f"| continuous batching (after) | {c['wall_s']:.0f} | {c['cpu_s']:.0f} | {c['tokens_per_s']:.1f} | "
+                  f"{c['tokens_per_cpu_s']:.1f} |", "",
+                  f"Speed-up: {s['speedup_cpu']:.2f}x in CPU time, {s['speedup_wall']:.2f}x in wall time. "
+                  f"After: {c['prefill_tokens']} prompt tokens prefilled, {c['decode_row_steps']} decode "
+                  f"row-steps ({c['chunks']} chunks, {c['shifts']} cache moves).", ""]
     if r.get("init_comparison"):
         c = r["init_comparison"]
         n_ep = len(c["random"]["heldout_ll"])

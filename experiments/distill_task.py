@@ -37,18 +37,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def early_stop(curve, patience: int) -> tuple[int, int]:
+    """``(chosen epoch, last epoch run)`` of early stopping with ``patience`` on a held-out
+    curve ``[(epoch, heldout_ll, ...), ...]`` (the rule of ``TrainConfig.patience``: stop
+    ``patience`` epochs after the best held-out log-likelihood, keep the best)."""
+    best_e, best = curve[0][0], curve[0][1]
+    for e, h, *_ in curve[1:]:
+        if e - best_e > patience:
+            return best_e, best_e + patience
+        if h > best:
+            best_e, best = e, h
+    return best_e, curve[-1][0]
+
+
 def plot(res: dict, path: Path) -> None:
-    """Held-out curves of every H with the unigram and LM levels (needs matplotlib)."""
+    """Held-out curves of every H with the unigram and LM levels, and the epoch early
+    stopping (the default HMM's patience) would keep (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    pat = res.get("patience", 4)
+    r0 = next(iter(res["runs"].values()))
     for H, r in res["runs"].items():
         ep, ho, _ = zip(*r["curve"])
-        ax.plot(ep, ho, "o-", ms=3, label=f"HMM H={H} held-out (gap share {r['gap_share']:.2f})")
-    r0 = next(iter(res["runs"].values()))
+        line, = ax.plot(ep, ho, "o-", ms=3, label=f"HMM H={H} held-out (gap share {r['gap_share']:.2f} "
+                                                   f"at iteration {ep[-1]})")
+        be, stop = early_stop(r["curve"], pat)
+        bh = dict((e, h) for e, h, _ in r["curve"])[be]
+        g = (bh - r0["unigram_heldout_ll"]) / (r0["lm_heldout_ll"] - r0["unigram_heldout_ll"])
+        ax.plot([be], [bh], "*", ms=12, color=line.get_color(),
+                label=f"early stopping (patience {pat}): iteration {be}, gap share {g:.2f}")
     ax.axhline(r0["unigram_heldout_ll"], color="gray", ls=":", label="unigram (add-0.1)")
     ax.axhline(r0["lm_heldout_ll"], color="black", ls="--", label="SmolLM2-135M (LM)")
     ax.set_xlabel("EM iteration")
@@ -66,7 +87,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plot-only", metavar="JSON", help="only redraw the curves of a results file")
     ap.add_argument("--hidden", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=30,
+                    help="EM iterations (all are run; the plot marks where early stopping would stop)")
     ap.add_argument("--num-seqs", type=int, default=None, help="default: the default HMM's")
     ap.add_argument("--max-length", type=int, default=None)
     ap.add_argument("--work", default=None, help="run directory (default: under the default HMM's cache dir)")
@@ -95,7 +117,7 @@ def main(argv=None):
                        "jax": jax.__version__,
                        "note": "shared machine: other jobs ran on the same 2 cores"},
            "settings": asdict(s), "prompt_set": builtin_prompts_path().name,
-           "prompt_set_hash": builtin_prompt_set_hash(), "phases": {}}
+           "prompt_set_hash": builtin_prompt_set_hash(), "phases": {}, "patience": s.patience}
     t0 = time.perf_counter()
     from jaxcd.model_files import resolve_gguf
 
@@ -105,14 +127,15 @@ def main(argv=None):
     res["phases"]["load_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     meta = run_sampling(loaded.lm, loaded.params, work / "samples", num_seqs=s.num_seqs,
-                        length=s.max_length, shard_size=256, batch_size=s.batch_size, seed=s.seed,
+                        length=s.max_length, shard_size=s.num_seqs, batch_size=s.batch_size, seed=s.seed,
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=f"gguf:{model_file.name}",
                         fingerprint=loaded.fingerprint, progress=True,
                         prompt_set=builtin_prompts_path().name, until_eos=True, chat_template=True)
     res["phases"]["sample_s_this_call"] = time.perf_counter() - t0
     res["sampling"] = {k: meta.get(k) for k in ("num_seqs", "max_length", "eos_fraction", "num_cut_off",
-                                                "tokens_per_s", "prompt_set_id", "temperature")}
+                                                "tokens_per_s", "prompt_set_id", "temperature", "prefill_tokens",
+                                                "decode_row_steps")}
     del loaded
     res["runs"] = {}
     for H in a.hidden:
@@ -124,7 +147,11 @@ def main(argv=None):
         wall = time.perf_counter() - t0
         last = r.metrics[-1]
         em_tok_s = [m["tokens_per_s"] for m in r.metrics[1:]]
+        be, stop = early_stop([(m["epoch"], m["heldout_ll"]) for m in r.metrics], s.patience)
+        bm = r.metrics[be]
         res["runs"][str(H)] = {
+            "early_stopping": {"patience": s.patience, "best_epoch": be, "would_stop_after": stop,
+                               "heldout_ll": bm["heldout_ll"], "gap_share": bm["gap_share"]},
             "heldout_ll": last["heldout_ll"], "unigram_heldout_ll": last["unigram_heldout_ll"],
             "lm_heldout_ll": last["lm_heldout_ll"], "gap_share": last["gap_share"],
             "train_ll": last["train_ll"], "epochs": a.epochs,
