@@ -182,12 +182,26 @@ def _cmd_eval(a) -> int:
     from .em import EM
     from .train import evaluate
 
+    from .priors import first_eos_mask
+
     s = load_samples(a.data, max_seqs=a.max_seqs)
     ck = load_checkpoint(a.ckpt, expect_vocab_size=s.vocab_size, expect_fingerprint=s.fingerprint)
-    ll = evaluate(EM(), F.as_params(*ck.params), s.tokens, a.batch_size)
-    c = np.bincount(s.tokens.ravel(), minlength=s.vocab_size)
-    print(json.dumps({"ckpt": str(a.ckpt), "data": str(a.data), "num_seqs": int(s.tokens.shape[0]),
-                      "ll_per_token": ll, "num_distinct_tokens": int((c > 0).sum())}))
+    # as the training job counts: each row up to and including its first EOS
+    mask = first_eos_mask(s.tokens, s.eos_token_id) if not a.all_positions else None
+    ll = evaluate(EM(), F.as_params(*ck.params), s.tokens, a.batch_size, mask)
+    c = np.bincount(s.tokens.ravel() if mask is None else s.tokens[mask], minlength=s.vocab_size)
+    out = {"ckpt": str(a.ckpt), "data": str(a.data), "num_seqs": int(s.tokens.shape[0]),
+           "num_tokens": int(c.sum()), "ll_per_token": ll, "num_distinct_tokens": int((c > 0).sum())}
+    if s.logprobs is not None and mask is not None:
+        out["lm_ll_per_token"] = float(s.logprobs[mask].astype(np.float64).mean())
+    if a.unigram_from:
+        from .train import gap_share, unigram_logprobs
+
+        tr = load_samples(a.unigram_from)
+        uni = unigram_logprobs(tr.tokens, s.vocab_size, 0.1, first_eos_mask(tr.tokens, tr.eos_token_id))
+        out["unigram_ll_per_token"] = float(uni[s.tokens[mask] if mask is not None else s.tokens].mean())
+        out["gap_share"] = gap_share(ll, out["unigram_ll_per_token"], out.get("lm_ll_per_token"))
+    print(json.dumps(out))
     return 0
 
 
@@ -224,6 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--max-seqs", type=int)
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--all-positions", action="store_true",
+                   help="count the EOS padding after each row's first EOS too (default: as training does)")
+    p.add_argument("--unigram-from", metavar="DIR",
+                   help="training samples: also report the add-0.1 unigram baseline and the gap share")
     p = sub.add_parser("info", help="print checkpoint metadata")
     p.add_argument("--ckpt", required=True)
     return ap

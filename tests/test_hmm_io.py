@@ -206,7 +206,18 @@ def test_cli_train_eval_and_errors(data_dir, tmp_path, capsys):
     assert ck.hidden_size == 4 and ck.epoch == 2 and ck.config["init"] == "random"
     assert main(["eval", "--ckpt", str(run / "hmm.safetensors"), "--data", str(data_dir)]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["ll_per_token"] < 0
+    # eval counts each row up to and including its first EOS, as training does: numpy forward
+    pi, A, B = (np.asarray(x, np.float64) for x in ck.params)
+    tot, n = 0.0, 0
+    for row in load_samples(data_dir).tokens:
+        L = list(row).index(V - 1) + 1 if (V - 1) in row else T
+        a = pi * B[:, row[0]]
+        for x in row[1:L]:
+            tot += np.log(a.sum())
+            a = (a / a.sum()) @ A * B[:, x]
+        tot += np.log(a.sum())
+        n += L
+    assert out["num_tokens"] == n < 120 * T and out["ll_per_token"] == pytest.approx(tot / n, rel=1e-5)
     # user errors: one line, exit status 2
     assert main(["train", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     assert "sample directory not found" in capsys.readouterr().err
