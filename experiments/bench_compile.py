@@ -22,6 +22,17 @@ Usage::
     ... --profile js_recipe     # cProfile one constraint instead
 
 Writes ``experiments/results/bench_compile.json``.
+
+``--bounds [--before REV]``: the issue-10 constraints (UUID, base64 and word-repetition
+regexes, the minimised JSON Schemas, the slowest SchemaStore schemas), each compiled
+in a fresh child process (SmolLM2 vocabulary loaded and warmed up first, RLIMIT_AS
+6 GB, 300 s timeout), once with the working tree and once with the jaxcd package of
+git revision ``REV`` (extracted with ``git archive``), in the same run. Per compile:
+wall and CPU seconds and the growth of the peak resident set (``VmHWM`` reset through
+``/proc/self/clear_refs`` before the compile, minus ``VmRSS`` before it), plus the
+automaton's sizes and table bytes. Writes ``experiments/results/bench_compile_bounds.{json,md}``::
+
+    nice python -m experiments.bench_compile --bounds --before 20b5bfb
 """
 
 from __future__ import annotations
@@ -86,6 +97,130 @@ def timed(fn, *args):
     return (time.perf_counter() - t0) * 1e3, out
 
 
+BOUNDS_CASES = [
+    ("uuid", "regex", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", 0),
+    ("hex32", "regex", "[0-9a-f]{32}", 0),
+    ("base64", "regex", "[A-Za-z0-9+/]{16,64}", 0),
+    ("words_ascii", "regex", r"(\w{1,12} ){3,8}", 256),                # re.ASCII
+    ("words_unicode", "regex", r"(\w{1,12} ){3,8}", 0),
+    ("js_date_time", "json_schema", '{"type": "string", "format": "date-time"}', 0),
+    ("js_uuid", "json_schema", '{"type": "string", "format": "uuid"}', 0),
+    ("js_len32", "json_schema", '{"type": "string", "minLength": 32, "maxLength": 32}', 0),
+    ("ss_buildkite", "schemastore", "Buildkite", 0),
+    ("ss_api_builder", "schemastore", "API Builder", 0),
+    ("ss_ansible_inventory", "schemastore", "Ansible Inventory", 0),
+]
+
+_BOUNDS_CHILD = r"""
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (6_000_000_000, 6_000_000_000))
+sys.path.insert(0, sys.argv[1])
+import jaxcd
+from jaxcd import Vocabulary, compile_json_schema, compile_regex
+from jaxcd.tokenizer import load_tokenizer
+kind, source, flags = sys.argv[2], sys.argv[3], int(sys.argv[4])
+assert jaxcd.__file__.startswith(sys.argv[1]), jaxcd.__file__
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+
+vocab = Vocabulary.from_tokenizer(load_tokenizer())
+compile_regex("[ab]{2}", vocab)
+compile_json_schema({"type": "string", "maxLength": 3}, vocab, whitespace_pattern="")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = status("VmRSS")
+t0, c0 = time.perf_counter(), time.process_time()
+if kind == "regex":
+    fa = compile_regex(source, vocab, flags=flags)
+else:
+    fa = compile_json_schema(source, vocab, whitespace_pattern="")
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_growth_mb": status("VmHWM") - before,
+                  "num_states": fa.num_states, "num_edges": fa.num_edges,
+                  "mask_rows": int(fa.cum_masks.shape[0]), "table_mb": fa.nbytes / 2**20}))
+"""
+
+
+def _head() -> str:
+    import subprocess
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+def bounds(before: str | None, out: Path, only=None) -> None:
+    import subprocess
+    import tempfile
+    import shutil
+    # both trees are snapshots taken now, so edits during the run change nothing
+    after = tempfile.mkdtemp(prefix="jaxcd_after_")
+    shutil.copytree(ROOT / "jaxcd", Path(after) / "jaxcd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    trees = {"after": after}
+    if before:
+        tmp = tempfile.mkdtemp(prefix="jaxcd_before_")
+        arch = subprocess.run(["git", "-C", str(ROOT), "archive", before, "jaxcd"],
+                              check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=arch, check=True)
+        trees = {"before": tmp, "after": after}
+    corpus = {x["name"]: x["schema"] for x in
+              json.loads((ROOT / "tests/data/corpus/schemastore.json").read_text())}
+    rows = []
+    for name, kind, source, flags in BOUNDS_CASES:
+        if only and name not in only:
+            continue
+        if kind == "schemastore":
+            kind, source = "json_schema", json.dumps(corpus[source])
+        row = {"name": name, "kind": kind, "source": source[:200], "flags": flags}
+        for label, tree in trees.items():
+            try:
+                p = subprocess.run([sys.executable, "-c", _BOUNDS_CHILD, tree, kind, source,
+                                    str(flags)], capture_output=True, text=True, timeout=300)
+                res = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else \
+                    {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+            except subprocess.TimeoutExpired:
+                res = {"error": "timeout (300 s)"}
+            row[label] = res
+            print(name, label, res, flush=True)
+        rows.append(row)
+    import importlib.metadata as md
+    meta = {"before": before, "after_head": _head(), "python": platform.python_version(),
+            "numpy": md.version("numpy"), "cpus": os.cpu_count(),
+            "loadavg_start": os.getloadavg(),
+            "command": "python -m experiments.bench_compile --bounds"
+                       + (f" --before {before}" if before else "")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = ["# Compiler bounds: before/after (experiments/bench_compile.py --bounds)", "",
+             f"One fresh process per compile (SmolLM2 vocabulary, 49,152 tokens), same run; "
+             f"before = jaxcd at `{before}`, after = the working tree (git `{_head()}` plus "
+             f"uncommitted changes at the start of the run). Wall time on a shared "
+             f"2-core machine (load average at start {os.getloadavg()[0]:.1f}), CPU time of "
+             "the process, and peak-RSS growth during the compile. RLIMIT_AS 6 GB, 300 s "
+             "timeout.", "",
+             "| constraint | states | edges | mask rows | tables MB | before wall s | before CPU s "
+             "| before peak MB | after wall s | after CPU s | after peak MB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cells(r):
+        if r is None:
+            return "- | - | -"
+        if "error" in r:
+            return f"{r['error'][:60]} | | "
+        return f"{r['wall_s']:.2f} | {r['cpu_s']:.2f} | {r['peak_growth_mb']:.0f}"
+
+    for r in rows:
+        a = r["after"]
+        sizes = (f"{a['num_states']:,} | {a['num_edges']:,} | {a['mask_rows']:,} | "
+                 f"{a['table_mb']:.1f}") if "error" not in a else "- | - | - | -"
+        lines.append(f"| {r['name']} | {sizes} | {cells(r.get('before'))} | {cells(a)} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -93,7 +228,12 @@ def main(argv=None):
     ap.add_argument("--profile", help="cProfile our compile of this constraint and exit")
     ap.add_argument("--no-outlines", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "bench_compile.json"))
+    ap.add_argument("--bounds", action="store_true", help="the issue-10 before/after table")
+    ap.add_argument("--before", default=None, help="git revision for the 'before' column")
     args = ap.parse_args(argv)
+    if args.bounds:
+        bounds(args.before, RESULTS / "bench_compile_bounds", args.only)
+        return
 
     from jaxcd import Vocabulary
     from jaxcd.tokenizer import load_tokenizer

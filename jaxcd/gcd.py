@@ -17,7 +17,7 @@ Forward (per step; the token-level automaton is deterministic, so the state set
 ``a_t`` is one state ``s``)::
 
     w_{t+1} = (T_outᵀ a_t) ∘ (T_in β_{t+1})
-    m_{t+1} = 1{ w_{t+1}ᵀ B_f }      = cum_masks[base[s] + Σ_e w_{t+1}[e]]
+    m_{t+1} = 1{ w_{t+1}ᵀ B_f }      = cum_masks[row_index[base[s] + Σ_e w_{t+1}[e]]]
     a_{t+1} = δ(s, x_{t+1})
 
 (the one-row form is exact: live edges are a prefix of the dist-sorted edge list,
@@ -131,7 +131,7 @@ def mask_words(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintStat
     # gather; a select over the W gathered words made XLA:CPU fuse it into a scalar
     # loop (measured 37 µs -> 10 µs per call on CPU).
     k = jnp.where(cs.t < n, k, 0)
-    row = fa.out_start[cs.state] + cs.state + k
+    row = jnp.take(fa.row_index, fa.out_start[cs.state] + cs.state + k, mode="clip")
     # Materialise the row indices before the gather: fused into it, XLA:CPU recomputes
     # them per word (a batch of 64 took 2x longer). `clip` drops the bounds select.
     row = jax.lax.optimization_barrier(row)
@@ -155,7 +155,7 @@ def next_state(fa: TensorizedAutomaton, state: jax.Array, token: jax.Array) -> j
     start = fa.out_start[state]
     deg = fa.out_start[state + 1] - start
     rows = start + state + 1 + jnp.arange(D)
-    rows = jnp.minimum(rows, fa.cum_masks.shape[0] - 1)
+    rows = fa.row_index[jnp.minimum(rows, fa.row_index.shape[0] - 1)]
     word = fa.cum_masks[rows, token >> 5]
     hit = ((word >> (token & 31).astype(jnp.uint32)) & 1).astype(bool) & (jnp.arange(D) < deg)
     first = jnp.argmax(hit)

@@ -13,7 +13,8 @@ holds the GCD mask of every ``(t, state)``:
 
 with ``β_{t+1}(s') = 1{dist[s'] ≤ n - t - 1}`` (DESIGN.md §3; see
 :mod:`jaxcd.tensorize` for why the live out-edges form a prefix), so a mask is
-``cum_masks[rows[t, s]]``: two index operations. For LCD (``budget=None``) the row is
+``cum_masks[rows[t, s]]``: two index operations (the table holds rows of
+``cum_masks``, i.e. the logical rows above already mapped through ``fa.row_index``). For LCD (``budget=None``) the row is
 ``base[s] + outdeg(s)`` whatever ``t``. The table costs ``4 (n + 1) S`` bytes.
 
 ``t`` counts the tokens generated so far (EOS padding included), like
@@ -65,7 +66,7 @@ class HostMasker:
             live = np.searchsorted(key, q, side="right") - out_start[None, :-1]
             rows = base[None, :] + live
             assert np.all(rows[n] == base)
-        self.rows = np.ascontiguousarray(rows, np.int32)
+        self.rows = np.ascontiguousarray(np.asarray(fa.row_index)[rows], np.int32)
         cum = np.asarray(fa.cum_masks).view()
         cum.flags.writeable = False        # masks handed out are views of the table
         self.cum_masks = cum

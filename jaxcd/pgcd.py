@@ -283,8 +283,8 @@ def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
     V = fa.vocab_size
     start = fa.out_start[state]
     deg = jnp.minimum(fa.out_start[state + 1] - start, D)
-    rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.cum_masks.shape[0] - 1)
-    words = fa.cum_masks[rows]                                           # [D, W]
+    rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.row_index.shape[0] - 1)
+    words = fa.cum_masks[fa.row_index[rows]]                             # [D, W]
     # unpack by shifts and a reshape (a per-token gather of words is slow on CPU)
     bit = (words[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
     bit = bit.reshape(D, -1)[:, :V]                                      # [D, V]

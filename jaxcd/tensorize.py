@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -314,26 +313,31 @@ def _run_groups(dfa: DFA, min_bytes: int):
     most common successor (its "dominant" target); states grouped by that byte set.
     Yields ``(sigma bool[256], member states)`` for sets of at least ``min_bytes``."""
     Q, C = dfa.trans.shape
-    trans = np.where(dfa.trans >= 0, dfa.trans, Q).astype(np.int64)
     size = np.bincount(dfa.byte_class, minlength=C)
-    # per row: successors sorted, byte counts summed over runs of equal successors
-    o = np.argsort(trans, axis=1, kind="stable")
-    st = np.take_along_axis(trans, o, 1)
-    new = np.ones((Q, C), bool)
-    new[:, 1:] = st[:, 1:] != st[:, :-1]
-    flat_new = new.ravel()
-    seg = np.cumsum(flat_new) - 1
-    cnt = np.bincount(seg, weights=size[o].ravel())
-    tt = st.ravel()[flat_new]
-    tq = np.repeat(np.arange(Q), new.sum(1))
-    cnt[tt == Q] = -1
-    order = np.lexsort((-cnt, tq))                      # most bytes, then smallest target
-    first = order[np.searchsorted(tq[order], np.arange(Q))]
-    dom, dom_bytes = tt[first], cnt[first]
+    dom = np.empty(Q, np.int64)
+    dom_bytes = np.empty(Q, np.float64)
+    step = max(1, (1 << 18) // C)                       # bounded scratch
+    for r0 in range(0, Q, step):
+        trans = dfa.trans[r0:r0 + step]
+        n = len(trans)
+        trans = np.where(trans >= 0, trans, Q)
+        # per row: successors sorted, byte counts summed over runs of equal successors
+        o = np.argsort(trans, axis=1, kind="stable")
+        st = np.take_along_axis(trans, o, 1)
+        new = np.ones((n, C), bool)
+        new[:, 1:] = st[:, 1:] != st[:, :-1]
+        flat_new = new.ravel()
+        cnt = np.bincount(np.cumsum(flat_new) - 1, weights=size[o].ravel())
+        tt = st.ravel()[flat_new]
+        tq = np.repeat(np.arange(n), new.sum(1))
+        cnt[tt == Q] = -1
+        order = np.lexsort((-cnt, tq))                  # most bytes, then smallest target
+        first = order[np.searchsorted(tq[order], np.arange(n))]
+        dom[r0:r0 + n], dom_bytes[r0:r0 + n] = tt[first], cnt[first]
     cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
     if len(cand) == 0:
         return
-    sig = trans[cand] == dom[cand, None]                              # [n, C]
+    sig = dfa.trans[cand] == dom[cand, None]                          # [n, C]
     _, ginv = np.unique(np.packbits(sig, axis=1), axis=0, return_inverse=True)
     ginv = ginv.ravel()
     by_group = np.argsort(ginv, kind="stable")
@@ -632,20 +636,24 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
 
 
 def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) -> np.ndarray:
-    """Shortest number of edges from each state to ``target`` (INF_DIST if unreachable)."""
+    """Shortest number of edges from each state to ``target`` (INF_DIST if unreachable);
+    a backward BFS one level at a time."""
     dist = np.full(num_states, INF_DIST, np.int64)
     dist[target] = 0
     order = np.argsort(dst, kind="stable")
-    dsorted = dst[order]
-    starts = np.searchsorted(dsorted, np.arange(num_states + 1))
-    q = deque([target])
-    while q:
-        x = q.popleft()
-        for e in order[starts[x]:starts[x + 1]]:
-            s = int(src[e])
-            if dist[s] == INF_DIST:
-                dist[s] = dist[x] + 1
-                q.append(s)
+    src_by_dst = src[order]
+    starts = np.searchsorted(dst[order], np.arange(num_states + 1))
+    frontier = np.array([target])
+    level = 0
+    while len(frontier):
+        level += 1
+        a, b = starts[frontier], starts[frontier + 1]
+        cnt = b - a
+        idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        p = src_by_dst[idx]
+        p = np.unique(p[dist[p] == INF_DIST])
+        dist[p] = level
+        frontier = p
     return dist
 
 
@@ -660,15 +668,14 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     S = n_live + 2
     acc = np.nonzero(dfa.accepting[states])[0]
     eos = vocab.eos_id
-    src = np.concatenate([lifted.src, acc, [final]])
-    dst = np.concatenate([lifted.dst, np.full(len(acc), final), [final]])
-    tok = np.concatenate([lifted.tok, np.full(len(acc) + 1, eos)])
-    n_ind = len(src)
-    src = np.concatenate([src, lifted.bulk_src])
-    dst = np.concatenate([dst, lifted.bulk_dst])
-
-    # group into edges (unique (src, dst) pairs)
-    pair = src * S + dst
+    tok = np.concatenate([lifted.tok, np.full(len(acc) + 1, eos, np.int32)])
+    n_ind = len(tok)
+    # group into edges (unique (src, dst) pairs); intermediates are dropped as soon as
+    # they are used (the transition lists are the largest arrays here)
+    pair = np.concatenate([lifted.src, acc, [final], lifted.bulk_src]).astype(np.int64) * S
+    pair += np.concatenate([lifted.dst, np.full(len(acc), final), [final], lifted.bulk_dst])
+    bulk_rows, bulk_row = lifted.rows, lifted.bulk_row
+    del lifted
     if S * S <= (1 << 22):                                 # dense lookup: <= 32 MB
         present = np.bincount(pair, minlength=S * S) > 0
         uniq = np.nonzero(present)[0]
@@ -678,6 +685,7 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     else:
         uniq, edge_of_pair = np.unique(pair, return_inverse=True)
         edge_of_pair = edge_of_pair.ravel()
+    del pair
     e_src, e_dst = uniq // S, uniq % S
     dist = _bfs_dist(S, e_src, e_dst, final)
     dist[dead] = INF_DIST
@@ -701,9 +709,10 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     order = np.lexsort((e_dst2, dist2[e_dst2], e_src2))
     E_ids, e_src2, e_dst2 = E_ids[order], e_src2[order], e_dst2[order]
     E = len(E_ids)
-    edge_rank = np.full(len(uniq), -1, np.int64)
+    edge_rank = np.full(len(uniq), -1, np.int32)
     edge_rank[E_ids] = np.arange(E)
     pe_all = edge_rank[edge_of_pair]
+    del edge_of_pair
 
     V = vocab.vocab_size
     W = (V + 31) // 32
@@ -721,7 +730,8 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     pe, ptok = pe[ok], tok[ok]
     be = pe_all[n_ind:]
     bok = be >= 0
-    be, brow = be[bok], lifted.bulk_row[bok]
+    be, brow = be[bok], bulk_row[bok]
+    del pe_all, tok, ok
     # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
     order = np.argsort(pe, kind="stable")
     pe, ptok = pe[order], ptok[order]
@@ -729,14 +739,15 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     order = np.argsort(be, kind="stable")
     be, brow = be[order], brow[order]
     bstart = np.searchsorted(be, np.arange(E + 1))
-    row_index, reps = _dedupe_rows(ptok, pstart, be, brow, lifted.rows, out_start, V)
+    del order, pe
+    row_index, reps = _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V)
     R = len(reps)
     table_bytes = 4 * (R * W + S2 * D + 3 * E + 3 * S2 + 1)
     if table_bytes > current_limits().max_table_bytes:
         raise too_large("max_table_bytes", table_bytes,
                         f"bytes of tables ({S2:,} states, {E:,} edges, {R:,} distinct mask rows, "
                         f"{V:,} tokens)", "tensorize")
-    cum = _materialize_rows(reps, ptok, pstart, brow, bstart, lifted.rows, out_start, W)
+    cum = _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W)
     return TensorizedAutomaton(
         edge_src=e_src2.astype(np.int32), edge_dst=e_dst2.astype(np.int32),
         out_start=out_start, out_dst=out_dst, cum_masks=cum, row_index=row_index,
@@ -810,7 +821,7 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
 
 
 def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W: int,
-                      chunk_bytes: int = 32 << 20) -> np.ndarray:
+                      chunk_bytes: int = 8 << 20) -> np.ndarray:
     """The distinct rows, uint32 ``[R, W]``: row ``u`` is the union of the labels of the
     first ``reps[u, 1]`` out-edges of state ``reps[u, 0]``.
 

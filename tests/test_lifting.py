@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary
+from jaxcd import EmptyLanguageError, Vocabulary
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.json_schema import schema_to_regex
 from jaxcd.automata.regex import regex_to_nfa
-from jaxcd.tensorize import lift_transitions
+from jaxcd.tensorize import lift_transitions, tensorize, unpack_bits
 
 WORKLOAD = Path(__file__).parent / "data" / "workload"
 
@@ -110,3 +110,91 @@ def test_lifting_shortcut_equals_plain_walk(smol_vocab, name):
     b = np.stack(fast.triples(smol_vocab.vocab_size))
     key = lambda t: np.lexsort(t[::-1])
     assert np.array_equal(a[:, key(a)], b[:, key(b)])
+
+
+
+# ---------------------------------------------------------------------------------------
+# the tensorized tables (distinct mask rows + row_index) against the byte DFA
+# ---------------------------------------------------------------------------------------
+def reference_token_automaton(dfa, vocab):
+    """``{(q, v): q'}`` for DFA states reachable from 0 by whole tokens that can still
+    reach an accepting state by whole tokens (``DFA.run`` on every ordinary token)."""
+    toks = [bytes(t) for t in vocab.token_bytes]
+    ordinary = [v for v in range(vocab.vocab_size) if not vocab.is_special[v]]
+    trans, seen, todo = {}, {0}, [0]
+    while todo:
+        q = todo.pop()
+        for v in ordinary:
+            d = dfa.run(toks[v], q)
+            if d >= 0:
+                trans[(q, v)] = d
+                if d not in seen:
+                    seen.add(d)
+                    todo.append(d)
+    live = {q for q in seen if dfa.accepting[q]}
+    grew = True
+    while grew:
+        grew = False
+        for (q, _), d in trans.items():
+            if d in live and q not in live:
+                live.add(q)
+                grew = True
+    return {k: d for k, d in trans.items() if k[0] in live and d in live}, live
+
+
+def check_tables(dfa, vocab):
+    """Logical mask rows ``cum_masks[row_index[base[s] + k]]`` are exactly the token
+    automaton of ``dfa``: row ``base[s]`` empty, rows growing by non-empty disjoint
+    labels, each label's tokens moving the DFA along the edge, EOS from exactly the
+    accepting states, and nothing missing. Returns the tensorized automaton."""
+    ref, live = reference_token_automaton(dfa, vocab)
+    if 0 not in live:
+        with pytest.raises(EmptyLanguageError):
+            tensorize(dfa, vocab)
+        return None
+    fa = tensorize(dfa, vocab)
+    cum = unpack_bits(np.asarray(fa.cum_masks)[np.asarray(fa.row_index)], vocab.vocab_size)
+    start, dst = np.asarray(fa.out_start), np.asarray(fa.edge_dst)
+    phi, todo, pairs = {fa.initial_state: 0}, [fa.initial_state], 0
+    seen_fa = {fa.initial_state}
+    while todo:
+        s = todo.pop()
+        q = phi[s]
+        base, deg = start[s] + s, start[s + 1] - start[s]
+        rows = cum[base: base + deg + 1]
+        assert not rows[0].any()
+        eos = False
+        for k in range(deg):
+            assert (rows[k] <= rows[k + 1]).all()
+            lab = np.nonzero(rows[k + 1] & ~rows[k])[0].tolist()
+            assert lab
+            d = int(dst[start[s] + k])
+            if d == fa.final_state:
+                assert lab == [vocab.eos_id]
+                eos = True
+                continue
+            for v in lab:
+                assert (q, v) in ref, (s, v)
+                assert phi.setdefault(d, ref[(q, v)]) == ref[(q, v)]
+            pairs += len(lab)
+            if d not in seen_fa:
+                seen_fa.add(d)
+                todo.append(d)
+        assert eos == bool(dfa.accepting[q])
+    assert sorted(phi.values()) == sorted(set(phi.values())) == sorted(live)   # a bijection
+    assert pairs == len(ref)
+    return fa
+
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+@pytest.mark.parametrize("pattern", TOY_PATTERNS + [r"([a-c]{1,3} ){1,3}", r"(1|2|ab){3,5}\}"])
+def test_tables_equal_token_automaton_toy(pattern, seed):
+    check_tables(dfa_of(pattern), toy_vocab(seed))
+
+
+def test_tables_equal_token_automaton_smol(smol_vocab):
+    """Counters give many equal rows (every position of ``[0-9a-f]{6}`` allows the
+    same hex tokens): stored once, and still exactly the DFA's transitions."""
+    fa = check_tables(dfa_of(r"[0-9a-f]{6}-(x|yz)"), smol_vocab)
+    assert fa.cum_masks.shape[0] < 0.6 * len(fa.row_index)

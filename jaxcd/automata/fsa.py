@@ -14,6 +14,7 @@ Conventions
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -106,7 +107,7 @@ class NFA:
         Large classes (``.``, ``\\w``, ``[^"]``) are inserted as their minimal byte DFA
         (cached per class), which keeps later determinisation small."""
         self._check(src, dst)
-        key = tuple(normalize_ranges(ranges))
+        key = _normalized(ranges) if isinstance(ranges, tuple) else tuple(normalize_ranges(ranges))
         seqs = _class_sequences(key)
         if len(seqs) <= 4:
             for seq in seqs:
@@ -117,12 +118,16 @@ class NFA:
                     cur = nxt
             return
         runs, num_states, accept = _class_fragment(key)
-        ids = {0: src, accept: dst}
-        for q in range(1, num_states):
-            if q != accept:
-                ids[q] = self.add_state()
+        self._grow(num_states - 2)
+        first = len(self.eps)
+        self.eps.extend([] for _ in range(num_states - 2))
+        self.trans.extend([] for _ in range(num_states - 2))
+        # fragment state q -> NFA state: 0 -> src, accept -> dst, others numbered in order
+        ids = [first + q - 1 - (q > accept) for q in range(num_states)]
+        ids[0], ids[accept] = src, dst
+        trans = self.trans
         for q, lo, hi, d in runs:
-            self.trans[ids[q]].append((lo, hi, ids[d]))
+            trans[ids[q]].append((lo, hi, ids[d]))
 
     def embed(self, other: "NFA") -> tuple[int, set[int]]:
         """Copy ``other`` into this NFA; return (its start, its accepting states)."""
@@ -215,6 +220,9 @@ def _byte_classes(nfa: NFA) -> tuple[np.ndarray, list[int]]:
     return byte_class, edges
 
 
+_SMALL_NFA = 256     # NFAs up to this size are determinised by the plain-Python loop
+
+
 def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
     """Subset construction over byte equivalence classes.
 
@@ -224,13 +232,233 @@ def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
     the total size of the subsets (``CompileLimits.max_subset_entries``) times the
     number of byte classes; the number of DFA states is bounded by
     ``CompileLimits.max_dfa_states`` (or ``max_states``), checked before each new state.
+
+    Large NFAs go through :func:`_determinize_batched` (the same construction, one BFS
+    level at a time with NumPy: a DFA state whose subset is a single NFA state — most
+    of them, when large character classes are inserted as DFA fragments — copies that
+    state's precomputed successor row).
     """
     limits = current_limits()
     max_states = limits.max_dfa_states if max_states is None else int(max_states)
-    max_entries = limits.max_subset_entries
-    n = nfa.num_states
-    if n == 0:
+    if nfa.num_states == 0:
         return empty_dfa()
+    if nfa.num_states > _SMALL_NFA:
+        return _determinize_batched(nfa, max_states, limits.max_subset_entries)
+    return _determinize_python(nfa, max_states, limits.max_subset_entries)
+
+
+def _flat_transitions(nfa: NFA):
+    """All byte-range transitions as int64 arrays ``(src, lo, hi, dst)``."""
+    counts = np.fromiter(map(len, nfa.trans), np.int64, nfa.num_states)
+    flat = np.array(list(chain.from_iterable(nfa.trans)), np.int64).reshape(-1, 3)
+    return np.repeat(np.arange(nfa.num_states), counts), flat[:, 0], flat[:, 1], flat[:, 2]
+
+
+def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
+    n = nfa.num_states
+    tq, tlo, thi, td = _flat_transitions(nfa)
+    bounds = np.unique(np.concatenate([tlo, thi + 1, [0, 256]]))
+    byte_class = (np.searchsorted(bounds, np.arange(256), side="right") - 1).astype(np.int32)
+    C = len(bounds) - 1
+    acc_nfa = np.zeros(n, bool)
+    if nfa.accepting:
+        acc_nfa[np.fromiter(nfa.accepting, np.int64)] = True
+    important = acc_nfa.copy()
+    important[tq] = True
+    # subset ids: a singleton {q} is q itself; larger subsets get ids n, n+1, ... ;
+    # -1 is the empty subset (dead)
+    subsets: list[frozenset[int]] = []
+    sid_of: dict[frozenset[int], int] = {}
+
+    def intern(s) -> int:
+        if not s:
+            return -1
+        if len(s) == 1:
+            return next(iter(s))
+        s = frozenset(s)
+        j = sid_of.get(s)
+        if j is None:
+            j = sid_of[s] = n + len(subsets)
+            subsets.append(s)
+        return j
+
+    def members(sid: int):
+        return (sid,) if sid < n else subsets[sid - n]
+
+    # epsilon closures (restricted to important states) of the states that need one
+    has_eps = np.fromiter((bool(e) for e in nfa.eps), bool, n)
+    close_sid = np.where(important, np.arange(n), -1)
+    need = np.unique(np.concatenate([td, [nfa.start]]))
+    for q in need[has_eps[need]].tolist():
+        seen = {q}
+        stack = [q]
+        while stack:
+            x = stack.pop()
+            for y in nfa.eps[x]:
+                if y not in seen:
+                    seen.add(y)
+                    stack.append(y)
+        close_sid[q] = intern([x for x in seen if important[x]])
+    # successor rows of the important NFA states: (class, subset id), CSR by state.
+    # Ranges of one state sorted by lo; a state whose ranges overlap (several targets
+    # on one class: rare once classes are inserted as DFA fragments) is done in Python.
+    o = np.lexsort((tlo, tq))
+    tq, tlo, thi, td = tq[o], tlo[o], thi[o], td[o]
+    clo, chi = byte_class[tlo], byte_class[thi]
+    same = np.zeros(len(tq), bool)
+    same[1:] = tq[1:] == tq[:-1]
+    ovl = np.zeros(n, bool)
+    ovl[tq[1:][same[1:] & (clo[1:] <= chi[:-1])]] = True
+    vec = ~ovl[tq]
+    cnt = np.where(vec, chi - clo + 1, 0)
+    tot = int(cnt.sum())
+    rq = np.repeat(tq.astype(np.int32), cnt)              # int32: [sum of row lengths]
+    rc = (np.repeat(clo - (np.cumsum(cnt) - cnt), cnt) + np.arange(tot)).astype(np.int32)
+    rs = np.repeat(close_sid[td].astype(np.int32), cnt)
+    if ovl.any():
+        xq, xc, xs = [], [], []
+        for q in np.nonzero(ovl)[0].tolist():
+            acc: dict[int, set[int]] = {}
+            for lo, hi, d in nfa.trans[q]:
+                c = int(close_sid[d])
+                if c < 0:
+                    continue
+                for ci in range(int(byte_class[lo]), int(byte_class[hi]) + 1):
+                    acc.setdefault(ci, set()).update(members(c))
+            for ci in sorted(acc):
+                xq.append(q)
+                xc.append(ci)
+                xs.append(intern(acc[ci]))
+        rq = np.concatenate([rq, np.array(xq, np.int32)])
+        rc = np.concatenate([rc, np.array(xc, np.int32)])
+        rs = np.concatenate([rs, np.array(xs, np.int32)])
+        o = np.argsort(rq, kind="stable")
+        rq, rc, rs = rq[o], rc[o], rs[o]
+    live = rs >= 0
+    row_q, row_c, row_s = (rq, rc, rs) if live.all() else (rq[live], rc[live], rs[live])
+    del rq, rc, rs
+    rstart = np.searchsorted(row_q, np.arange(n + 1))
+
+    # breadth-first subset construction, one level at a time
+    start = int(close_sid[nfa.start])
+    if start < 0:
+        return empty_dfa()
+    dfa_of = np.full(max(2 * (n + len(subsets)), 1024), -1, np.int32)   # subset id -> DFA state
+    dfa_of[start] = 0
+    order = [start]
+    entries = len(members(start))
+    rowcache: dict[int, tuple[list[int], list[int]]] = {}
+
+    def row_lists(q: int):
+        r = rowcache.get(q)
+        if r is None:
+            a, b = int(rstart[q]), int(rstart[q + 1])
+            r = rowcache[q] = (row_c[a:b].tolist(), row_s[a:b].tolist())
+        return r
+
+    def union_row(sid: int):
+        accum: dict[int, set[int]] = {}
+        for q in subsets[sid - n]:
+            for c, t in zip(*row_lists(q)):
+                u = accum.get(c)
+                if u is None:
+                    u = accum[c] = set()
+                u.update(members(t))
+        cs = sorted(accum)
+        return cs, [intern(accum[c]) for c in cs]
+
+    def grow():
+        nonlocal dfa_of
+        if n + len(subsets) > len(dfa_of):
+            dfa_of = np.concatenate([dfa_of, np.full(n + 2 * len(subsets), -1, np.int32)])
+
+    def over_states():
+        return too_large("max_dfa_states", max_states + 1, "DFA states", "determinise",
+                         at_least=True, value=max_states)
+
+    def over_entries():
+        return too_large("max_subset_entries", entries, "subset entries", "determinise",
+                         at_least=True)
+
+    out_src, out_c, out_dst = [], [], []
+    py_src: list[int] = []
+    py_c: list[int] = []
+    py_dst: list[int] = []
+    i = 0
+    while i < len(order):
+        batch = order[i:]
+        base = i
+        i = len(order)
+        if len(batch) <= 16:                              # small levels: plain Python
+            for j, sid in enumerate(batch):
+                cs, ts = row_lists(sid) if sid < n else union_row(sid)
+                grow()
+                for c, t in zip(cs, ts):
+                    d = int(dfa_of[t])
+                    if d < 0:
+                        d = len(order)
+                        if d >= max_states:
+                            raise over_states()
+                        entries += len(members(t))
+                        if entries > max_entries:
+                            raise over_entries()
+                        dfa_of[t] = d
+                        order.append(t)
+                    py_src.append(base + j)
+                    py_c.append(c)
+                    py_dst.append(d)
+            continue
+        batch = np.array(batch, np.int64)
+        single = batch < n
+        # rows of singleton subsets: copy the NFA state's successor row
+        qs = batch[single]
+        a, b = rstart[qs], rstart[qs + 1]
+        c_ = b - a
+        idx = np.repeat(a - (np.cumsum(c_) - c_), c_) + np.arange(int(c_.sum()))
+        srcs = [np.repeat((base + np.nonzero(single)[0]).astype(np.int32), c_)]
+        cls = [row_c[idx]]
+        tsid = [row_s[idx]]
+        # rows of larger subsets: per class, the union of the members' successors
+        for j in np.nonzero(~single)[0].tolist():
+            cs, ts = union_row(int(batch[j]))
+            srcs.append(np.full(len(cs), base + j, np.int32))
+            cls.append(np.array(cs, np.int32))
+            tsid.append(np.array(ts, np.int32))
+        grow()
+        src, cl, ts = np.concatenate(srcs), np.concatenate(cls), np.concatenate(tsid)
+        fresh = ts[dfa_of[ts] < 0]
+        if len(fresh):
+            _, first = np.unique(fresh, return_index=True)
+            fresh = fresh[np.sort(first)]
+            if len(order) + len(fresh) > max_states:
+                raise over_states()
+            big = fresh[fresh >= n]
+            entries += len(fresh) - len(big) + sum(len(subsets[s - n]) for s in big.tolist())
+            if entries > max_entries:
+                raise over_entries()
+            dfa_of[fresh] = len(order) + np.arange(len(fresh))
+            order.extend(fresh.tolist())
+        out_src.append(src)
+        out_c.append(cl)
+        out_dst.append(dfa_of[ts])
+    out_src.append(np.array(py_src, np.int64))
+    out_c.append(np.array(py_c, np.int64))
+    out_dst.append(np.array(py_dst, np.int64))
+    trans = np.full((len(order), C), -1, np.int32)
+    trans[np.concatenate(out_src), np.concatenate(out_c)] = np.concatenate(out_dst)
+    order_a = np.array(order, np.int64)
+    accepting = np.zeros(len(order), bool)
+    sm = order_a < n
+    accepting[sm] = acc_nfa[order_a[sm]]
+    acc_set = nfa.accepting
+    for j in np.nonzero(~sm)[0].tolist():
+        accepting[j] = not subsets[int(order_a[j]) - n].isdisjoint(acc_set)
+    return DFA(trans, accepting, byte_class)
+
+
+def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
+    """:func:`determinize` state by state in plain Python (small NFAs)."""
+    n = nfa.num_states
     byte_class, _ = _byte_classes(nfa)
     accepting_nfa = nfa.accepting
     important = [bool(nfa.trans[q]) or q in accepting_nfa for q in range(n)]
@@ -343,13 +571,26 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
     order of their columns (as ``np.unique(trans.T, axis=0)`` would)."""
     if trans.shape[0] == 0:
         return np.zeros((0, 1), np.int32), np.zeros(256, np.int32)
-    cols = [tuple(c) for c in trans.T.tolist()]
-    uniq = sorted(set(cols))
-    rank = {c: i for i, c in enumerate(uniq)}
-    inv = np.array([rank[c] for c in cols], np.int32)
-    first = np.zeros(len(uniq), np.int64)
-    first[inv[::-1]] = np.arange(len(cols))[::-1]
-    return np.ascontiguousarray(trans[:, first].astype(np.int32)), inv[byte_class]
+    Q, C = trans.shape
+    # equal columns by a random projection (equal columns give equal floats), checked
+    # exactly below
+    rng = np.random.default_rng(0x636F6C73)
+    h = rng.standard_normal(Q) @ trans.astype(np.float64)
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    if not (trans == trans[:, first[inv]]).all():                  # collision
+        _, first, inv = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    # number the distinct columns in lexicographic order (big-endian bytes compare
+    # like the integer sequences; entries are >= -1)
+    keys = [np.ascontiguousarray(trans[:, j].astype(np.int64) + 1).astype(">u4").tobytes()
+            for j in first.tolist()]
+    perm = np.array(sorted(range(len(first)), key=keys.__getitem__), np.int64)
+    rank_first = first[perm]
+    lex = np.empty(len(first), np.int64)
+    lex[perm] = np.arange(len(first))
+    return np.ascontiguousarray(trans[:, rank_first].astype(np.int32)), \
+        lex[inv].astype(np.int32)[byte_class]
 
 
 def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -365,10 +606,13 @@ def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """CSR of the reversed transition graph: the distinct predecessors of ``q`` are
     ``pred[start[q]:start[q + 1]]`` (ascending)."""
     Q = trans.shape[0]
-    src, col = np.nonzero(trans >= 0)
-    pairs = np.unique(trans[src, col].astype(np.int64) * Q + src)
-    dst = pairs // Q
-    return pairs % Q, np.searchsorted(dst, np.arange(Q + 1))
+    st = np.sort(trans, axis=1)                                    # dead (-1) first
+    keep = st >= 0
+    keep[:, 1:] &= st[:, 1:] != st[:, :-1]
+    src = np.repeat(np.arange(Q), keep.sum(1))
+    dst = st[keep].astype(np.int64)
+    o = np.argsort(dst, kind="stable")                             # sources stay ascending
+    return src[o], np.searchsorted(dst[o], np.arange(Q + 1))
 
 
 _SMALL = 32     # frontiers up to this size are handled in plain Python (same result)
@@ -671,6 +915,11 @@ def concat(*parts: "NFA | DFA") -> NFA:
             out.add_epsilon(q, cur)
     out.accepting = {cur}
     return out
+
+
+@lru_cache(maxsize=4096)
+def _normalized(ranges: tuple) -> tuple:
+    return tuple(normalize_ranges(ranges))
 
 
 @lru_cache(maxsize=4096)

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
+from ..limits import current_limits, too_large
 from .fsa import DFA, NFA, determinize, intersect, minimize
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
                       multiple_of_dfa, to_decimal)
@@ -39,7 +40,6 @@ from .regex import _Builder, regex_to_nfa
 from .utf8 import MAX_CODE_POINT, normalize_ranges
 
 DEFAULT_MAX_DEPTH = 2
-DEFAULT_MAX_NFA_STATES = 2_000_000
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
 
 # JSON Schema assertion/applicator keywords (drafts 4 to 2020-12); any other keyword
@@ -415,7 +415,12 @@ def _any_char_content_nfa(lo: int, hi: int | None) -> NFA:
 # the builder
 # ---------------------------------------------------------------------------------------
 class _TooBig(Exception):
-    """Internal: the tree under construction already exceeds the state limit."""
+    """Internal: the tree under construction already exceeds the state limit
+    (``size`` states for the subschema at ``path``)."""
+
+    def __init__(self, size: int, path: str):
+        super().__init__(size, path)
+        self.size, self.path = size, path
 
 
 @dataclass
@@ -432,7 +437,7 @@ class SchemaBuilder:
     whitespace: str = "[ ]?"
     strict: bool = True
     max_depth: int = DEFAULT_MAX_DEPTH
-    max_nfa_states: int = DEFAULT_MAX_NFA_STATES
+    max_nfa_states: int = field(default_factory=lambda: current_limits().max_nfa_states)
     max_count: int = DEFAULT_MAX_COUNT
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
@@ -520,9 +525,12 @@ class SchemaBuilder:
     # -- entry -----------------------------------------------------------------------
     def build(self) -> Node:
         """The schema's tree. If expanding recursive ``$ref`` s ``max_depth`` times
-        exceeds ``max_nfa_states``, the depth is lowered (down to 1) before giving up;
+        exceeds ``max_nfa_states`` (``CompileLimits.max_nfa_states`` in force), the
+        depth is lowered (down to 1) before raising
+        :class:`~jaxcd.errors.AutomatonTooLargeError` naming the innermost subschema over it;
         ``self.depth_used`` records the depth built."""
         requested = self.max_depth
+        last = None
         try:
             for depth in range(requested, 0, -1):
                 self.max_depth = depth
@@ -530,22 +538,21 @@ class SchemaBuilder:
                 self._ref_stack.clear()
                 try:
                     n = self.node(self.root, "")
-                except _TooBig:
+                except _TooBig as e:
+                    last = e
                     continue
-                if n.size <= self.max_nfa_states:
-                    self.depth_used = depth
-                    return n
+                self.depth_used = depth
+                return n
         finally:
             self.max_depth = requested
-        raise AutomatonTooLargeError(
-            f"the JSON Schema expands to more than {self.max_nfa_states} automaton states "
-            "even with recursive $refs expanded once; simplify the schema or raise "
-            "max_nfa_states")
+        raise too_large("max_nfa_states", last.size, "NFA states", "build NFA",
+                        part=f"the subschema at {last.path or '/'} of the JSON Schema (with "
+                             "recursive $refs expanded once)", value=self.max_nfa_states)
 
     def node(self, schema: Any, path: str) -> Node:
         n = self._node(schema, path)
         if n.size > self.max_nfa_states:
-            raise _TooBig()
+            raise _TooBig(n.size, path)
         return n
 
     def _node(self, schema: Any, path: str) -> Node:
