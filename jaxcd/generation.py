@@ -84,15 +84,18 @@ def load_model(path: str | None = None, dtype: str = "float32") -> Model:
 
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
-                     whitespace_pattern: str | None = None, cache: bool = True):
+                     whitespace_pattern: str | None = None, cache: bool = True,
+                     strict: bool = True):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
-    or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained."""
+    or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
+    ``strict`` is :func:`~jaxcd.compile_json_schema`'s (schemas only)."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
              if v is not None]
     if len(given) > 1:
         raise ValueError(f"give at most one constraint, got {', '.join(given)}")
     if schema is not None:
-        return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern, cache=cache)
+        return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern,
+                                   strict=strict, cache=cache)
     if regex is not None:
         return compile_regex(regex, vocab, cache=cache)
     if keywords is not None:
@@ -199,7 +202,7 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
              whitespace_pattern: str | None = None, batch_size: int = 16,
              progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
              resample: str = "systematic", ess: float = 0.5,
-             predicate=None) -> GenerationResult:
+             predicate=None, strict: bool = True) -> GenerationResult:
     """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
@@ -211,7 +214,9 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
     with its weight, and ``result.text`` is one output drawn from the weighted ensemble;
     ``"awrs"``: the same with AWRS proposals for a black-box ``predicate(prefix: bytes,
     final: bool) -> bool`` (a callable or ``"module:function"``) instead of a compiled
-    constraint. ``temperature=0`` is greedy. Samples are decoded ``batch_size`` at a
+    constraint. ``strict`` (schemas): ``True`` refuses JSON Schema keywords that would not
+    be enforced, ``False`` ignores them (``docs/json_schema.md``; the CLI's
+    ``--strict/--no-strict``). ``temperature=0`` is greedy. Samples are decoded ``batch_size`` at a
     time (one compiled program; a progress bar on stderr when there are several batches). A budget too small for the constraint
     raises :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
 
@@ -236,12 +241,12 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
                                    resample=resample, ess=ess, predicate=predicate,
                                    constraint=dict(schema=schema, regex=regex, keywords=keywords,
                                                    tool=tool),
-                                   whitespace_pattern=whitespace_pattern)
+                                   whitespace_pattern=whitespace_pattern, strict=strict)
     if predicate is not None:
         raise ValueError("predicate= is for method='awrs'")
     t0 = time.perf_counter()
     fa = build_constraint(m.vocab, schema=schema, regex=regex, keywords=keywords, tool=tool,
-                          whitespace_pattern=whitespace_pattern)
+                          whitespace_pattern=whitespace_pattern, strict=strict)
     if fa is None and method != "none":
         method = "none"
     t_compile = time.perf_counter() - t0
@@ -296,7 +301,7 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
 
 def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, num_samples,
                         chat, proposal, particles, hmm, resample, ess, predicate, constraint,
-                        whitespace_pattern) -> GenerationResult:
+                        whitespace_pattern, strict=True) -> GenerationResult:
     """``method="smc"`` / ``"awrs"``: one particle system for the prompt."""
     from . import smc
     if num_samples != 1:
@@ -317,7 +322,8 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
     else:
         if not given:
             raise ValueError("method='smc' needs a constraint (schema, regex, keywords or tool)")
-        fa = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern, **constraint)
+        fa = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern, strict=strict,
+                              **constraint)
     hmm_params = load_hmm(hmm, m) if (method == "smc" and proposal in ("lookahead", "product")
                                        and hmm is not None) else None
     t_compile = time.perf_counter() - t0

@@ -520,3 +520,52 @@ def test_fuzz_schemas(schema):
     rng = np.random.default_rng(0)
     for s in sample_strings(d, rng, 8):
         assert validates(schema, s.decode("utf-8")), (schema, s)
+
+
+def test_generate_strict_flag():
+    """``jaxcd.generate(strict=...)`` is ``compile_json_schema``'s: ``True`` refuses
+    ``uniqueItems`` (not regular), ``False`` ignores it and every output still validates
+    against the rest of the schema (``jsonschema``)."""
+    import jaxcd
+    from jaxcd import generation as G
+    model = G.load_model()
+    schema = {"type": "object", "additionalProperties": False, "required": ["tags"],
+              "properties": {"tags": {"type": "array", "maxItems": 3, "uniqueItems": True,
+                                      "items": {"enum": ["red", "green", "blue"]}}}}
+    with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
+        jaxcd.generate("Pick colours.", schema=schema, budget=24, model=model)
+    out = jaxcd.generate("Pick colours as JSON.", schema=schema, strict=False, budget=24,
+                         num_samples=4, seed=1, model=model, progress=False)
+    relaxed = json.loads(json.dumps(schema))
+    del relaxed["properties"]["tags"]["uniqueItems"]
+    assert all(out.valid)
+    for text in out.texts:
+        jsonschema.validate(json.loads(text), relaxed)
+
+
+def test_builder_state_limit_is_compile_limits():
+    """The schema builder's state bound is ``CompileLimits.max_nfa_states``: between the
+    sizes of the depth-1 and depth-2 expansions of a recursive schema, the depth is
+    lowered to 1 (the language loses the deeper nesting); below the depth-1 size,
+    ``AutomatonTooLargeError`` names the limit and the subschema."""
+    from jaxcd import CompileLimits, Vocabulary
+    from jaxcd.automata.schema_builder import SchemaBuilder
+    from jaxcd.limits import use_limits
+    tree = {"$defs": {"t": {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8}, "kids": {"type": "array", "maxItems": 3,
+                                                            "items": {"$ref": "#/$defs/t"}}}}},
+            "$ref": "#/$defs/t"}
+    sizes = {d: SchemaBuilder(tree, max_depth=d).build().size for d in (1, 2)}
+    assert sizes[1] < sizes[2]
+    assert SchemaBuilder(tree).max_nfa_states == CompileLimits().max_nfa_states
+    with use_limits(CompileLimits(max_nfa_states=(sizes[1] + sizes[2]) // 2)):
+        b = SchemaBuilder(tree, max_depth=2)
+        b.build()
+        assert b.depth_used == 1
+        assert not dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
+    assert dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
+    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)], eos_id=0)
+    with pytest.raises(AutomatonTooLargeError) as e:
+        compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=sizes[1] - 1))
+    assert e.value.limit == "max_nfa_states" and e.value.value == sizes[1] - 1
+    assert "max_nfa_states" in str(e.value) and "subschema at" in str(e.value)
