@@ -8,9 +8,13 @@ over all tokens (ordinary ones, EOS and the other special tokens) with:
 1. **the language** — ``regex.fullmatch(pattern, text, partial=True)`` (the ``regex``
    module, which shares no code with jaxcd or the engines) decides whether the text
    after a token can still be completed; EOS is allowed iff ``regex.fullmatch`` holds.
-   For JSON the pattern is outlines-core's ``build_regex_from_schema(schema,
-   whitespace_pattern="")``, the definition jaxcd compiles. Our mask must equal this
-   oracle on every token whose text is complete UTF-8 (or can never become UTF-8).
+   For JSON the pattern is ``schema_to_regex(schema, "")``: jaxcd's schema builder
+   reads the schema into an expression tree, printed once as the NFA jaxcd compiles
+   and once as this regex, so for JSON the oracle checks the automaton, the lifting
+   and the masks, not the builder's reading of the schema (that is checked against
+   outlines-core's regex and ``jsonschema`` in ``tests/test_json_schema.py``). Our
+   mask must equal this oracle on every token whose text is complete UTF-8 (or can
+   never become UTF-8).
    Tokens that end inside a multi-byte character are checked by enumerating the
    characters they can start wherever we allow them or any engine disagrees.
 2. **llguidance** (``no_forcing``), **xgrammar** and **outlines-core**: every token on
@@ -62,16 +66,16 @@ CATEGORIES = {
                             "a complete match",
     "json_minus_zero": "engine rejects the integer -0 (valid JSON; the oracle allows it)",
     "json_del_c1_in_string": "engine allows U+007F-U+009F unescaped in a JSON string "
-                             "(outlines-core's string regex, hence jaxcd, excludes them)",
+                             "(jaxcd keeps outlines-core's string set, which excludes them)",
     "json_control_in_maxlength_string": "engine allows raw control characters U+0000-U+001F "
                                         "in a string with maxLength (invalid JSON)",
     "json_no_escape_in_maxlength_string": "engine rejects escape sequences in a string with "
                                           "maxLength",
-    "json_unicode_escape": r"engine allows \uXXXX escapes (outlines-core's string regex "
-                           "does not)",
+    "json_unicode_escape": r"engine allows \uXXXX escapes (jaxcd and outlines-core's string "
+                           "regex do not)",
     "json_escaped_slash": r"engine rejects the escape \/ (valid JSON; the oracle allows it)",
-    "json_exponent_without_sign": "engine allows an exponent without sign (1e5); outlines-core's "
-                                  "number regex requires [eE][+-]",
+    "json_exponent_without_sign": "engine allows an exponent without sign (1e5); jaxcd and "
+                                  "outlines-core's number grammar require [eE][+-]",
 }
 
 
