@@ -135,22 +135,24 @@ class RunResult:
     chosen: int | None
     weights: list[float] | None
     seconds: float                # wall time of the call (tables included)
-    compiled: bool                # some jitted program was compiled during the call
+    compiled: list[str]           # jitted programs compiled during the call (smc, sample,
+    #                               beta, beta_p); empty = none
     tokens: int                   # tokens of the output, EOS included
     log_Z: float | None = None
     num_checks: int | None = None
     tables_s: float = 0.0
 
 
-def _jit_cache_size() -> int:
+def _jit_cache_sizes() -> dict:
     from jaxcd import decode, gcd, pgcd, smc
-    n = 0
-    for f in (smc._run, decode.sample, gcd.backward, pgcd._backward):
+    out = {}
+    for name, f in (("smc", smc._run), ("sample", decode.sample), ("beta", gcd.backward),
+                    ("beta_p", pgcd._backward)):
         try:
-            n += f._cache_size()
+            out[name] = f._cache_size()
         except AttributeError:
             pass
-    return n
+    return out
 
 
 def stable_seed(*parts) -> int:
@@ -227,7 +229,7 @@ class Runner:
         key = jax.random.PRNGKey(s)
         eos = m.lm.eos_token_id
         pad = getattr(m.lm, "pad_token_id", 0)
-        n0 = _jit_cache_size()
+        n0 = _jit_cache_sizes()
         t0 = time.perf_counter()
         weights, chosen, log_Z, checks = None, None, None, None
         tables_s = 0.0
@@ -277,7 +279,8 @@ class Runner:
                 w, chosen = np.zeros_like(lw), None
             weights = [float(x) for x in w]
         dt = time.perf_counter() - t0
-        compiled = _jit_cache_size() > n0
+        n1 = _jit_cache_sizes()
+        compiled = [k for k in n1 if n1[k] > n0.get(k, 0)]
         texts, lengths = [], []
         for row in toks.tolist():
             ended = eos in row

@@ -86,12 +86,16 @@ def parse_args(argv=None):
                    help=f"auto budget margin (default {DEFAULT_MARGIN}; {PARALLEL_MARGIN} for "
                         "parallel categories)")
     p.add_argument("--budget-cap", type=int, default=256)
+    p.add_argument("--width", default="category",
+                   help="prompt width policy: category (the largest prompt of each category, "
+                        "bucketed) or run (one width for the whole run: fewer compiles)")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     a.formats = [f.strip() for f in a.format.split(",") if f.strip()]
     a.method_list = [m.strip() for m in a.methods.split(",") if m.strip()]
     a.ks = [int(k) for k in a.particles.split(",") if k.strip()]
@@ -158,32 +162,46 @@ def run(a) -> dict:
     tok, vocab = runner.tokenizer, runner.vocab
     rows: list[dict] = []
     per_example: list[dict] = []
+    # pass 1: every example's automaton (sizes only) and prompt, so that the run pads the
+    # automata of a format to one shape and the prompts of a category to one width
+    t0 = time.perf_counter()
+    pow2 = lambda x: 1 << max(int(x) - 1, 0).bit_length()          # noqa: E731
+    plan: dict[str, dict] = {}
     for fmt in a.formats:
-        # pass 1: every example's automaton (sizes only), so the run pads to one shape
-        t0 = time.perf_counter()
-        sizes, dfas = [], []
+        sizes, built = [], []
         for ex in exs:
             nfa, info = bfcl.constraint_nfa(ex, fmt)
             c = build_constraint(nfa, vocab, Shapes(min_states=1, min_edges=1, min_degree=1))
             sizes.append((c.info["states"], c.info["edges"], c.info["max_out_degree"]))
-            dfas.append((nfa, info, c.info))
-        pow2 = lambda x: 1 << max(int(x) - 1, 0).bit_length()          # noqa: E731
-        S = pow2(max(s for s, _, _ in sizes) + 1)
-        E = pow2(max(e for _, e, _ in sizes))
-        D = pow2(max(d for _, _, d in sizes))
-        runner.shapes = Shapes(min_states=S, min_edges=E, min_degree=D)
+            built.append((nfa, info, bfcl.prompt_ids(ex, tok, fmt)))
+        S = pow2(max(x[0] for x in sizes) + 1)
+        E = pow2(max(x[1] for x in sizes))
+        D = pow2(max(x[2] for x in sizes))
+        widths: dict[str, int] = {}
+        for ex, (_, _, ids) in zip(exs, built):
+            widths[ex.category] = max(widths.get(ex.category, 0), prompt_width(len(ids)))
+        if a.width == "run":
+            widths = dict.fromkeys(widths, max(widths.values()))
+        plan[fmt] = {"S": S, "E": E, "D": D, "built": built, "widths": widths}
         log(f"[{fmt}] {len(exs)} examples; automata padded to {S} states, {E} edges, "
-            f"out-degree {D} (pass 1: {time.perf_counter() - t0:.1f} s)")
-        for i, ex in enumerate(exs):
-            nfa, info, _ = dfas[i]
+            f"out-degree {D}; prompt widths {widths}")
+    log(f"pass 1: {time.perf_counter() - t0:.1f} s")
+
+    def flush():
+        write_predictions(out / "predictions.jsonl", rows)
+        _write_summaries(a, out, rows, per_example, runner, len(exs), t_start)
+
+    for i, ex in enumerate(exs):
+        for fmt in a.formats:
+            P = plan[fmt]
+            nfa, info, ids = P["built"][i]
+            runner.shapes = Shapes(prompt_multiple=P["widths"][ex.category], min_states=P["S"],
+                                   min_edges=P["E"], min_degree=P["D"])
             c = runner.constraint(nfa, key="")
-            ids = bfcl.prompt_ids(ex, tok, fmt)
             budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else int(a.budget)
             if budget < c.min_budget:
                 log(f"{ex.id}: budget {budget} < min_budget {c.min_budget}; skipped")
                 continue
-            runner.shapes = Shapes(prompt_multiple=prompt_width(len(ids)), min_states=S,
-                                   min_edges=E, min_degree=D)
             per_example.append({"id": ex.id, "format": fmt, "category": ex.category,
                                 "budget": budget, "min_budget": c.min_budget,
                                 "prompt_tokens": len(ids),
@@ -206,16 +224,20 @@ def run(a) -> dict:
                     rows.append(row)
                     log(f"[{fmt}] {i + 1}/{len(exs)} {ex.id} {method} K={K} budget={budget} "
                         f"valid={r.output_valid} correct={correct} {r.seconds:.1f}s"
-                        f"{' (compiled)' if r.compiled else ''}")
+                        f"{' (compiled: ' + ','.join(r.compiled) + ')' if r.compiled else ''}")
             runner.release(c)
-            write_predictions(out / "predictions.jsonl", rows)
+        flush()
+    return _write_summaries(a, out, rows, per_example, runner, len(exs), t_start)
+
+
+def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start) -> dict:
     keys = ("format", "method", "particles")
     summary = summarize(rows, keys, seed=a.seed)
     by_cat = summarize(rows, ("category",) + keys, seed=a.seed)
-    meta = {"command": "python -m experiments.tool_calls " + " ".join(sys.argv[1:]),
-            "args": {k: v for k, v in vars(a).items()}, "machine": machine_info(),
+    meta = {"command": "python -m experiments.tool_calls " + " ".join(a.argv),
+            "args": {k: v for k, v in vars(a).items() if k != "argv"}, "machine": machine_info(),
             "model": Path(runner.model.path).name, "hmm": a.hmm,
-            "n_examples": len(exs), "wall_s": round(time.perf_counter() - t_start, 1),
+            "n_examples": n_examples, "wall_s": round(time.perf_counter() - t_start, 1),
             "budget_rule": (f"auto: min_budget + margin ({a.margin if a.margin is not None else f'{DEFAULT_MARGIN}, {PARALLEL_MARGIN} for parallel*'}), "
                             f"rounded up to 16, capped at {a.budget_cap}")
             if a.budget == "auto" else f"fixed {a.budget}",
@@ -223,7 +245,7 @@ def run(a) -> dict:
                              "one particle drawn from the normalised weights"}
     md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
           f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "
-          f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {len(exs)} examples, "
+          f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {n_examples} examples, "
           f"budget {meta['budget_rule']}; wall {meta['wall_s']} s.", "",
           summary_markdown(summary, keys)]
     if len({r["category"] for r in rows}) > 1:

@@ -327,6 +327,21 @@ def test_bootstrap_ci():
 # ---------------------------------------------------------------------------------------
 # the entry point, end to end (tiny)
 # ---------------------------------------------------------------------------------------
+def test_budget_and_width_rules():
+    from experiments import tool_calls
+    a = tool_calls.parse_args(["--data", "x", "--out", "y"])
+    sp = bfcl.Example("simple_python_1", "simple_python", [], [], None)
+    par = bfcl.Example("parallel_1", "parallel", [], [], None)
+    assert tool_calls.auto_budget(a, sp, 20) == 80            # 20 + 48 -> 68 -> 80
+    assert tool_calls.auto_budget(a, par, 20) == 176          # 20 + 144 -> 164 -> 176
+    assert tool_calls.auto_budget(a, par, 200) == 256         # capped
+    widths = [tool_calls.prompt_width(n) for n in range(1, 3000)]
+    assert all(w >= n for n, w in zip(range(1, 3000), widths))
+    assert all(w <= max(64, 1.25 * n) for n, w in zip(range(1, 3000), widths))
+    assert len(set(widths)) <= 4 * 6 + 1                      # 4 buckets per octave
+
+
+@pytest.mark.slow
 def test_entry_point_end_to_end(tmp_path, examples):
     from experiments import tool_calls
     sub = [e for e in examples if e.category == "simple_python"][:2]
@@ -353,6 +368,10 @@ def test_entry_point_end_to_end(tmp_path, examples):
         assert r["valid"] is True and dfa[r["id"]].accepts(r["output"].encode())
         assert r["correct"] == bfcl.score(byid[r["id"]], r["output"], "python")[0]
         assert r["budget"] == -(-(r["min_budget"] + 4) // 16) * 16
+    # one compiled program per method serves both examples (same padded shapes, same
+    # budget bucket and prompt width)
+    second = [r for r in rows if r["id"] == rows[-1]["id"]]
+    assert all(r["compiled"] == [] for r in second), second
     summary = json.loads((out / "summary.json").read_text())
     assert {(s["method"], s["particles"], s["n"]) for s in summary["summary"]} == \
         {("gcd", 2, 2), ("smc-gcd", 2, 2)}
