@@ -49,8 +49,9 @@ class CompileLimits:
         the byte DFA over the vocabulary (24 bytes each; tokens handled in bulk by run
         shortcuts are not counted) [20_000_000].
       max_table_bytes: bytes of the tensorized automaton's tables (dominated by
-        ``cum_masks``: ``(num_edges + num_states) * ceil(vocab_size / 32) * 4``)
-        [1 GiB].
+        ``cum_masks``: ``R * ceil(vocab_size / 32) * 4`` for the ``R`` distinct
+        cumulative mask rows, checked after the rows are counted and before they are
+        built) [1 GiB].
     """
 
     max_pattern_length: int = 1_000_000
