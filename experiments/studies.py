@@ -595,15 +595,16 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log) -> dict
     from hmm_distill.train import TrainConfig, train
     from jaxcd.model_files import cache_dir, resolve_gguf
 
+    model_file = resolve_gguf(None)
     key = hashlib.sha256(json.dumps([st["num_seqs"], st["max_length"], seed, sorted(exclude),
-                                     bfcl.WHEEL_VERSION]).encode()).hexdigest()[:12]
+                                     bfcl.WHEEL_VERSION, model_file.name,
+                                     model_file.stat().st_size]).encode()).hexdigest()[:12]
     root = cache_dir() / "hmm" / f"study4-{key}"
     info = {"cache_dir": str(root), "num_seqs": st["num_seqs"], "max_length": st["max_length"],
             "epochs": st["epochs"], "hmms": {}}
     samples = root / "samples"
     done = root / "samples.done"
     if not done.exists():
-        model_file = resolve_gguf(None)
         loaded = load_lm(f"gguf:{model_file}")
         tok = loaded.tokenizer_loader()
         pool = []
