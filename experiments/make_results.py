@@ -95,6 +95,7 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
         out += bias_section(res, rel)
     elif name == "runtime":
         out += ["bench_pgcd (one tool-call prompt, 16 particles):", "",
+                "(not run in this mode)\n" if not res.get("bench_table") else
                 md_table(res.get("bench_table", []), [("configuration", "config"), ("decode ms/step", "ms_per_step"),
                                                       ("sd", "ms_sd"), ("slowdown vs none", "slowdown"),
                                                       ("estimate", "estimate")]),
