@@ -54,10 +54,10 @@ corpus score) and diagnostics: ``budget``, ``min_budget``, ``seconds``, ``compil
 command, machine, data, settings; ``summary``: one entry per method × K; ``examples``:
 per-set budget and automaton sizes) and ``summary.md``.
 
-CPU defaults are small (``--limit 20``, K = 4, lcd,gcd,smc-gcd,smc-lookahead: about
-20–25 minutes on a loaded 2-core CPU, the first run also compiling the 20 automata,
-~3.5 min). The full study (≥ 200 concept sets, K ∈ {1, 2, 4, 8, 16}, every method) is
-for a GPU::
+CPU defaults are small (``--limit 20``, K = 4, lcd,gcd,smc-gcd,smc-lookahead): 30 min
+wall on this shared 2-core CPU at load ~10, of which 3.5 min compiled the 20 automata
+(cached for later runs) and ~2.3 min was jit compilation. The full study (≥ 200 concept
+sets, K ∈ {1, 2, 4, 8, 16}, every method) is for a GPU::
 
     python -m experiments.keywords --methods lcd,gcd,smc-lcd,smc-gcd,smc-lookahead,smc-product \\
         --particles 1,2,4,8,16 --hmm default --budget auto --limit 200 --seed 0 \\
