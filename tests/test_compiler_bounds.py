@@ -28,19 +28,24 @@ from jaxcd.limits import use_limits
 from regex_samples import Sampler, token_automaton_accepts, tokenize_randomly
 
 # The regexes of issue 10 (before the fix: the UUID one was killed at 24 GiB, the
-# others raised MemoryError asking 0.5-11.5 GiB). The word repetition is the ASCII
-# \w (re.ASCII); Unicode \w is ~310 byte-DFA states per character position, ~30k
-# states and ~600 MB of mask tables for this pattern (see docs/limits.md).
+# others raised MemoryError asking 0.5-11.5 GiB). The word repetition once with ASCII
+# \w (re.ASCII) and once with Unicode \w: ~310 byte-DFA states per character
+# position, 29,673 states, 1.1 million token transitions (see docs/limits.md).
+WORDS = r"(\w{1,12} ){3,8}"
 BOUNDED = [
     ("[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", 0),
     ("[0-9a-f]{32}", 0),
     ("[A-Za-z0-9+/]{16,64}", 0),
-    (r"(\w{1,12} ){3,8}", re.ASCII),
+    (WORDS, re.ASCII),
+    (WORDS, 0),
 ]
 # (seconds, MB of peak-RSS growth). Measured on a loaded 2-core machine: < 0.1 s and
 # < 10 MB for the first three; the word repetition ~0.5 s (2.6 million (state, token)
 # transitions, most of them space-prefixed word tokens lifted in bulk).
-BOUNDS: dict = {}
+# Unicode words: 2.3 CPU seconds and 115 MB measured (a 2-core machine at load ~14: wall
+# 14 s); 600 MB of mask tables before the rows were deduplicated. The time bound is
+# the issue's goal missed (docs/limits.md), the memory bound is the issue's.
+BOUNDS: dict = {(WORDS, 0): (60.0, 200)}
 DEFAULT_BOUND = (1.0, 200)
 
 _CHILD = textwrap.dedent("""
@@ -73,7 +78,7 @@ _CHILD = textwrap.dedent("""
         fa = compile_regex(pattern, vocab, flags=flags)
         dt = time.perf_counter() - t0
         peak = status("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        out.append({"pattern": pattern, "seconds": dt, "extra_mb": peak - before,
+        out.append({"pattern": pattern, "flags": flags, "seconds": dt, "extra_mb": peak - before,
                     "states": fa.num_states, "exact_peak": exact})
     print(json.dumps(out))
 """)
@@ -84,13 +89,13 @@ def measured():
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(BOUNDED)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {r["pattern"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    return {(r["pattern"], r["flags"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
 @pytest.mark.parametrize("pattern,flags", BOUNDED)
 def test_issue_regexes_compile_fast_and_small(measured, pattern, flags):
-    r = measured[pattern]
-    max_seconds, max_mb = BOUNDS.get(pattern, DEFAULT_BOUND)
+    r = measured[(pattern, flags)]
+    max_seconds, max_mb = BOUNDS.get((pattern, flags), DEFAULT_BOUND)
     assert r["seconds"] < max_seconds, r
     assert r["extra_mb"] < max_mb, r
 
