@@ -353,8 +353,10 @@ def _fmt(x, nd=1):
 
 
 def summary_markdown(summary: list[dict], keys: Sequence[str], title: str = "") -> str:
+    checks = any("checks_mean" in e for e in summary)
     head = [k for k in keys] + ["n", "valid %", "accuracy %", "95% CI", "s/example",
-                                "s/example (warm)", "compiles", "tokens"]
+                                "s/example (warm)", "compiles", "tokens"] + (
+        ["checks/example"] if checks else [])
     lines = ([f"### {title}", ""] if title else []) + [
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for e in summary:
@@ -364,7 +366,8 @@ def summary_markdown(summary: list[dict], keys: Sequence[str], title: str = "") 
             + [str(e["n"]), _fmt(e["valid_pct"]), _fmt(e["accuracy_pct"]),
                f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "–",
                _fmt(e["seconds_mean"], 2), _fmt(e["seconds_warm_mean"], 2),
-               str(e["compiles"]), _fmt(e["tokens_mean"])]) + " |")
+               str(e["compiles"]), _fmt(e["tokens_mean"])]
+            + ([_fmt(e.get("checks_mean"), 0)] if checks else [])) + " |")
     return "\n".join(lines) + "\n"
 
 
