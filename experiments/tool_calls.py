@@ -14,7 +14,9 @@ to the category's). Several comma-separated ``--data`` entries are concatenated 
 array of ``{"name", "arguments"}``) or ``python`` (``[f(a=1, b='x'), ...]``), or
 ``json,python`` for both. Methods and how the output of a method at K particles is
 chosen: :mod:`experiments.runner` (``lcd``/``gcd``: K independent samples, the first
-valid one; ``smc-*``/``awrs``: one particle drawn from the weighted ensemble).
+valid one; ``smc-*``/``awrs``: one particle drawn from the weighted ensemble; ``awrs``
+uses the example's byte automaton as a black-box prefix oracle and reports the number of
+predicate calls).
 
 ``--budget auto`` = ``min_budget + margin`` rounded up to a multiple of 16 and capped
 at ``--budget-cap`` (256), where ``min_budget`` is the smallest budget of the example's
@@ -39,9 +41,10 @@ Shapes. Each example has its own automaton; the jitted programs are specialised 
 its shape. All automata of a run (per format) are padded to the run's largest state,
 edge and out-degree counts (powers of two; :func:`jaxcd.tensorize.pad_automaton` —
 masks are one row gather whatever the size, so padding costs memory, not time), prompts
-are left-padded to quarter-octave widths (e.g. 256, 320, 384, 448, 512, 640, ...), and
-budgets are multiples of 16: one compiled program serves every example with the same
-(width, budget). ``compiled`` in the predictions and ``compiles`` in the summary say
+are left-padded to one width per category (``--width category``: the category's longest
+prompt rounded up to a quarter-octave width: 256, 320, 384, 448, 512, 640, ...) or per run
+(``--width run``: fewest compiles), and budgets are multiples of 16: one compiled program
+per (method, K, format, width, budget) serves every example. ``compiled`` in the predictions and ``compiles`` in the summary say
 how many calls paid for a compilation.
 
 CPU defaults are small (``--limit 20``, K = 4). Full settings for a GPU::
