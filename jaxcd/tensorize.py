@@ -381,9 +381,14 @@ def _sigma_chain(table: np.ndarray, dead: int, sigma: np.ndarray, members: np.nd
     chain = np.empty((length + 1, len(members)), np.int64)
     chain[0] = members
     ok = np.ones(len(members), bool)
+    D = np.full(len(table), -2, np.int64)               # -2: not computed yet
     for j in range(length):
-        sub = table[chain[j][:, None], sb[None, :]]
-        d = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+        x = chain[j]
+        need = np.unique(x[D[x] == -2])                 # chains overlap: each state once
+        if len(need):
+            sub = table[need[:, None], sb[None, :]]
+            D[need] = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+        d = D[x]
         ok &= d >= 0
         chain[j + 1] = np.where(d >= 0, d, dead)
     return chain, ok
@@ -733,10 +738,10 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     be, brow = be[bok], bulk_row[bok]
     del pe_all, tok, ok
     # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
-    order = np.argsort(pe, kind="stable")
+    order = np.argsort(pe)                              # any order within an edge
     pe, ptok = pe[order], ptok[order]
     pstart = np.searchsorted(pe, np.arange(E + 1))
-    order = np.argsort(be, kind="stable")
+    order = np.argsort(be)
     be, brow = be[order], brow[order]
     bstart = np.searchsorted(be, np.arange(E + 1))
     del order, pe
