@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from jaxcd import AutomatonTooLargeError, CompileLimits, compile_regex
@@ -234,3 +235,31 @@ def test_limits_reach_every_compile_function(smol_vocab):
     # the default limits compile them all
     assert compile_json_schema({"type": "string", "format": "uuid"}, smol_vocab).num_states > 30
     assert compile_automaton(nfa, smol_vocab).num_states > 8
+
+
+BATCHED = [r"(\w{1,3} ){1,2}", r"a{0,400}", r"(ab|c){0,200}d", r"x{300}|(a|b)*a(a|b){6}",
+           r"(?s:.){0,40}x", r"(é|ü|\w)+ x", r"[\u0100-\uffff]{2,5}z|q{300}"]
+
+
+@pytest.mark.parametrize("pattern", BATCHED)
+def test_batched_determinisation_equals_plain(pattern):
+    """NFAs over 256 states are determinised level by level with NumPy; the plain
+    state-by-state construction gives the same minimal DFA (same language)."""
+    from jaxcd.automata import fsa
+    nfa = regex_to_nfa(pattern)
+    assert nfa.num_states > fsa._SMALL_NFA
+    lim = CompileLimits()
+    a = minimize(fsa._determinize_python(nfa, lim.max_dfa_states, lim.max_subset_entries))
+    b = minimize(fsa._determinize_batched(nfa, lim.max_dfa_states, lim.max_subset_entries))
+    assert np.array_equal(a.trans, b.trans) and np.array_equal(a.accepting, b.accepting)
+    assert np.array_equal(a.byte_class, b.byte_class)
+
+
+@pytest.mark.parametrize("limit,value", [("max_dfa_states", 500), ("max_subset_entries", 3000)])
+def test_batched_determinisation_limits(limit, value):
+    """The batched construction checks the same limits before adding states."""
+    pattern = r"x{300}|(a|b)*a(a|b){9}"                  # > 256 NFA states, 2^10 DFA states
+    with use_limits(CompileLimits(**{limit: value})):
+        with pytest.raises(AutomatonTooLargeError, match=limit) as e:
+            determinize(regex_to_nfa(pattern))
+    assert e.value.limit == limit and e.value.needed > value
