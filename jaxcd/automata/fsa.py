@@ -233,16 +233,20 @@ def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
     number of byte classes; the number of DFA states is bounded by
     ``CompileLimits.max_dfa_states`` (or ``max_states``), checked before each new state.
 
-    Large NFAs go through :func:`_determinize_batched` (the same construction, one BFS
-    level at a time with NumPy: a DFA state whose subset is a single NFA state — most
-    of them, when large character classes are inserted as DFA fragments — copies that
-    state's precomputed successor row).
+    Large NFAs with few epsilon moves (under 10% of the states: large character classes
+    inserted as DFA fragments) go through :func:`_determinize_batched` (the same
+    construction, one BFS level at a time with NumPy: a DFA state whose subset is a
+    single NFA state — most of them there — copies that state's precomputed successor
+    row). Epsilon-heavy NFAs (JSON Schemas, counters) make mostly multi-state subsets,
+    which the plain loop handles as fast: measured 0.8 vs 0.8 s on a 57,700-state
+    schema NFA, 0.16 vs 1.5 s on the 29,682-state ``(\w{1,12} ){3,8}``.
     """
     limits = current_limits()
     max_states = limits.max_dfa_states if max_states is None else int(max_states)
     if nfa.num_states == 0:
         return empty_dfa()
-    if nfa.num_states > _SMALL_NFA:
+    n = nfa.num_states
+    if n > _SMALL_NFA and sum(1 for e in nfa.eps if e) < 0.1 * n:
         return _determinize_batched(nfa, max_states, limits.max_subset_entries)
     return _determinize_python(nfa, max_states, limits.max_subset_entries)
 
