@@ -3,9 +3,10 @@ proposal with a budget: 100% valid within budget on the public workload with Smo
 
 SmolLM2-135M-Instruct (the default GGUF), six of the smaller workload constraints (three
 regexes, three JSON schemas), budget = the constraint's smallest budget + 4, ``K = 4``
-particles, each budgeted proposal on one regex and one schema: ``gcd``, ``lookahead`` and
-``product`` (the P-GCD proposals with a random HMM, ``H = 16`` over the model's 49152
-tokens), two seeds each. ``lcd`` is left out: it has no budget guarantee. Every particle must end in the automaton's final
+particles, each budgeted proposal once, alternating regexes and schemas: ``gcd``,
+``lookahead`` and ``product`` (the P-GCD proposals with a random HMM, ``H = 16`` over the
+model's 49152 tokens). The experiments' smoke test (``test_experiments_smoke.py``) runs the
+same proposals on real BFCL and WordNet constraints. ``lcd`` is left out: it has no budget guarantee. Every particle must end in the automaton's final
 state (``res.valid``), with EOS within the budget, and its decoded text must be in the
 language by an independent check: ``re.fullmatch`` for the regexes, ``json.loads`` +
 ``jsonschema.validate`` for the schemas. The importance weights of valid particles must be
@@ -32,17 +33,13 @@ from jaxcd.lm.interface import pad_prompts
 DATA = Path(__file__).parent / "data" / "workload"
 WORKLOAD = {e["name"]: e for e in json.loads((DATA / "workload.json").read_text())["constraints"]}
 
-# (constraint, proposal, prompt): every budgeted proposal on one regex and one JSON schema
-# (the smaller workload constraints). Each pair is one compiled SMC program (the
-# automaton's sizes are static, so programs cannot be shared across constraints): six
-# programs keep the file near two minutes of CPU time.
+# (constraint, proposal, prompt): every budgeted proposal once, on regexes and a JSON
+# schema (the smaller workload constraints). Each pair is one compiled SMC program (the
+# automaton's sizes are static, so programs cannot be shared across constraints).
 CASES = [
-    ("re_iso_date", "gcd", "What is the date of the first day of spring 2024? Reply with the date only."),
     ("js_person_optional", "gcd", "Describe Ada Lovelace as a JSON object."),
     ("re_email", "lookahead", "Write an example email address for Jane Doe."),
-    ("js_x_int", "lookahead", "Reply with a JSON object whose field x is the year the Eiffel Tower was built."),
     ("re_phone", "product", "Give a US phone number for a pizza place."),
-    ("js_product_nullable", "product", "Describe a garden hose for sale as a JSON object."),
 ]
 MARGIN = 4
 K = 4
@@ -87,7 +84,7 @@ def test_smc_particles_valid_within_budget(name, proposal, prompt, model, hmm):
     fa = fa.to_device()
     eos = model.lm.eos_token_id
     ids, lens = pad_prompts([model.encode_prompt(prompt)], pad_id=getattr(model.lm, "pad_token_id", 0))
-    for seed in (0, 1):       # the second call reuses the compiled program
+    for seed in (0,):
         res = smc.run(jax.random.key(seed), model.lm, model.params, jnp.asarray(ids),
                       jnp.asarray(lens), fa, budget=budget, num_particles=K, proposal=proposal,
                       hmm=hmm if proposal != "gcd" else None)
