@@ -79,7 +79,7 @@ TEXT_PATTERN = r"[ -~]+"
 AUTO_MARGIN = 24
 BOOTSTRAP = 1000
 PROMPT = "Write one short sentence using all of these words: {words}."
-METHODS = ("lcd", "gcd", "smc-gcd", "smc-lookahead", "smc-product")
+METHODS = ("lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product", "awrs")  # table order
 
 
 # --------------------------------------------------------------------------- constraint
