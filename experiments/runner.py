@@ -136,11 +136,12 @@ class RunResult:
     weights: list[float] | None
     seconds: float                # wall time of the call (tables included)
     compiled: list[str]           # jitted programs compiled during the call (smc, sample,
-    #                               beta, beta_p); empty = none
+    #                               beta, beta_p; only if compile_s >= 1 s); empty = none
     tokens: int                   # tokens of the output, EOS included
     log_Z: float | None = None
     num_checks: int | None = None
     tables_s: float = 0.0
+    compile_s: float = 0.0        # of ``seconds``: tracing + lowering + XLA compile
 
 
 def _jit_cache_sizes() -> dict:
@@ -153,6 +154,26 @@ def _jit_cache_sizes() -> dict:
         except AttributeError:
             pass
     return out
+
+
+_COMPILE_S = [0.0]
+_COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
+                   "/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
+
+
+def _on_event(event: str, duration: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        _COMPILE_S[0] += float(duration)
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def compile_seconds() -> float:
+    """Seconds spent tracing, lowering and compiling (XLA backend) in this process so far
+    (JAX's monitoring events; eager ops on new shapes count too)."""
+    return _COMPILE_S[0]
 
 
 def stable_seed(*parts) -> int:
@@ -230,6 +251,7 @@ class Runner:
         eos = m.lm.eos_token_id
         pad = getattr(m.lm, "pad_token_id", 0)
         n0 = _jit_cache_sizes()
+        c0 = compile_seconds()
         t0 = time.perf_counter()
         weights, chosen, log_Z, checks = None, None, None, None
         tables_s = 0.0
@@ -280,7 +302,10 @@ class Runner:
             weights = [float(x) for x in w]
         dt = time.perf_counter() - t0
         n1 = _jit_cache_sizes()
-        compiled = [k for k in n1 if n1[k] > n0.get(k, 0)]
+        compile_s = compile_seconds() - c0
+        # a jit cache entry without ~any compile time: a new dispatch signature for an
+        # already compiled program (e.g. committed vs uncommitted arrays), not a compile
+        compiled = [k for k in n1 if n1[k] > n0.get(k, 0)] if compile_s >= 1.0 else []
         texts, lengths = [], []
         for row in toks.tolist():
             ended = eos in row
@@ -290,7 +315,7 @@ class Runner:
         i = 0 if chosen is None else chosen
         return RunResult(texts, valid, texts[i], bool(valid[i]) and chosen is not None, chosen,
                          weights, round(dt, 4), compiled, lengths[i], log_Z, checks,
-                         round(tables_s, 4))
+                         round(tables_s, 4), round(compile_s, 4))
 
 
 # ---------------------------------------------------------------------------------------
@@ -313,7 +338,7 @@ def summarize(rows: list[dict], keys: Sequence[str] = ("method", "particles"),
               seed: int = 0) -> list[dict]:
     """One entry per distinct ``keys``: n, valid %, accuracy % (over rows with a ground
     truth) with a bootstrap 95% interval, mean seconds per example (all calls, and
-    calls that did not compile), compiles, mean output tokens."""
+    calls that did not compile), compiles and total compile seconds, mean output tokens."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(k) for k in keys), []).append(r)
@@ -333,6 +358,7 @@ def summarize(rows: list[dict], keys: Sequence[str] = ("method", "particles"),
             "seconds_mean": float(np.mean([r["seconds"] for r in rs])),
             "seconds_warm_mean": float(np.mean(warm)) if warm else None,
             "compiles": int(sum(bool(r.get("compiled")) for r in rs)),
+            "compile_s_total": float(sum(r.get("compile_s", 0.0) for r in rs)),
             "tokens_mean": float(np.mean([r.get("tokens", 0) for r in rs])),
         })
         checks = [r["num_checks"] for r in rs if r.get("num_checks") is not None]
@@ -355,7 +381,7 @@ def _fmt(x, nd=1):
 def summary_markdown(summary: list[dict], keys: Sequence[str], title: str = "") -> str:
     checks = any("checks_mean" in e for e in summary)
     head = [k for k in keys] + ["n", "valid %", "accuracy %", "95% CI", "s/example",
-                                "s/example (warm)", "compiles", "tokens"] + (
+                                "s/example (warm)", "compiles", "compile s", "tokens"] + (
         ["checks/example"] if checks else [])
     lines = ([f"### {title}", ""] if title else []) + [
         "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -366,7 +392,7 @@ def summary_markdown(summary: list[dict], keys: Sequence[str], title: str = "") 
             + [str(e["n"]), _fmt(e["valid_pct"]), _fmt(e["accuracy_pct"]),
                f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else "–",
                _fmt(e["seconds_mean"], 2), _fmt(e["seconds_warm_mean"], 2),
-               str(e["compiles"]), _fmt(e["tokens_mean"])]
+               str(e["compiles"]), _fmt(e.get("compile_s_total"), 0), _fmt(e["tokens_mean"])]
             + ([_fmt(e.get("checks_mean"), 0)] if checks else [])) + " |")
     return "\n".join(lines) + "\n"
 

@@ -219,7 +219,7 @@ def run(a) -> dict:
                            "valid": r.output_valid, "correct": correct, "format": fmt,
                            "category": ex.category, "budget": budget,
                            "min_budget": c.min_budget, "seconds": r.seconds,
-                           "compiled": r.compiled, "tables_s": r.tables_s, "tokens": r.tokens,
+                           "compiled": r.compiled, "compile_s": r.compile_s, "tables_s": r.tables_s, "tokens": r.tokens,
                            "n_valid_particles": int(sum(r.valid)), "log_Z": r.log_Z,
                            "why": why}
                     if r.num_checks is not None:
@@ -227,7 +227,7 @@ def run(a) -> dict:
                     rows.append(row)
                     log(f"[{fmt}] {i + 1}/{len(exs)} {ex.id} {method} K={K} budget={budget} "
                         f"valid={r.output_valid} correct={correct} {r.seconds:.1f}s"
-                        f"{' (compiled: ' + ','.join(r.compiled) + ')' if r.compiled else ''}")
+                        f"{' (compiled: ' + ','.join(r.compiled) + f', {r.compile_s:.1f}s)' if r.compiled else ''}")
             runner.release(c)
         flush()
     return _write_summaries(a, out, rows, per_example, runner, len(exs), t_start)

@@ -380,3 +380,4 @@ def test_entry_point_end_to_end(tmp_path, examples):
         assert s["accuracy_pct"] == pytest.approx(acc) and s["valid_pct"] == 100
     md = (out / "summary.md").read_text()
     assert "| python | gcd | 2 | 2 | 100.0 |" in md
+    assert rows[0]["compile_s"] > 1.0 and rows[0]["compiled"]    # the first call compiles
