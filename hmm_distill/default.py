@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import sys
+import resource
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +39,8 @@ import jax.numpy as jnp
 from .checkpoint import load_checkpoint
 from .hmm import HMMParams
 
-VERSION = 1  # bump when the recipe changes (invalidates cached HMMs)
+VERSION = 2  # bump when the recipe changes (invalidates cached HMMs)
+# 2: one sample shard (prompts prefilled once each), EM with early stopping (patience)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class DefaultSettings:
     batch_size: int = 64         #: sampling batch
     temperature: float = 1.0
     seed: int = 0
-    epochs: int = 30             #: full-batch EM iterations
+    epochs: int = 30             #: full-batch EM iterations at most
+    patience: int = 4            #: stop 4 iterations after the best held-out log-likelihood
     mode: str = "full"
     prior_strength: float = 0.1
     heldout_frac: float = 0.1
@@ -134,6 +137,12 @@ def default_hmm(model_path: str | os.PathLike | None = None, *, hidden_size: int
     return params, info
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process (all threads) and its finished children."""
+    r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
 def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, say) -> None:
     from .lms import load_lm
     from .prompts import builtin_prompt_set_hash, builtin_prompts_path
@@ -144,36 +153,38 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
     s = settings
     say(f"building the default HMM (H={s.hidden_size}) in {root}: sampling {s.num_seqs} continuations "
         f"of the built-in task prompts, then {s.epochs} EM iterations (done once, then cached)")
-    times = {}
-    t0 = time.perf_counter()
+    times, cpu = {}, {}
+    load0 = os.getloadavg()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     from jaxcd.model_files import resolve_gguf
 
     model_file = resolve_gguf(model_path)
     loaded = load_lm(f"gguf:{model_file}")
     texts, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
-    times["load"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    times["load"], cpu["load"] = time.perf_counter() - t0, _cpu_seconds() - c0
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     meta = run_sampling(loaded.lm, loaded.params, root / "samples", num_seqs=s.num_seqs,
-                        length=s.max_length, shard_size=256, batch_size=s.batch_size, seed=s.seed,
+                        length=s.max_length, shard_size=s.num_seqs, batch_size=s.batch_size, seed=s.seed,
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
                         progress=progress, prompt_set=builtin_prompts_path().name, until_eos=True,
                         chat_template=True)
-    times["sample"] = time.perf_counter() - t0
+    times["sample"], cpu["sample"] = time.perf_counter() - t0, _cpu_seconds() - c0
     say(f"sampled: EOS fraction {meta['eos_fraction']:.3f}, {meta['num_cut_off']} cut off at "
         f"{s.max_length} tokens, {meta.get('tokens_per_s', 0):.0f} tokens/s")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     cfg = TrainConfig(data=str(root / "samples"), out=str(root / "run"), hidden_size=s.hidden_size,
                       epochs=s.epochs, mode=s.mode, prior_strength=s.prior_strength,
                       heldout_frac=s.heldout_frac, seed=s.seed, batch_size=256, plot=False,
-                      progress=progress)
+                      progress=progress, patience=s.patience)
     res = train(cfg, log=lambda *a: None)
-    times["train"] = time.perf_counter() - t0
-    last = res.metrics[-1]
+    times["train"], cpu["train"] = time.perf_counter() - t0, _cpu_seconds() - c0
+    last = res.best
     gs = last.get("gap_share")
     say(f"trained: held-out {last['heldout_ll']:.3f} nats/token (unigram {last['unigram_heldout_ll']:.3f}, "
-        f"LM {last['lm_heldout_ll']:.3f}; gap share {gs if gs is None else round(gs, 3)}); "
-        f"{sum(times.values()):.0f} s in all")
+        f"LM {last['lm_heldout_ll']:.3f}; gap share {gs if gs is None else round(gs, 3)}) at EM iteration "
+        f"{last['epoch']} of {res.metrics[-1]['epoch']} run; {sum(times.values()):.0f} s in all "
+        f"({sum(cpu.values()):.0f} CPU s)")
     ck = load_checkpoint(res.run_dir / "hmm.safetensors")
     info = {"model": str(model_file), "settings": asdict(s), "version": VERSION,
             "vocab_size": ck.vocab_size, "vocab_fingerprint": ck.fingerprint, "hidden_size": ck.hidden_size,
@@ -182,7 +193,13 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
             "num_cut_off": meta["num_cut_off"], "sampling_tokens_per_s": meta.get("tokens_per_s"),
             "heldout": {k: last.get(k) for k in ("heldout_ll", "unigram_heldout_ll", "lm_heldout_ll",
                                                  "gap_share")},
-            "build_seconds": times}
+            "best_epoch": last["epoch"], "epochs_run": res.metrics[-1]["epoch"],
+            "build_seconds": times, "build_cpu_seconds": cpu,
+            "build_wall_seconds_total": sum(times.values()), "build_cpu_seconds_total": sum(cpu.values()),
+            "build_machine": {"cpus": os.cpu_count(), "loadavg_start": list(load0),
+                              "loadavg_end": list(os.getloadavg())},
+            "sampling_prefill_tokens": meta.get("prefill_tokens"),
+            "sampling_decode_row_steps": meta.get("decode_row_steps")}
     shutil.copyfile(res.run_dir / "hmm.safetensors", root / "hmm.safetensors.tmp")
     os.replace(root / "hmm.safetensors.tmp", root / "hmm.safetensors")
     tmp = root / "info.json.tmp"
