@@ -136,7 +136,7 @@ class RunResult:
     weights: list[float] | None
     seconds: float                # wall time of the call (tables included)
     compiled: list[str]           # jitted programs compiled during the call (smc, sample,
-    #                               beta, beta_p; only if compile_s >= 1 s); empty = none
+    #                               beta, beta_p, or other (e.g. AWRS's LM step); only if compile_s >= 1 s); empty = none
     tokens: int                   # tokens of the output, EOS included
     log_Z: float | None = None
     num_checks: int | None = None
@@ -305,7 +305,8 @@ class Runner:
         compile_s = compile_seconds() - c0
         # a jit cache entry without ~any compile time: a new dispatch signature for an
         # already compiled program (e.g. committed vs uncommitted arrays), not a compile
-        compiled = [k for k in n1 if n1[k] > n0.get(k, 0)] if compile_s >= 1.0 else []
+        compiled = ([k for k in n1 if n1[k] > n0.get(k, 0)] or ["other"]) if compile_s >= 1.0 \
+            else []
         texts, lengths = [], []
         for row in toks.tolist():
             ended = eos in row
