@@ -137,49 +137,98 @@ def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
 # ---------------------------------------------------------------------------------------
 _SPARSE_MAX = 64          # label sets up to this size: gather-sum of B's columns
 _DENSE_CHUNK = 128        # label sets per indicator matmul
+_PLAN_BYTES = 32 << 20    # host scratch per planning chunk (unpacked label bits)
+
+
+def _edge_label_rows(fa: TensorizedAutomaton) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge ``e`` (out-edge ``k`` of its source ``s``), the distinct mask rows
+    ``(hi[e], lo[e])`` whose XOR is ``L_e``: ``hi = row_index[base[s] + k + 1]``,
+    ``lo = row_index[base[s] + k]`` (``base[s] = out_start[s] + s``)."""
+    src = np.asarray(fa.edge_src).astype(np.int64)
+    out_start = np.asarray(fa.out_start).astype(np.int64)
+    ri = np.asarray(fa.row_index).astype(np.int64)
+    rows = out_start[src] + src + (np.arange(len(src)) - out_start[src]) + 1
+    return ri[rows], ri[rows - 1]
 
 
 def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
     """``C [H, E]``: ``C[h, e] = Σ_{v ∈ L_e} B[h, v]``, except the ``⊥`` self-loop, which
     gets 1 (padding is free). Host-side planning (NumPy on the packed labels), device
-    matmuls; ``B_f`` is never built densely (at most ``_DENSE_CHUNK`` indicator rows at
-    a time)."""
+    matmuls; ``B_f`` is never built densely.
+
+    Labels come from the deduplicated mask rows: ``L_e = cum_masks[hi] XOR
+    cum_masks[lo]`` for a pair of distinct rows (:func:`_edge_label_rows`). Edges with
+    the same pair (every copy of a counter) share one label; each distinct pair's label
+    is unpacked once, in chunks of at most ``_PLAN_BYTES`` bytes, and equal labels of
+    different pairs are summed once. Host memory: ``O(P · W)`` for the ``P`` distinct
+    pairs, never ``E · W``; the sums are the dense ones (no differences of cumulative
+    masses, which would lose the relative precision of small masses)."""
     B = jnp.asarray(B)
     H, V = B.shape
-    words = np.asarray(fa.label_words())                              # [E, W] uint32
-    E = words.shape[0]
-    # identical label sets, found by hashing each packed row (np.unique(axis=0) sorts
-    # the rows as void records: seconds for a few thousand 6 KB rows)
+    cum = np.asarray(fa.cum_masks)
+    R, W = cum.shape
+    hi, lo = _edge_label_rows(fa)
+    pair_u, pair_inv = np.unique(hi * R + lo, return_inverse=True)
+    pair_inv = pair_inv.reshape(-1)
+    p_hi, p_lo = pair_u // R, pair_u % R
+    # equal labels of different pairs: one sum each (hash of the packed row, exact bytes)
     first: dict[bytes, int] = {}
-    inv = np.empty(E, np.int64)
-    reps = []
-    for e in range(E):
-        j = first.setdefault(words[e].tobytes(), len(reps))
-        if j == len(reps):
-            reps.append(e)
-        inv[e] = j
-    uniq = words[np.asarray(reps, np.int64)] if reps else words[:0]
-    U = uniq.shape[0]
-    bits = np.unpackbits(uniq.view(np.uint8), axis=1, bitorder="little")[:, :V]  # [U, V] u8
-    size = bits.sum(1, dtype=np.int64)
+    label_of_pair = np.empty(len(pair_u), np.int64)
+    sets, sizes = [], []                          # per distinct label: (chunk, row), size
+    small_r, small_v = [], []
+    large_bits: dict[int, np.ndarray] = {}
+    per = max(1, _PLAN_BYTES // max(V, 1))
+    for c0 in range(0, len(pair_u), per):
+        words = cum[p_hi[c0:c0 + per]] ^ cum[p_lo[c0:c0 + per]]            # [n, W]
+        new_rows = []
+        for i in range(len(words)):
+            j = first.setdefault(words[i].tobytes(), len(first))
+            label_of_pair[c0 + i] = j
+            if j == len(sizes):
+                sizes.append(-1)
+                new_rows.append((i, j))
+        if not new_rows:
+            continue
+        ii = np.array([i for i, _ in new_rows], np.int64)
+        jj = np.array([j for _, j in new_rows], np.int64)
+        bits = np.unpackbits(np.ascontiguousarray(words[ii]).view(np.uint8), axis=1,
+                             bitorder="little")[:, :V]                        # [n, V] u8
+        size = bits.sum(1, dtype=np.int64)
+        for k, j in enumerate(jj.tolist()):
+            sizes[j] = int(size[k])
+        sm = size <= _SPARSE_MAX
+        if sm.any():
+            r, v = np.nonzero(bits[sm])
+            small_r.append(jj[sm][r])
+            small_v.append(v)
+        for k in np.nonzero(~sm)[0].tolist():
+            large_bits[int(jj[k])] = words[ii[k]].copy()                    # W words
+        del bits, words
+    first.clear()
+    U = len(sizes)
     Cu = jnp.zeros((U, H), B.dtype)
-    # small sets: segment sums over the listed tokens
-    small = np.nonzero(size <= _SPARSE_MAX)[0]
-    if len(small):
-        r, v = np.nonzero(bits[small])
-        seg = jax.ops.segment_sum(jnp.take(B, jnp.asarray(v), axis=1).T, jnp.asarray(r),
-                                  num_segments=len(small))            # [n_small, H]
-        Cu = Cu.at[jnp.asarray(small)].set(seg)
+    if small_r:
+        r = np.concatenate(small_r)
+        v = np.concatenate(small_v)
+        small = np.nonzero(np.array(sizes) <= _SPARSE_MAX)[0]
+        pos = np.full(U, -1, np.int64)
+        pos[small] = np.arange(len(small))
+        if len(r):
+            seg = jax.ops.segment_sum(jnp.take(B, jnp.asarray(v), axis=1).T,
+                                      jnp.asarray(pos[r]), num_segments=len(small))
+            Cu = Cu.at[jnp.asarray(small)].set(seg)
     # large sets: indicator matmuls; over half the vocabulary: 1 − B·1_{V∖L}
-    large = np.nonzero(size > _SPARSE_MAX)[0]
+    large = sorted(large_bits)
     for i in range(0, len(large), _DENSE_CHUNK):
-        idx = large[i:i + _DENSE_CHUNK]
-        comp = size[idx] * 2 > V
-        ind = np.where(comp[:, None], 1 - bits[idx], bits[idx])
+        idx = np.array(large[i:i + _DENSE_CHUNK], np.int64)
+        packed = np.stack([large_bits[j] for j in idx.tolist()])
+        bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :V]
+        comp = np.array([sizes[j] for j in idx.tolist()]) * 2 > V
+        ind = np.where(comp[:, None], 1 - bits, bits)
         m = jnp.asarray(ind, B.dtype) @ B.T                           # [chunk, H]
         m = jnp.where(jnp.asarray(comp)[:, None], 1.0 - m, m)
         Cu = Cu.at[jnp.asarray(idx)].set(m)
-    C = Cu[jnp.asarray(inv)].T                                         # [H, E]
+    C = Cu[jnp.asarray(label_of_pair[pair_inv])].T                     # [H, E]
     src, dst = np.asarray(fa.edge_src), np.asarray(fa.edge_dst)
     loop = np.nonzero((src == fa.final_state) & (dst == fa.final_state))[0]
     if len(loop):
