@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -171,29 +172,61 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _task_sample_one(lm, params, prompts, seq, which, T, B, m):
+    """One sampler of :func:`bench_task_sampling`: (timings and counters, tokens)."""
+    from hmm_distill.sampler import sample_continuations_with_logprobs, sample_pool, sequence_keys
+    from jaxcd.lm.interface import pad_prompts
+
+    n = len(seq)
+    l0, w0, c0 = os.getloadavg()[0], time.perf_counter(), _cpu_s()
+    st = {}
+    if m == "padded":  # consecutive batches, fully padded prompts
+        mat, lens = pad_prompts(prompts, pad_id=0)
+        got = []
+        for s in range(0, n, B):
+            bi = seq[s:s + B]
+            t, _ = sample_continuations_with_logprobs(lm, params, jnp.asarray(mat[which[bi]]),
+                                                      jnp.asarray(lens[which[bi]]), sequence_keys(0, bi),
+                                                      length=T)
+            got.append(np.asarray(t))
+        got = np.concatenate(got)
+    else:  # continuous batching (sequences ordered by prompt length, prompt)
+        order = np.lexsort((seq, which, np.array([len(prompts[w]) for w in which])))
+        got = np.full((n, T), -1, np.int32)
+
+        def put(j, tk, _):
+            got[order[j]] = tk
+
+        st = sample_pool(lm, params, prompts, seq[order], which[order], 0, length=T, batch_size=B,
+                         on_done=put, refill=m)
+    return {"wall_s": time.perf_counter() - w0, "cpu_s": _cpu_s() - c0,
+            "load_start": l0, "load_end": os.getloadavg()[0], **st}, got
+
+
 def bench_task_sampling(args):
-    """Sampling on the built-in task prompts, the old way and the new way in one run.
+    """Sampling on the built-in task prompts, several samplers, each in a fresh process.
 
     The same sequences (sequence ``i`` continues prompt ``i mod K`` of every
     ``--task-stride``-th built-in chat prompt, key ``fold_in(key(0), i)``, until EOS with a
-    cap of ``--task-length`` tokens) are drawn by
+    cap of ``--task-length`` tokens) are drawn by (``--task-methods``)
 
-    * ``padded_batches`` (the sampler before this change): consecutive batches of
-      ``--task-batch`` rows, every prompt left-padded to the longest prompt of the set,
-      prefilled per row, each batch decoding until all its rows have ended;
-    * ``continuous`` (:func:`hmm_distill.sampler.sample_pool`, the default for the JAX
-      LM): rows ordered by prompt, each distinct prompt prefilled once per group,
-      finished rows refilled with the next sequence.
+    * ``padded`` (the first sampler): consecutive batches of ``--task-batch`` rows, every
+      prompt left-padded to the longest prompt of the set, prefilled per row, each batch
+      decoding until all its rows have ended;
+    * ``copy`` (:func:`hmm_distill.sampler.sample_pool` with ``refill="copy"``): rows
+      ordered by prompt, each distinct prompt prefilled once per group, finished rows
+      refilled with the next sequence, each refill rebuilding the whole KV cache;
+    * ``rows`` (``sample_pool``'s default): the same, each refill writing only the
+      refilled rows of the cache in place.
 
-    Wall and CPU (user+sys) seconds include compilation (both paths compile a few
-    programs); the load average is recorded. Generated tokens (up to and including EOS)
-    are the same for both (checked)."""
+    Each sampler runs in its own process (so each pays its own compilation: wall and
+    CPU (user+sys) seconds include it; loading the model does not count); the load
+    average is recorded. The generated tokens are compared with those of the first
+    method (``same_tokens_rows``)."""
     from hmm_distill.lms import load_lm
     from hmm_distill.priors import first_eos_mask
     from hmm_distill.prompts import builtin_prompts_path
-    from hmm_distill.sampler import (read_prompts, sample_continuations_with_logprobs, sample_pool,
-                                     sequence_keys)
-    from jaxcd.lm.interface import pad_prompts
+    from hmm_distill.sampler import read_prompts
 
     loaded = load_lm("gguf")
     lm, params = loaded.lm, loaded.params
@@ -203,46 +236,39 @@ def bench_task_sampling(args):
     seq = np.arange(n)
     which = seq % len(prompts)
     eos = lm.eos_token_id
+    if args.task_child is not None:
+        r, got = _task_sample_one(lm, params, prompts, seq, which, T, B, args.task_child)
+        print("RESULT " + json.dumps({**r, "tokens": got.tolist()}), flush=True)
+        return None
     res = {"model": repr(lm), "num_prompts": len(prompts), "num_seqs": n, "cap": T, "batch": B,
            "prompt_tokens_mean": float(np.mean([len(p) for p in prompts])),
-           "prompt_tokens_max": max(len(p) for p in prompts)}
-    # old: consecutive batches, fully padded prompts
-    mat, lens = pad_prompts(prompts, pad_id=0)
-    l0, w0, c0 = os.getloadavg()[0], time.perf_counter(), _cpu_s()
-    old = []
-    for s in range(0, n, B):
-        bi = seq[s:s + B]
-        t, _ = sample_continuations_with_logprobs(lm, params, jnp.asarray(mat[which[bi]]),
-                                                  jnp.asarray(lens[which[bi]]), sequence_keys(0, bi), length=T)
-        old.append(np.asarray(t))
-    old = np.concatenate(old)
-    res["padded_batches"] = {"wall_s": time.perf_counter() - w0, "cpu_s": _cpu_s() - c0,
-                             "load_start": l0, "load_end": os.getloadavg()[0]}
-    # new: continuous batching (sequences ordered by prompt length, prompt)
-    order = np.lexsort((seq, which, np.array([len(prompts[w]) for w in which])))
-    new = np.empty_like(old)
-
-    def put(j, tk, _):
-        new[order[j]] = tk
-
-    l0, w0, c0 = os.getloadavg()[0], time.perf_counter(), _cpu_s()
-    st = sample_pool(lm, params, prompts, seq[order], which[order], 0, length=T, batch_size=B, on_done=put)
-    res["continuous"] = {"wall_s": time.perf_counter() - w0, "cpu_s": _cpu_s() - c0,
-                         "load_start": l0, "load_end": os.getloadavg()[0], **st}
-    ntok = int(first_eos_mask(old, eos).sum())
-    res["generated_tokens"] = ntok
-    res["same_tokens_rows"] = int((old == new).all(1).sum())
-    res["eos_fraction"] = float((old == eos).any(1).mean())
-    for k in ("padded_batches", "continuous"):
-        r = res[k]
+           "prompt_tokens_max": max(len(p) for p in prompts), "methods": list(args.task_methods)}
+    first = None
+    for m in args.task_methods:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--skip", "throughput", "lm", "init",
+               "--task-child", m, "--task-seqs", str(n), "--task-stride", str(args.task_stride),
+               "--task-length", str(T), "--task-batch", str(B), "--out", os.devnull]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"task sampling child [{m}] failed:\n{proc.stderr[-3000:]}")
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+        res[m] = json.loads(line[len("RESULT "):])
+        got = np.asarray(res[m].pop("tokens"), np.int32)
+        if first is None:
+            first = got
+            ntok = int(first_eos_mask(got, eos).sum())
+            res["generated_tokens"] = ntok
+            res["eos_fraction"] = float((got == eos).any(1).mean())
+        res[m]["same_tokens_rows"] = int((first == got).all(1).sum())
+        r = res[m]
         r["tokens_per_s"], r["tokens_per_cpu_s"] = ntok / r["wall_s"], ntok / r["cpu_s"]
-    res["speedup_cpu"] = res["padded_batches"]["cpu_s"] / res["continuous"]["cpu_s"]
-    res["speedup_wall"] = res["padded_batches"]["wall_s"] / res["continuous"]["wall_s"]
-    print(f"\ntask sampling ({n} continuations of {len(prompts)} prompts, cap {T}, batch {B}): "
-          f"padded batches {res['padded_batches']['tokens_per_s']:.1f} tok/s "
-          f"({res['padded_batches']['cpu_s']:.0f} CPU s), continuous {res['continuous']['tokens_per_s']:.1f} "
-          f"tok/s ({res['continuous']['cpu_s']:.0f} CPU s); identical rows {res['same_tokens_rows']}/{n}",
-          flush=True)
+        print(f"task sampling [{m}] ({n} continuations of {len(prompts)} prompts, cap {T}, batch {B}): "
+              f"{r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} CPU s, {r['tokens_per_s']:.1f} tok/s; "
+              f"identical rows {r['same_tokens_rows']}/{n}", flush=True)
+    ms = args.task_methods
+    if len(ms) > 1:
+        res["speedup_cpu"] = res[ms[-2]]["cpu_s"] / res[ms[-1]]["cpu_s"]
+        res["speedup_wall"] = res[ms[-2]]["wall_s"] / res[ms[-1]]["wall_s"]
     return res
 
 
@@ -312,6 +338,9 @@ def main(argv=None):
     ap.add_argument("--task-stride", type=int, default=8, help="every k-th built-in prompt")
     ap.add_argument("--task-length", type=int, default=64)
     ap.add_argument("--task-batch", type=int, default=32)
+    ap.add_argument("--task-methods", nargs="+", default=["copy", "rows"], choices=["padded", "copy", "rows"],
+                    help="samplers to compare (the last two: before / after), each in a fresh process")
+    ap.add_argument("--task-child", choices=["padded", "copy", "rows"], help=argparse.SUPPRESS)
     ap.add_argument("--init-vocab", type=int, default=512)
     ap.add_argument("--init-seqs", type=int, default=3000)
     ap.add_argument("--init-hidden", type=int, default=64)
@@ -335,6 +364,8 @@ def main(argv=None):
     lm = None if "lm" in args.skip else bench_lm_sampling(args)
     init = None if "init" in args.skip else bench_init(args)
     task = None if "task" in args.skip else bench_task_sampling(args)
+    if args.task_child is not None:
+        return
     result = {
         "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "device": f"{dev.platform}:{getattr(dev, 'device_kind', '')}", "jax": jax.__version__,
@@ -383,23 +414,36 @@ def to_markdown(r: dict) -> str:
                   f"{s['compile_plus_first_s']:.1f} s, excluded).", ""]
     if r.get("task_sampling"):
         s = r["task_sampling"]
-        p, c = s["padded_batches"], s["continuous"]
-        lines += ["## Sampling on the task prompts: before / after (one run)", "",
+        ms = s.get("methods", ["padded_batches", "continuous"])
+        names = {"padded": "padded batches", "padded_batches": "padded batches",
+                 "copy": "continuous batching, whole-cache refill", "continuous": "continuous batching",
+                 "rows": "continuous batching, row-local refill"}
+        p, c = s[ms[0]], s[ms[-1]]
+        lines += ["## Sampling on the task prompts (one run)", "",
                   f"`{s['model']}`; {s['num_seqs']} continuations of {s['num_prompts']} built-in chat "
                   f"prompts ({s['prompt_tokens_mean']:.0f} tokens on average, at most "
                   f"{s['prompt_tokens_max']}), until EOS with a cap of {s['cap']} tokens, batch "
                   f"{s['batch']}; {s['generated_tokens']} generated tokens (EOS fraction "
-                  f"{s['eos_fraction']:.2f}); identical rows in both: {s['same_tokens_rows']}/{s['num_seqs']}. "
-                  f"Compilation included. Load average during the run: {p['load_start']:.1f}–{c['load_end']:.1f} "
-                  f"on {r['cpu_count']} cores, so the CPU time is the comparable number.", "",
-                  "| sampler | wall s | CPU s (user+sys) | tokens/s | tokens per CPU s |", "|---|---|---|---|---|",
-                  f"| padded batches (before) | {p['wall_s']:.0f} | {p['cpu_s']:.0f} | {p['tokens_per_s']:.1f} | "
-                  f"{p['tokens_per_cpu_s']:.1f} |",
-                  f"| continuous batching (after) | {c['wall_s']:.0f} | {c['cpu_s']:.0f} | {c['tokens_per_s']:.1f} | "
-                  f"{c['tokens_per_cpu_s']:.1f} |", "",
-                  f"Speed-up: {s['speedup_cpu']:.2f}x in CPU time, {s['speedup_wall']:.2f}x in wall time. "
-                  f"After: {c['prefill_tokens']} prompt tokens prefilled, {c['decode_row_steps']} decode "
-                  f"row-steps ({c['chunks']} chunks, {c['shifts']} cache moves).", ""]
+                  f"{s['eos_fraction']:.2f}). Each sampler in its own process, its compilation included. Load average during the run: "
+                  f"{p['load_start']:.1f}–{c['load_end']:.1f} on {r['cpu_count']} cores, so the CPU time is "
+                  f"the comparable number.", "",
+                  "| sampler | wall s | CPU s (user+sys) | tokens/s | tokens per CPU s | rows identical to the first |",
+                  "|---|---|---|---|---|---|"]
+        for m in ms:
+            x = s[m]
+            lines.append(f"| {names.get(m, m)} | {x['wall_s']:.0f} | {x['cpu_s']:.0f} | {x['tokens_per_s']:.1f} | "
+                         f"{x['tokens_per_cpu_s']:.1f} | {x.get('same_tokens_rows', s.get('same_tokens_rows'))}"
+                         f"/{s['num_seqs']} |")
+        lines.append("")
+        if "speedup_cpu" in s:
+            lines.append(f"Last vs the one before: {s['speedup_cpu']:.2f}x in CPU time, {s['speedup_wall']:.2f}x "
+                         f"in wall time.")
+        if "prefill_tokens" in c:
+            lines.append(f"Continuous batching: {c['prefill_tokens']} prompt tokens prefilled, "
+                         f"{c['decode_row_steps']} decode row-steps ({c['chunks']} chunks, {c['shifts']} cache "
+                         f"moves" + (f", {c['refills']} rows refilled in {c['refill_calls']} refill calls"
+                                     if "refills" in c else "") + ").")
+        lines.append("")
     if r.get("init_comparison"):
         c = r["init_comparison"]
         n_ep = len(c["random"]["heldout_ll"])

@@ -190,11 +190,14 @@ def _pool_chunk(lm, params, pool, *, chunk: int, length: int, temperature: float
 
 
 @partial(jax.jit, static_argnames=("shift",), donate_argnums=(0,))
-def _pool_insert(pool, pre_state, pre_logp, src, replace, keys, lens, d, new_slot, *, shift: bool):
-    """Move the cache of every row ``d`` slots left (when ``shift``), then give the rows
-    with ``replace`` the prefilled prompt ``src[b]`` (its ``lens[b]`` prompt slots moved to
-    end at ``new_slot``), fresh keys and an empty output. JaxLM cache layouts:
-    ``k [B, n_kv, D, S]``, ``v [B, n_kv, S, D]``, ``slot [B]``, ``offset [B]``."""
+def _pool_insert_copy(pool, pre_state, pre_logp, src, replace, keys, lens, d, new_slot, *, shift: bool):
+    """The whole-cache refill (``sample_pool(..., refill="copy")``, kept to measure
+    :func:`_pool_refill` against): move the cache of every row ``d`` slots left (when
+    ``shift``), then give the rows with ``replace`` the prefilled prompt ``src[b]`` (its
+    ``lens[b]`` prompt slots moved to end at ``new_slot``), fresh keys and an empty
+    output. Every leaf of the cache is rebuilt (``where`` over all ``B`` rows). JaxLM
+    cache layouts: ``k [B, n_kv, D, S]``, ``v [B, n_kv, S, D]``, ``slot [B]``,
+    ``offset [B]``."""
     st = pool["state"]
     pre_end = pre_state["slot"][0]  # the prefilled prompts end at this slot
 
@@ -211,15 +214,72 @@ def _pool_insert(pool, pre_state, pre_logp, src, replace, keys, lens, d, new_slo
     off_old = st["offset"] - d if shift else st["offset"]
     offset = jnp.where(replace, new_slot - lens, jnp.clip(off_old, 0, new_slot))
     state = {"k": k, "v": v, "slot": jnp.full_like(st["slot"], new_slot), "offset": offset}
+    return _refill_small(pool, state, jnp.where(replace[:, None], pre_logp[src], pool["logp"]),
+                         replace, keys)
+
+
+def _refill_small(pool, state, logp, replace, keys):
+    # the per-row bookkeeping of a refill (small arrays: [B] and [B, T])
     r = replace[:, None]
-    return {"state": state,
-            "logp": jnp.where(r, pre_logp[src], pool["logp"]),
+    return {"state": state, "logp": logp,
             "t": jnp.where(replace, 0, pool["t"]),
             "done": jnp.where(replace, False, pool["done"]),
             "keys": _where_keys(replace, keys, pool["keys"]),
             "toks": jnp.where(r, pool["eos_row"], pool["toks"]),
             "lps": jnp.where(r, 0.0, pool["lps"]),
             "eos_row": pool["eos_row"]}
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _pool_shift(pool, d, new_slot):
+    """Move the cache of every row ``d`` slots left and set the pool's slot to
+    ``new_slot`` (when the cache would overflow; a whole-cache move, done rarely).
+    Offsets are clipped at 0 (only free rows' offsets can fall below it)."""
+    st = pool["state"]
+    state = {"k": tuple(jnp.roll(x, -d, axis=3) for x in st["k"]),
+             "v": tuple(jnp.roll(x, -d, axis=2) for x in st["v"]),
+             "slot": jnp.full_like(st["slot"], new_slot),
+             "offset": jnp.clip(st["offset"] - d, 0, new_slot)}
+    return {**pool, "state": state}
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _pool_refill(pool, pre_state, pre_logp, rows, n, src, replace, keys, lens, new_slot):
+    """Give the pool rows ``rows[:n]`` the prefilled prompts ``src[row]`` (their ``lens[row]``
+    prompt slots placed to end at ``new_slot``), fresh keys and an empty output, in
+    place: a ``fori_loop`` over the ``n`` refilled rows writes each row's keys/values
+    with ``dynamic_update_slice`` into the donated cache, so a refill costs
+    O(refilled rows), not a copy of the whole cache. Each written row equals the row
+    :func:`_pool_insert_copy` builds (prompt keys/values rolled to end at ``new_slot``;
+    the other slots are masked: ``offset <= j <= slot``). ``rows`` ``[B]`` (entries
+    past ``n`` unused); ``src``, ``replace``, ``keys``, ``lens`` are indexed by pool
+    row."""
+    st = pool["state"]
+    pre_end = pre_state["slot"][0]  # the prefilled prompts end at this slot
+    shift = new_slot - pre_end
+
+    def new_row(pre, s, axis, size):
+        x = jax.lax.dynamic_index_in_dim(pre, s, 0, keepdims=True)  # [1, ...] one prompt
+        pad = [(0, 0)] * x.ndim
+        pad[axis] = (0, size - x.shape[axis])  # the prefilled cache is shorter
+        return jnp.roll(jnp.pad(x, pad), shift, axis=axis)
+
+    def body(i, carry):
+        ks, vs, logp = carry
+        r = rows[i]
+        s = src[r]
+        ks = tuple(jax.lax.dynamic_update_index_in_dim(o, new_row(p_, s, 3, o.shape[3]).astype(o.dtype), r, 0)
+                   for o, p_ in zip(ks, pre_state["k"]))
+        vs = tuple(jax.lax.dynamic_update_index_in_dim(o, new_row(p_, s, 2, o.shape[2]).astype(o.dtype), r, 0)
+                   for o, p_ in zip(vs, pre_state["v"]))
+        logp = jax.lax.dynamic_update_index_in_dim(
+            logp, jax.lax.dynamic_index_in_dim(pre_logp, s, 0, keepdims=True).astype(logp.dtype), r, 0)
+        return ks, vs, logp
+
+    ks, vs, logp = jax.lax.fori_loop(0, n, body, (st["k"], st["v"], pool["logp"]))
+    offset = jnp.where(replace, new_slot - lens, st["offset"])
+    state = {"k": ks, "v": vs, "slot": jnp.full_like(st["slot"], new_slot), "offset": offset}
+    return _refill_small(pool, state, logp, replace, keys)
 
 
 def _where_keys(replace, new, old):
@@ -229,7 +289,8 @@ def _where_keys(replace, new, old):
 
 def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarray, which: np.ndarray,
                 seed: int, *, length: int, temperature: float = 1.0, batch_size: int = 64,
-                chunk: int = 16, group: int = 16, prompt_bucket: int = 32, on_done=None) -> dict:
+                chunk: int = 16, group: int = 16, prompt_bucket: int = 32, on_done=None,
+                refill: str = "rows") -> dict:
     """Continuations of sequences ``seq_ids[j]`` (prompt ``prompts[which[j]]``, key
     ``fold_in(key(seed), seq_ids[j])``) by continuous batching with a :class:`JaxLM`.
 
@@ -243,8 +304,13 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     (a left-padded row: positions are slot − offset); when the cache would overflow,
     every row's cache is first moved left by the slots no live row needs. The draws are
     those of :func:`sample_continuations_with_logprobs` for each sequence (same keys,
-    same contexts). Returns counters (``prefill_tokens``, ``decode_row_steps``,
-    ``chunks``, ``shifts``)."""
+    same contexts). A refill writes only the refilled rows of the cache, in place
+    (:func:`_pool_refill`: O(one row) each); ``refill="copy"`` rebuilds the whole cache
+    at every refill instead (:func:`_pool_insert_copy`, the earlier method, kept for the
+    benchmark; same draws). Returns counters (``prefill_tokens``, ``decode_row_steps``,
+    ``chunks``, ``shifts``, ``refills``: rows refilled, ``refill_calls``)."""
+    if refill not in ("rows", "copy"):
+        raise ConfigError(f"refill must be 'rows' or 'copy', got {refill!r}")
     n = len(seq_ids)
     B, C, T = int(batch_size), int(chunk), int(length)
     seq_ids, which = np.asarray(seq_ids), np.asarray(which)
@@ -268,7 +334,8 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     groups: list[tuple[dict, object, object]] = []       # (prompt -> row, state, logp), newest last
     row_job = np.full(B, -1)  # index j of the sequence a row decodes (-1: free)
     slot, nxt = 0, 0
-    stats = {"prefill_tokens": 0, "decode_row_steps": 0, "chunks": 0, "shifts": 0}
+    stats = {"prefill_tokens": 0, "decode_row_steps": 0, "chunks": 0, "shifts": 0, "refills": 0,
+             "refill_calls": 0}
 
     def prefill_group(u):
         gp = order_prompts[pos_of[u]: pos_of[u] + group]
@@ -307,9 +374,19 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
                 rep[rows[sel]] = True
                 ids[rows[sel]] = seq_ids[take[sel]]
                 lens_b[rows[sel]] = lens_new[sel]
-                pool = _pool_insert(pool, gst, glg, jnp.asarray(src), jnp.asarray(rep), row_keys(ids),
-                                    jnp.asarray(lens_b), jnp.int32(d), jnp.int32(new_slot), shift=shift)
+                if refill == "copy":
+                    pool = _pool_insert_copy(pool, gst, glg, jnp.asarray(src), jnp.asarray(rep), row_keys(ids),
+                                             jnp.asarray(lens_b), jnp.int32(d), jnp.int32(new_slot), shift=shift)
+                else:
+                    if shift:
+                        pool = _pool_shift(pool, jnp.int32(d), jnp.int32(new_slot))
+                    rr = np.zeros(B, np.int32)
+                    rr[: int(sel.sum())] = rows[sel]
+                    pool = _pool_refill(pool, gst, glg, jnp.asarray(rr), jnp.int32(sel.sum()), jnp.asarray(src),
+                                        jnp.asarray(rep), row_keys(ids), jnp.asarray(lens_b), jnp.int32(new_slot))
                 shift, d = False, 0
+                stats["refills"] += int(sel.sum())
+                stats["refill_calls"] += 1
                 pending &= ~sel
             row_job[rows] = take
             slot = new_slot

@@ -227,10 +227,10 @@ def test_shared_prefill_equals_padded_batch(tmp_path):
 
 
 def test_continuous_batching_equals_batch_sampling(tmp_path):
-    """sample_pool (JaxLM): rows refilled as their continuations end, prompts placed at the
-    pool's current cache slot, caches moved left when full; every sequence gets the
-    tokens of sample_continuations_with_logprobs with its own key (log-probs to float32
-    noise). A tiny random Llama whose EOS is made likely (so rows end at different steps)."""
+    """sample_pool (JaxLM): rows refilled as their continuations end (only those rows of the
+    cache written), prompts placed at the pool's current cache slot, caches moved left
+    when full; every sequence gets the tokens of sample_continuations_with_logprobs with
+    its own key (log-probs to float32 noise), and exactly what the whole-cache refill gives. A tiny random Llama whose EOS is made likely (so rows end at different steps)."""
     import dataclasses
 
     from flax import nnx
@@ -256,12 +256,20 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     st = sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
                      prompt_bucket=4, on_done=lambda j, t, lq: out.__setitem__(j, (t, lq)))
     assert sorted(out) == list(range(n)) and st["shifts"] > 0
+    assert st["refills"] == n and st["refill_calls"] > st["shifts"]
     ids, lens = pad_prompts([prompts[w] for w in which])
     ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, sequence_keys(7, seq_ids),
                                                        length=L)
     got = np.stack([out[j][0] for j in range(n)])
     np.testing.assert_array_equal(got, np.asarray(ref_t))
     np.testing.assert_allclose(np.stack([out[j][1] for j in range(n)]), np.asarray(ref_lp), atol=1e-4)
+    # the whole-cache refill (the earlier method) gives the same draws, bit for bit
+    out_copy = {}
+    sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
+                prompt_bucket=4, refill="copy", on_done=lambda j, t, lq: out_copy.__setitem__(j, (t, lq)))
+    for j in range(n):
+        np.testing.assert_array_equal(out_copy[j][0], out[j][0])
+        np.testing.assert_array_equal(out_copy[j][1], out[j][1])
     ended = (got == 188).any(1)
     assert 0.3 < ended.mean() < 1  # rows end at different steps, some at the cap
     # run_sampling: continuous (default for a JaxLM) and batched give the same shards
