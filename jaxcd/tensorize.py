@@ -338,8 +338,18 @@ def _run_groups(dfa: DFA, min_bytes: int):
     if len(cand) == 0:
         return
     sig = dfa.trans[cand] == dom[cand, None]                          # [n, C]
-    _, ginv = np.unique(np.packbits(sig, axis=1), axis=0, return_inverse=True)
-    ginv = ginv.ravel()
+    # group equal rows (in the lexicographic order of their packed bytes, as
+    # np.unique(axis=0) would, without its slow sort of void records)
+    packed = np.packbits(sig, axis=1)
+    nb = -(-packed.shape[1] // 8) * 8
+    packed = np.concatenate([packed, np.zeros((len(cand), nb - packed.shape[1]), np.uint8)], 1)
+    cols = np.ascontiguousarray(packed).view(">u8")                    # [n, nb / 8]
+    order = np.lexsort(cols.T[::-1])
+    sc = cols[order]
+    new = np.ones(len(cand), bool)
+    new[1:] = (sc[1:] != sc[:-1]).any(1)
+    ginv = np.empty(len(cand), np.int64)
+    ginv[order] = np.cumsum(new) - 1
     by_group = np.argsort(ginv, kind="stable")
     bounds = np.searchsorted(ginv[by_group], np.arange(int(ginv.max()) + 2))
     for g in range(int(ginv.max()) + 1):
@@ -518,6 +528,397 @@ def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     return handled, rows, bsrc, bdst, brow, starts
 
 
+_DEAD_F, _EXIT_F = -1, -2
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """The one-character fragment of a run (see :func:`_fragment_of`): local ids ``0``
+    (the run state, at a character boundary), ``1 .. m`` (inside a character) and
+    ``m + 1`` (``END``: one character read). ``tf[f, b]``: local id after byte ``b``,
+    ``_DEAD_F`` or (only for ``f = 0``) ``_EXIT_F`` (a byte that leaves the run)."""
+
+    tf: np.ndarray          # int64 [m + 1, 256]
+    tree_f: list            # per BFS level: local ids, their tree parents, their bytes
+    tree_p: list
+    tree_b: list
+    sigma0: int             # a one-byte character (a byte of sigma)
+
+    @property
+    def m(self) -> int:
+        return self.tf.shape[0] - 1
+
+
+def _fragment_of(dfa: DFA, table: np.ndarray, dead: int, sigma: np.ndarray, r: int,
+                 byte_rep: np.ndarray, max_depth: int = 3) -> "_Fragment | None":
+    """Multi-byte characters of a run, read off its member ``r``.
+
+    ``D(r)`` is the state every byte of ``sigma`` leads ``r`` to. The *inside* states are
+    the states ``y ∉ {r, D(r)}`` reached from ``r`` by at most ``max_depth`` bytes (the
+    rest of a UTF-8 character) whose every live transition goes inside or to ``D(r)``:
+    from ``r``, a byte into an inside state starts a character that can only end in
+    ``D(r)``. Returns ``None`` when there are none (the run has one-byte characters
+    only)."""
+    sb = np.nonzero(sigma)[0]
+    T = int(table[r, sb[0]])
+    trans = dfa.trans
+    Q = dfa.num_states
+    skip = {r, T, dead}
+    cand: set[int] = set()
+    row = table[r]
+    frontier = {int(x) for x in np.unique(row[~sigma])} - skip
+    for _ in range(max_depth):
+        new = frontier - cand
+        if not new:
+            break
+        cand |= new
+        nxt: set[int] = set()
+        for y in new:
+            nxt.update(trans[y][trans[y] >= 0].tolist())
+        frontier = nxt - skip
+    if not cand:
+        return None
+    # prune: inside states go inside, to D(r), or die
+    ok_targets = cand | {T}
+    changed = True
+    while changed:
+        changed = False
+        for y in list(cand):
+            t = trans[y]
+            if not set(t[t >= 0].tolist()) <= ok_targets:
+                cand.discard(y)
+                ok_targets.discard(y)
+                changed = True
+    if not cand:
+        return None
+    # BFS from r inside the fragment: local ids, tree parents and bytes
+    local = {r: 0}
+    tree_f, tree_p, tree_b = [], [], []
+    level = [r]
+    sigma_cls = sigma[byte_rep]
+    all_cls = np.arange(len(byte_rep))
+    while level:
+        lf, lp, lb = [], [], []
+        nxt = []
+        for y in level:
+            ry = trans[y]
+            cs = np.nonzero(~sigma_cls)[0] if y == r else all_cls
+            for c in cs.tolist():
+                z = int(ry[c])
+                b = int(byte_rep[c])
+                if z in cand and z not in local:
+                    local[z] = len(local)
+                    lf.append(local[z])
+                    lp.append(local[y])
+                    lb.append(b)
+                    nxt.append(z)
+        if lf:
+            tree_f.append(np.array(lf, np.int64))
+            tree_p.append(np.array(lp, np.int64))
+            tree_b.append(np.array(lb, np.int64))
+        level = nxt
+    m = len(local) - 1
+    if m == 0:
+        return None
+    END = m + 1
+    ids = np.full(Q + 1, _DEAD_F, np.int64)      # state -> local id (dead -> _DEAD_F)
+    for y, f in local.items():
+        ids[y] = f
+    ids[T] = END
+    states = np.array(sorted(local, key=local.get), np.int64)
+    tf = ids[table[states]]                       # [m + 1, 256]
+    row0 = tf[0]
+    row0[~sigma & ~((row0 >= 1) & (row0 <= m))] = _EXIT_F
+    row0[sigma] = END
+    return _Fragment(tf, tree_f, tree_p, tree_b, int(sb[0]))
+
+
+def _fragment_psi(frag: _Fragment, table: np.ndarray, dead: int, byte_rep: np.ndarray,
+                  X: np.ndarray, ctab: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """For states ``X``: ``psi [m + 2, |X|]`` (``psi[f, i]``: the state of ``X[i]``'s
+    fragment at local id ``f``; ``psi[m + 1]`` is ``D(X[i])``) and ``ok [|X|]``: ``X[i]``'s
+    fragment has exactly the shape of ``frag`` — for every local id and byte class that
+    the fragment defines, the transition lands where the shape says (or dies where it
+    dies). A state whose every character byte dies matches with ``psi`` all dead."""
+    m = frag.m
+    psi = np.empty((m + 2, len(X)), np.int64)
+    psi[0] = X
+    psi[m + 1] = table[X, frag.sigma0]
+    for f, p, b in zip(frag.tree_f, frag.tree_p, frag.tree_b):
+        psi[f] = table[psi[p], b[:, None]]
+    tf = frag.tf[:, byte_rep]                                   # [m + 1, C]
+    defined = tf != _EXIT_F
+    want = np.where(defined, tf, m + 2)                          # m + 2: dead
+    ok = np.ones(len(X), bool)
+    ctab = table[:, byte_rep] if ctab is None else ctab          # [Q + 1, C]
+    step = max(1, (1 << 21) // tf.size)
+    for i0 in range(0, len(X), step):
+        p = np.concatenate([psi[:, i0:i0 + step], np.full((1, min(step, len(X) - i0)), dead)])
+        got = ctab[p[:m + 1]]                                    # [m + 1, g, C] rows
+        exp = p[want].transpose(0, 2, 1)                         # [m + 1, g, C]
+        ok[i0:i0 + step] = ((got == exp) | ~defined[:, None, :]).all((0, 2))
+    return psi, ok
+
+
+def _pure_walk(trie, tf: np.ndarray, sid, node, n, f):
+    """Walk the trie through a fragment's shape: pairs ``(sid, node)`` whose ``node`` is
+    still to be read, at ``n`` characters read and local id ``f``. A byte that dies
+    drops the pair; a byte that leaves the run (``_EXIT_F``) records an exit. Returns
+    ``(tokens (sid, token, n, f) ending inside the run, exits (sid, node, n))``."""
+    END = tf.shape[0]
+    nb, cstart, ccount, et = trie.node_byte, trie.child_start, trie.child_count, \
+        trie.end_token
+    toks = ([], [], [], [])
+    exits = ([], [], [])
+    while len(node):
+        g = tf[f, nb[node]]
+        ex = g == _EXIT_F
+        if ex.any():
+            exits[0].append(sid[ex])
+            exits[1].append(node[ex])
+            exits[2].append(n[ex])
+        live = g >= 0
+        sid, node, n, g = sid[live], node[live], n[live], g[live]
+        done = g == END
+        n = n + done
+        f = np.where(done, 0, g)
+        e = et[node]
+        one = e >= 0
+        if one.any():
+            for lst, a in zip(toks, (sid[one], e[one], n[one], f[one])):
+                lst.append(a)
+        multi = e == -2
+        if multi.any():
+            n_m = node[multi]
+            c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
+            reps = np.repeat(np.arange(len(n_m)), c_m)
+            offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+            for lst, a in zip(toks, (sid[multi][reps], trie.end_tokens[offs + np.arange(len(reps))],
+                                     n[multi][reps], f[multi][reps])):
+                lst.append(a)
+        cc = ccount[node]
+        keep = cc > 0
+        sid, node, n, f, cc = sid[keep], node[keep], n[keep], f[keep], cc[keep]
+        if len(node) == 0:
+            break
+        csum = np.cumsum(cc)
+        reps = np.repeat(np.arange(len(node)), cc)
+        node = np.repeat(cstart[node] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        sid, n, f = sid[reps], n[reps], f[reps]
+
+    def cat(parts):
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    return tuple(cat(t) for t in toks), tuple(cat(x) for x in exits)
+
+
+def _pack_rows(key: np.ndarray, toks: np.ndarray, W: int):
+    """Tokens grouped by ``key``: ``(sorted distinct keys, packed rows uint32 [K, W])``."""
+    ukey, inv = np.unique(key, return_inverse=True)
+    rows = np.zeros(len(ukey) * W, np.uint32)
+    np.bitwise_or.at(rows, inv.ravel() * W + (toks >> 5),
+                     np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+    return ukey, rows.reshape(len(ukey), W)
+
+
+def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep: np.ndarray,
+                  members: np.ndarray, taken: np.ndarray, W: int, max_pairs: int, out):
+    """Lift a run with multi-byte characters (:func:`_fragment_of`) in bulk.
+
+    The run's states ``members`` (each with the fragment's exact shape) and the states
+    inside their characters ("starts" ``(x, f)``: the state of ``x``'s fragment at local
+    id ``f``) are lifted together. A token read from start ``(x, f)`` that stays in the
+    run ends after ``n`` whole characters at local id ``f'`` — in state ``psi_{c_n}[f']``
+    with ``c_0 = x``, ``c_{j+1} = D(c_j)`` (every state on the chain has the same
+    shape) — so the tokens of each ``(f, n, f')`` form one packed row, shared by all
+    members. Tokens leaving the run (a byte outside the characters at a character
+    boundary) are walked from there; tokens ``b + (characters)`` whose first byte leads
+    into a member ``h`` are bulk too, along ``h``'s chain (like :func:`_second_level`).
+    States in ``taken`` are skipped.
+
+    Returns ``None`` or ``(states lifted, rows, bulk src, bulk dst, bulk row, second)``;
+    ``second(sources)`` lifts, for other states, the tokens ``b + (characters)`` whose
+    first byte leads into a member (e.g. the space after a full word of
+    ``(\\w{1,12} ) {3,8}``): it returns ``(handled (state, byte) pairs, bulk src, bulk
+    dst, bulk row)`` (row numbers continue after this run's rows) and walks the rest of
+    those tokens; the caller walks every other token of those states."""
+    m = frag.m
+    END = m + 1
+    tf = frag.tf
+    K = m + 1
+    ctab = table[:, byte_rep]                                       # [Q + 1, C]
+    # pure walks from every local id, from the vocabulary's root
+    roots = trie.first_node[trie.first_node >= 0]
+    sid0 = np.repeat(np.arange(K), len(roots))
+    node0 = np.tile(roots, K)
+    (t_sid, t_tok, t_n, t_f), (x_sid, x_node, x_n) = _pure_walk(
+        trie, tf, sid0, node0, np.zeros(len(sid0), np.int64), sid0.copy())
+    # second level: depth-0 exits b of local id 0, then characters
+    n0 = int(trie.level_start[1])
+    x0 = np.sort(x_node[(x_sid == 0) & (x_node < n0)])
+    if len(x0):
+        cc = trie.child_count[x0]
+        csum = np.cumsum(cc)
+        s_sid = np.repeat(np.arange(len(x0)), cc)
+        s_node = np.repeat(trie.child_start[x0] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        z = np.zeros(len(s_sid), np.int64)
+        (u_sid, u_tok, u_n, u_f), (y_sid, y_node, y_n) = _pure_walk(trie, tf, s_sid, s_node, z, z)
+        # the token of x0 itself (one byte, no character read)
+        e = trie.end_start
+        c0 = e[x0 + 1] - e[x0]
+        r0 = np.repeat(np.arange(len(x0)), c0)
+        off0 = np.repeat(e[x0] - (np.cumsum(c0) - c0), c0) + np.arange(int(c0.sum()))
+        u_sid = np.concatenate([u_sid, r0])
+        u_tok = np.concatenate([u_tok, trie.end_tokens[off0]])
+        u_n = np.concatenate([u_n, np.zeros(len(r0), np.int64)])
+        u_f = np.concatenate([u_f, np.zeros(len(r0), np.int64)])
+        o = np.argsort(y_sid, kind="stable")
+        y_sid, y_node, y_n = y_sid[o], y_node[o], y_n[o]
+    else:
+        u_sid = u_tok = u_n = u_f = y_sid = y_node = y_n = np.zeros(0, np.int64)
+    length = int(max(t_n.max(initial=0), x_n.max(initial=0), u_n.max(initial=0),
+                     y_n.max(initial=0)))
+    # chains c_0 .. c_length of every member, with each chain state's fragment states
+    G = len(members)
+    col_of = np.full(dead + 1, -1, np.int64)
+    col_of[dead] = 0
+    cols = [np.full((m + 2, 1), dead, np.int64)]
+    ncol = 1
+    Dn = np.full(dead + 1, -2, np.int64)
+    Dn[dead] = dead
+    chain = np.empty((length + 1, G), np.int64)
+    chain[0] = members
+    ok = np.ones(G, bool)
+    for j in range(length + 1):
+        x = chain[j]
+        need = np.unique(x[Dn[x] == -2])
+        if len(need):
+            psi, okn = _fragment_psi(frag, table, dead, byte_rep, need, ctab)
+            col_of[need] = ncol + np.arange(len(need))
+            ncol += len(need)
+            cols.append(psi)
+            Dn[need] = np.where(okn, psi[END], -1)
+        d = Dn[x]
+        ok &= d >= 0
+        if j < length:
+            chain[j + 1] = np.where(d >= 0, d, dead)
+    if not ok.any():
+        return None
+    P = np.concatenate(cols, axis=1)                                # [m + 2, ncol]
+    # starts (x, f): members with ok chains, each state once (skip taken ones)
+    okg = np.nonzero(ok)[0]
+    st_g = np.tile(okg, K)
+    st_f = np.repeat(np.arange(K), len(okg))
+    st_y = P[st_f, col_of[members[st_g]]]
+    o = np.lexsort((st_f,))                                         # f = 0 first
+    st_g, st_f, st_y = st_g[o], st_f[o], st_y[o]
+    live = st_y != dead
+    st_g, st_f, st_y = st_g[live], st_f[live], st_y[live]
+    live = ~taken[st_y]
+    st_g, st_f, st_y = st_g[live], st_f[live], st_y[live]
+    _, first = np.unique(st_y, return_index=True)
+    first = np.sort(first)
+    st_g, st_f, st_y = st_g[first], st_f[first], st_y[first]
+    if len(st_y) == 0:
+        return None
+    # first-level rows (f, n, f') and their bulk edges from every start
+    NN = length + 1
+    key = (t_sid * NN + t_n) * (m + 2) + t_f
+    ukey, rows = _pack_rows(key, t_tok, W)
+    r_sid = ukey // (NN * (m + 2))
+    r_n = (ukey // (m + 2)) % NN
+    r_f = ukey % (m + 2)
+    lo = np.searchsorted(r_sid, st_f)
+    cnt = np.searchsorted(r_sid, st_f, side="right") - lo
+    ps = np.repeat(np.arange(len(st_y)), cnt)
+    ridx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+    bdst = P[r_f[ridx], col_of[chain[r_n[ridx], st_g[ps]]]]
+    keep = bdst != dead
+    bulk_src, bulk_dst, bulk_row = [st_y[ps][keep]], [bdst[keep]], [ridx[keep]]
+    n_rows = len(rows)
+    # second-level rows (x0, n, f')
+    pos = np.full(dead + 1, -1, np.int64)
+    pos[members[ok]] = np.nonzero(ok)[0]                          # members with ok chains
+    if len(x0):
+        ukey2, rows2 = _pack_rows((u_sid * NN + u_n) * (m + 2) + u_f, u_tok, W)
+        q_sid = ukey2 // (NN * (m + 2))
+        q_n = (ukey2 // (m + 2)) % NN
+        q_f = ukey2 % (m + 2)
+        all_rows = [rows, rows2]
+        base2 = n_rows
+        n_rows += len(rows2)
+    else:
+        all_rows = [rows]
+
+    def second(src: np.ndarray, xi: np.ndarray, hi: np.ndarray):
+        """Bulk edges and walks for pairs (source state, x0 index, member index h)."""
+        lo = np.searchsorted(q_sid, xi)
+        cnt = np.searchsorted(q_sid, xi, side="right") - lo
+        pp = np.repeat(np.arange(len(xi)), cnt)
+        ridx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        bdst = P[q_f[ridx], col_of[chain[q_n[ridx], hi[pp]]]]
+        keep = bdst != dead
+        # second exits: walk from h's chain state
+        lo = np.searchsorted(y_sid, xi)
+        cnt = np.searchsorted(y_sid, xi, side="right") - lo
+        pw = np.repeat(np.arange(len(xi)), cnt)
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        cur = table[chain[y_n[idx], hi[pw]], trie.node_byte[y_node[idx]]]
+        go = cur != dead
+        ws, wn, wc = src[pw][go], y_node[idx][go], cur[go]
+        for i in range(0, len(ws), max_pairs):
+            _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
+                  wc[i:i + max_pairs], max_pairs, out)
+        return src[pp][keep], bdst[keep], base2 + ridx[keep]
+
+    # second level from the members themselves (starts at local id 0)
+    handled = np.zeros(0, np.int64)
+    s0 = st_f == 0
+    g0 = st_g[s0]
+    if len(x0) and len(g0):
+        tgt = pos[table[members[g0][None, :], trie.node_byte[x0][:, None]]]   # [X0, g]
+        xi, gj = np.nonzero(tgt >= 0)
+        if len(xi):
+            bs, bd, br = second(members[g0[gj]], xi, tgt[xi, gj])
+            bulk_src.append(bs)
+            bulk_dst.append(bd)
+            bulk_row.append(br)
+            handled = np.sort(x0[xi] * G + g0[gj])
+    # first-level exits: walk from the chain state at the exit's character boundary
+    o = np.argsort(x_sid, kind="stable")
+    x_sid, x_node, x_n = x_sid[o], x_node[o], x_n[o]
+    step = max(1, max_pairs // max(1, len(x_node) // max(1, K)))
+    for s0_ in range(0, len(st_y), step):
+        sf, sg, sy = st_f[s0_:s0_ + step], st_g[s0_:s0_ + step], st_y[s0_:s0_ + step]
+        lo = np.searchsorted(x_sid, sf)
+        cnt = np.searchsorted(x_sid, sf, side="right") - lo
+        pp = np.repeat(np.arange(len(sf)), cnt)
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        en = x_node[idx]
+        cur = table[chain[x_n[idx], sg[pp]], trie.node_byte[en]]
+        go = cur != dead
+        if len(handled):
+            code = en * G + sg[pp]
+            go &= ~((sf[pp] == 0) & np.isin(code, handled))
+        if go.any():
+            _walk(trie, table, dead, sy[pp][go], en[go], cur[go], max_pairs, out)
+
+    def second_for(sources: np.ndarray):
+        """The tokens ``b + (characters)`` of other states (see above)."""
+        if len(x0) == 0 or len(sources) == 0:
+            return None
+        tgt = pos[table[sources[:, None], trie.node_byte[x0][None, :]]]     # [n, X0]
+        si, xi = np.nonzero(tgt >= 0)
+        if len(si) == 0:
+            return None
+        bs, bd, br = second(sources[si], xi, tgt[si, xi])
+        return sources[si] * 256 + trie.node_byte[x0[xi]], bs, bd, br
+
+    return (st_y, np.concatenate(all_rows), np.concatenate(bulk_src),
+            np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
+
+
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                      min_run_bytes: int = 8, min_run_tokens: int = 64) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
@@ -542,7 +943,34 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
     n_rows = 0
     shortcut = np.zeros(Q, bool)
-    for sigma, members in _run_groups(dfa, min_run_bytes):
+    groups = list(_run_groups(dfa, min_run_bytes))
+    # runs with multi-byte characters first: their members and the states inside their
+    # characters in bulk (see _fragment_run)
+    byte_rep = np.unique(dfa.byte_class, return_index=True)[1]     # a byte of each class
+    seconds = []
+    for sigma, members in groups:
+        members = members[~shortcut[members]]
+        if len(members) == 0:
+            continue
+        frag = _fragment_of(dfa, table, Q, sigma, int(members[0]), byte_rep)
+        if frag is None:
+            continue
+        res = _fragment_run(trie, table, Q, frag, byte_rep, members, shortcut, W,
+                            max_pairs, out)
+        if res is None:
+            continue
+        lifted, frows, fsrc, fdst, frow, second_for = res
+        shortcut[lifted] = True
+        rows.append(frows)
+        bulk_src.append(fsrc)
+        bulk_dst.append(fdst)
+        bulk_row.append(n_rows + frow)
+        seconds.append((second_for, n_rows))
+        n_rows += len(frows)
+    for sigma, members in groups:
+        members = members[~shortcut[members]]
+        if len(members) == 0:
+            continue
         res = _run_shortcut(trie, table, Q, sigma, members, V, min_run_tokens)
         if res is None:
             continue
@@ -591,6 +1019,19 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                 _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
 
     normal = np.nonzero(~shortcut)[0]
+    # tokens "b + characters" of the other states whose first byte leads into a run
+    # with multi-byte characters: in bulk (a (state, b) pair leads into one state,
+    # which is a member of one run at most)
+    handled = np.zeros(0, np.int64)
+    for second_for, base in seconds:
+        res = second_for(normal)
+        if res is None:
+            continue
+        codes, bs, bd, br = res
+        handled = np.union1d(handled, codes)
+        bulk_src.append(bs)
+        bulk_dst.append(bd)
+        bulk_row.append(base + br)
     if len(normal):
         first_bytes = np.nonzero(trie.first_node >= 0)[0]
         first_nodes = trie.first_node[first_bytes]
@@ -599,6 +1040,9 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
             qs = normal[g0:g0 + step]
             cur = table[qs[:, None], first_bytes[None, :]]
             fi, bi = np.nonzero(cur != Q)
+            if len(fi) and len(handled):
+                keep = ~np.isin(qs[fi] * 256 + first_bytes[bi], handled)
+                fi, bi = fi[keep], bi[keep]
             if len(fi):
                 _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
 

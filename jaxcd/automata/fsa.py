@@ -582,18 +582,19 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
     h = rng.standard_normal(Q) @ trans.astype(np.float64)
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
-    if not (trans == trans[:, first[inv]]).all():                  # collision
+    dup = np.nonzero(first[inv] != np.arange(C))[0]                 # merged columns
+    if len(dup) and not (trans[:, dup] == trans[:, first[inv[dup]]]).all():   # collision
         _, first, inv = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
     # number the distinct columns in lexicographic order (big-endian bytes compare
     # like the integer sequences; entries are >= -1)
-    keys = [np.ascontiguousarray(trans[:, j].astype(np.int64) + 1).astype(">u4").tobytes()
-            for j in first.tolist()]
+    cols = (trans[:, first].T + np.int64(1)).astype(">u4")          # [k, Q]
+    keys = [row.tobytes() for row in cols]
     perm = np.array(sorted(range(len(first)), key=keys.__getitem__), np.int64)
     rank_first = first[perm]
     lex = np.empty(len(first), np.int64)
     lex[perm] = np.arange(len(first))
-    return np.ascontiguousarray(trans[:, rank_first].astype(np.int32)), \
+    return np.ascontiguousarray(trans[:, rank_first], dtype=np.int32), \
         lex[inv].astype(np.int32)[byte_class]
 
 
@@ -606,17 +607,67 @@ def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.repeat(a - (csum - cnt), cnt) + np.arange(total)
 
 
-def _predecessors(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _predecessors(trans: np.ndarray, with_outdeg: bool = False):
     """CSR of the reversed transition graph: the distinct predecessors of ``q`` are
-    ``pred[start[q]:start[q + 1]]`` (ascending)."""
+    ``pred[start[q]:start[q + 1]]`` (ascending); with ``with_outdeg`` also the number
+    of distinct successors of each state."""
     Q = trans.shape[0]
     st = np.sort(trans, axis=1)                                    # dead (-1) first
     keep = st >= 0
     keep[:, 1:] &= st[:, 1:] != st[:, :-1]
-    src = np.repeat(np.arange(Q), keep.sum(1))
+    deg = keep.sum(1)
+    src = np.repeat(np.arange(Q), deg)
     dst = st[keep].astype(np.int64)
     o = np.argsort(dst, kind="stable")                             # sources stay ascending
+    if with_outdeg:
+        return src[o], np.searchsorted(dst[o], np.arange(Q + 1)), deg
     return src[o], np.searchsorted(dst[o], np.arange(Q + 1))
+
+
+def _finite_levels(pred: np.ndarray, pstart: np.ndarray, outdeg: np.ndarray) -> list:
+    """States of a trimmed DFA whose language is finite, by height (level ``k``: the
+    longest word from the state has ``k`` bytes): reverse topological order from the
+    states without successors (Kahn). States on or above a cycle are never reached."""
+    deg = outdeg.astype(np.int64).copy()
+    level = np.nonzero(deg == 0)[0]
+    levels = []
+    while len(level):
+        levels.append(level)
+        p = pred[_ranges(pstart, level)]
+        if len(p) == 0:
+            break
+        u, c = np.unique(p, return_counts=True)
+        deg[u] -= c
+        level = u[deg[u] == 0]
+    return levels
+
+
+def _finite_blocks(trans_q: np.ndarray, accepting: np.ndarray, levels: list,
+                   mult: np.ndarray) -> np.ndarray:
+    """Equivalence classes of the finite-language states (see :func:`_finite_levels`):
+    two states are equivalent iff they have the same height, acceptance and successor
+    blocks. Returns int64 block ids (``-1`` for the other states)."""
+    Q, C = trans_q.shape
+    block = np.full(Q + 1, -1, np.int64)                            # [Q]: dead
+    m = mult.T.copy()                                               # [C + 1, 2]
+    nid = 0
+    for lv in levels:
+        sig = np.empty((len(lv), C + 1), np.int64)
+        sig[:, :C] = block[trans_q[lv]]
+        sig[:, C] = accepting[lv]
+        if len(lv) == 1:
+            inv = np.zeros(1, np.int64)
+        else:
+            h = sig @ m                                             # wrapping int64
+            key = h[:, 0] ^ (h[:, 1] * np.int64(0x9E3779B97F4A7C15 - (1 << 64)))
+            _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            if not (sig == sig[first[inv]]).all():                 # hash collision
+                _, inv = np.unique(sig, axis=0, return_inverse=True)
+                inv = inv.reshape(-1)
+        block[lv] = nid + inv
+        nid += int(inv.max()) + 1
+    return block[:Q]
 
 
 _SMALL = 32     # frontiers up to this size are handled in plain Python (same result)
@@ -689,8 +740,7 @@ def trim(dfa: DFA) -> DFA:
     order = _bfs_order(trans, co)
     remap = np.full(Q + 1, -1, np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
-    new_trans = trans[order]
-    new_trans = remap[np.where(new_trans >= 0, new_trans, Q)]
+    new_trans = remap.take(trans[order])                  # -1 (dead) reads remap[Q] = -1
     t2, bc = _compress_columns(new_trans, dfa.byte_class)
     return DFA(t2, dfa.accepting[order], bc)
 
@@ -770,7 +820,14 @@ def minimize(dfa: DFA) -> DFA:
     states it regroups (times the number of byte classes), never to the whole
     automaton: a counter like ``a{0,20000}`` (20,000 rounds of one or two states) is
     linear. In a block whose members were all regrouped, the largest group keeps the
-    block's id. The fixpoint is Moore's (the coarsest stable partition)."""
+    block's id. The fixpoint is Moore's (the coarsest stable partition).
+
+    States with a finite language (no cycle below them: every state of an acyclic DFA,
+    the tails of the others) are grouped first, exactly and without rounds: equivalent
+    states have the same height (longest word), so they are grouped level by level from
+    the accepting sinks up, by their successors' blocks (Revuz). They are never
+    equivalent to a state with an infinite language, so refinement runs only on the
+    others, with the finite blocks fixed."""
     dfa = trim(dfa)
     Q = dfa.num_states
     if Q == 0:
@@ -779,17 +836,29 @@ def minimize(dfa: DFA) -> DFA:
     C = trans.shape[1]
     rng = np.random.default_rng(0x6A78)
     mult = rng.integers(1, 1 << 62, size=(2, C + 1), dtype=np.int64) | 1
-    pred, pstart = _predecessors(trans)
+    pred, pstart, outdeg = _predecessors(trans, with_outdeg=True)
     trans_q = np.where(trans >= 0, trans, Q)               # dead -> Q
+    # states with a finite language: blocks by height, bottom-up (exact, no refinement)
+    levels = _finite_levels(pred, pstart, outdeg)
+    fin = np.zeros(Q, bool)
+    if levels:
+        fin[np.concatenate(levels)] = True
     blockx = np.empty(Q + 1, np.int32)                     # block of each state; [Q] = dead
-    blockx[:Q] = dfa.accepting
     blockx[Q] = -1
-    n_acc = int(dfa.accepting.sum())
-    size = np.zeros(Q + 2, np.int64)                       # block ids never exceed Q + 1
-    size[0], size[1] = Q - n_acc, n_acc
-    bsig = np.zeros((Q + 2, C), np.int32)                  # signature of unaffected members
     n_ids = 2
-    affected = np.arange(Q)
+    if levels:
+        fblock = _finite_blocks(trans_q, dfa.accepting, levels, mult)
+        blockx[:Q][fin] = 2 + fblock[fin]
+        n_ids = 2 + int(fblock[fin].max()) + 1
+    inf = np.nonzero(~fin)[0]
+    blockx[inf] = dfa.accepting[inf]
+    n_acc = int(dfa.accepting[inf].sum())
+    size = np.zeros(Q + 2, np.int64)                       # block ids never exceed Q + 1
+    size[0], size[1] = len(inf) - n_acc, n_acc
+    if levels:
+        size[:n_ids] += np.bincount(blockx[:Q][fin], minlength=n_ids)
+    bsig = np.zeros((Q + 2, C), np.int32)                  # signature of unaffected members
+    affected = inf
     while len(affected):
         if len(affected) <= _SMALL:
             affected, n_ids = _refine_round_small(affected, blockx, trans_q, size, bsig, n_ids,
@@ -941,21 +1010,85 @@ def codepoint_states(ranges: tuple) -> int:
     return _class_fragment(ranges)[1] - 2
 
 
+_DIRECT_CLASS_SEQS = 64     # classes with more UTF-8 sequences: built bottom-up
+
+
+def _class_dfa_direct(ranges) -> DFA:
+    """Minimal DFA reading one UTF-8 encoded code point of the normalised ``ranges``
+    (surrogates excluded), built bottom-up: a state inside a character is identified by
+    how many bytes remain and what each next continuation byte leads to."""
+    mem = np.zeros(0x140000, bool)           # 5 * 64**3: whole lead-byte blocks
+    for lo, hi in ranges:
+        mem[lo:hi + 1] = True
+    mem[0xD800:0xE000] = False
+    mem[0x110000:] = False
+    # level 1: the last continuation byte; a state per distinct 64-bit pattern
+    blk = mem.reshape(-1, 64)                                      # [0x5000, 64]
+    key1 = np.packbits(blk, axis=1, bitorder="little").view("<u8").ravel()
+    u1, id1 = np.unique(key1, return_inverse=True)
+    id1 = id1.reshape(-1)
+    id1 = np.where(key1 == 0, -1, id1 - (u1[0] == 0))              # empty -> dead
+    n1 = len(u1) - int(u1[0] == 0)
+    # level 2: a continuation byte, then the last one
+    c2 = id1.reshape(-1, 64).copy()                                 # [0x140, 64] by cp >> 12
+    c2[0, :32] = -1                                                 # E0 80..9F: overlong
+    u2, id2 = np.unique(c2, axis=0, return_inverse=True)
+    id2 = id2.reshape(-1)
+    empty2 = (u2 == -1).all(1)
+    id2 = np.where(empty2[id2], -1, id2 - np.cumsum(empty2)[id2])
+    n2 = len(u2) - int(empty2.sum())
+    # level 3 (four-byte characters): by cp >> 18
+    c3 = id2.reshape(-1, 64).copy()                                 # [5, 64]
+    c3[0, :16] = -1                                                 # F0 80..8F: overlong
+    u3, id3 = np.unique(c3, axis=0, return_inverse=True)
+    id3 = id3.reshape(-1)
+    empty3 = (u3 == -1).all(1)
+    id3 = np.where(empty3[id3], -1, id3 - np.cumsum(empty3)[id3])
+    n3 = len(u3) - int(empty3.sum())
+    # states: 0 start, 1 accept, then levels 1, 2, 3
+    o1, o2, o3 = 2, 2 + n1, 2 + n1 + n2
+    S = o3 + n3
+    trans = np.full((S, 256), -1, np.int32)
+    cont = np.arange(0x80, 0xC0)
+    # level 1 rows: pattern bits -> accept
+    pat1 = u1[u1 != 0]
+    bits = np.unpackbits(pat1.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little").astype(bool)
+    trans[o1:o2, 0x80:0xC0] = np.where(bits, 1, -1)
+    r2 = u2[~empty2]
+    trans[o2:o3, 0x80:0xC0] = np.where(r2 >= 0, o1 + r2, -1)
+    r3 = u3[~empty3]
+    trans[o3:S, 0x80:0xC0] = np.where(r3 >= 0, o2 + r3, -1)
+    row = trans[0]
+    row[:0x80] = np.where(mem[:0x80], 1, -1)
+    l1 = id1[2:32]                                                  # C2..DF: cp >> 6
+    row[0xC2:0xE0] = np.where(l1 >= 0, o1 + l1, -1)
+    l2 = id2[:16]                                                   # E0..EF: cp >> 12
+    row[0xE0:0xF0] = np.where(l2 >= 0, o2 + l2, -1)
+    l3 = id3[:5]                                                    # F0..F4: cp >> 18
+    row[0xF0:0xF5] = np.where(l3 >= 0, o3 + l3, -1)
+    acc = np.zeros(S, bool)
+    acc[1] = True
+    return DFA(trans, acc, np.arange(256, dtype=np.int32))
+
+
 @lru_cache(maxsize=4096)
 def _class_fragment(ranges: tuple) -> tuple[list, int, int]:
     """Minimal DFA reading exactly one UTF-8 encoded code point of ``ranges``:
     ``(transitions (q, lo, hi, dst), num_states, accepting state)``; state 0 starts."""
-    nfa = NFA()
-    s, f = nfa.add_state(), nfa.add_state(accepting=True)
-    nfa.start = s
-    for lo, hi in ranges:
-        for seq in utf8_sequences(lo, hi):
-            cur = s
-            for i, (a, b) in enumerate(seq):
-                nxt = f if i == len(seq) - 1 else nfa.add_state()
-                nfa.trans[cur].append((a, b, nxt))
-                cur = nxt
-    dfa = minimize(determinize(nfa))
+    if len(_class_sequences(ranges)) > _DIRECT_CLASS_SEQS:
+        dfa = minimize(_class_dfa_direct(ranges))
+    else:
+        nfa = NFA()
+        s, f = nfa.add_state(), nfa.add_state(accepting=True)
+        nfa.start = s
+        for lo, hi in ranges:
+            for seq in utf8_sequences(lo, hi):
+                cur = s
+                for i, (a, b) in enumerate(seq):
+                    nxt = f if i == len(seq) - 1 else nfa.add_state()
+                    nfa.trans[cur].append((a, b, nxt))
+                    cur = nxt
+        dfa = minimize(determinize(nfa))
     accept = int(np.nonzero(dfa.accepting)[0][0])
     runs = []
     for q, lo, hi, d in _byte_runs(dfa):
