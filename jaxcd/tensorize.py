@@ -316,23 +316,26 @@ def _run_groups(dfa: DFA, min_bytes: int):
     size = np.bincount(dfa.byte_class, minlength=C)
     dom = np.empty(Q, np.int64)
     dom_bytes = np.empty(Q, np.float64)
-    step = max(1, (1 << 18) // C)                       # bounded scratch
+    step = max(1, (1 << 20) // C)                       # bounded scratch
     for r0 in range(0, Q, step):
         trans = dfa.trans[r0:r0 + step]
         n = len(trans)
         trans = np.where(trans >= 0, trans, Q)
         # per row: successors sorted, byte counts summed over runs of equal successors
-        o = np.argsort(trans, axis=1, kind="stable")
+        o = np.argsort(trans, axis=1)
         st = np.take_along_axis(trans, o, 1)
         new = np.ones((n, C), bool)
         new[:, 1:] = st[:, 1:] != st[:, :-1]
         flat_new = new.ravel()
         cnt = np.bincount(np.cumsum(flat_new) - 1, weights=size[o].ravel())
         tt = st.ravel()[flat_new]
-        tq = np.repeat(np.arange(n), new.sum(1))
+        nseg = new.sum(1)
         cnt[tt == Q] = -1
-        order = np.lexsort((-cnt, tq))                  # most bytes, then smallest target
-        first = order[np.searchsorted(tq[order], np.arange(n))]
+        # most bytes, then smallest target (segments of a row are in target order)
+        rowmax = np.maximum.reduceat(cnt, np.cumsum(nseg) - nseg)
+        idx = np.flatnonzero(cnt == np.repeat(rowmax, nseg))
+        rowof = np.repeat(np.arange(n), nseg)[idx]
+        first = idx[np.searchsorted(rowof, np.arange(n))]
         dom[r0:r0 + n], dom_bytes[r0:r0 + n] = tt[first], cnt[first]
     cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
     if len(cand) == 0:
@@ -1061,26 +1064,36 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                                       bsrc.astype(np.int64) * Q + bdst]))
     es, ed = pairs // Q, pairs % Q
     starts = np.searchsorted(es, np.arange(Q + 1))
-    index = {0: 0}
-    order = [0]
-    i = 0
-    while i < len(order):
-        q = order[i]
-        i += 1
-        for d in ed[starts[q]:starts[q + 1]].tolist():
-            if d not in index:
-                index[d] = len(order)
-                order.append(d)
+    # breadth-first, one level at a time; the order of a sequential BFS (successors
+    # in ascending order): each level lists first occurrences in frontier order
+    seen = np.zeros(Q, bool)
+    seen[0] = True
+    levels = [np.zeros(1, np.int64)]
+    frontier = levels[0]
+    pos = np.zeros(Q, np.int64)
+    while len(frontier):
+        a = starts[frontier]
+        cnt = starts[frontier + 1] - a
+        cand = ed[np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        cand = cand[~seen[cand]]
+        if len(cand) == 0:
+            break
+        idx = np.arange(len(cand))
+        pos[cand[::-1]] = idx[::-1]                      # first occurrence of each state
+        frontier = cand[pos[cand] == idx]
+        seen[frontier] = True
+        levels.append(frontier)
+    order = np.concatenate(levels)
     del pairs, es, ed
     remap = np.full(Q, -1, np.int32)
-    remap[np.array(order)] = np.arange(len(order), dtype=np.int32)
+    remap[order] = np.arange(len(order), dtype=np.int32)
     keep = remap[src] >= 0
     bkeep = remap[bsrc] >= 0
     if keep.all():                                      # (usual) no copies
         src, tok, dst = remap[src], tok, remap[dst]
     else:
         src, tok, dst = remap[src[keep]], tok[keep], remap[dst[keep]]
-    return Lifted(np.array(order), src, tok, dst,
+    return Lifted(order, src, tok, dst,
                   remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
 
 
@@ -1235,9 +1248,16 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     row_h = np.zeros((2, len(bulk_rows)), np.uint64)
     if len(bulk_rows):
         used = np.unique(brow)
-        for r in used.tolist():
-            t = np.nonzero(unpack_bits(bulk_rows[r], V))[0]
-            row_h[:, r] = hv[:, t].sum(axis=1)
+        per = max(1, (16 << 20) // max(V, 1))              # rows unpacked at a time
+        for c0 in range(0, len(used), per):
+            u = used[c0:c0 + per]
+            r, t = np.nonzero(unpack_bits(bulk_rows[u], V))
+            a = np.searchsorted(r, np.arange(len(u)))
+            b = np.searchsorted(r, np.arange(len(u)), side="right")
+            for i in range(2):
+                pre = np.zeros(len(t) + 1, np.uint64)
+                np.cumsum(hv[i][t], out=pre[1:])            # wraps mod 2^64
+                row_h[i, u] = pre[b] - pre[a]
     run = np.zeros(len(ptok) + 1, np.uint64)
     for i in range(2):
         np.cumsum(hv[i][ptok], out=run[1:])                # wraps mod 2^64
@@ -1305,9 +1325,15 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
                           weights=np.ldexp(1.0, (t & 31).astype(np.int32)),
                           minlength=n * W).astype(np.uint32).reshape(n, W)
         ba, bb = bstart[e_lo[c0:c1]], bstart[e_hi[c0:c1]]
-        for i in np.nonzero(bb > ba)[0].tolist():
-            for r in brow[ba[i]:bb[i]].tolist():
-                seg[i] |= bulk_rows[r]
+        nb = bb - ba
+        if nb.any():
+            pi = np.repeat(np.arange(n), nb)                   # segment of each bulk row
+            pr = brow[np.repeat(ba - (np.cumsum(nb) - nb), nb) + np.arange(int(nb.sum()))]
+            per = max(1, chunk_bytes // (4 * W))
+            for p0 in range(0, len(pi), per):
+                ii, rr = pi[p0:p0 + per], pr[p0:p0 + per]
+                cut = np.flatnonzero(np.concatenate([[True], ii[1:] != ii[:-1]]))
+                seg[ii[cut]] |= np.bitwise_or.reduceat(bulk_rows[rr], cut, axis=0)
         # running union within each state (row by row: a strided cumsum is ~3x slower)
         for i in np.nonzero(~first[c0:c1])[0].tolist():
             np.add(seg[i], seg[i - 1] if i > 0 else out[sel[c0 - 1]], out=seg[i])
