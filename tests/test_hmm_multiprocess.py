@@ -14,11 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
-from hmm_distill import hmm as F
 from hmm_distill.checkpoint import load_checkpoint
 from hmm_distill.data import load_samples, write_samples
 from hmm_distill.lms import load_lm
@@ -68,9 +66,11 @@ def _wait(procs, timeout=240):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("mp") / "data"
-    true = F.random_params(jax.random.key(7), 3, V, noise=2.0)
-    X, _ = F.sample(true, jax.random.key(8), 122, T)
-    write_samples(d, np.asarray(X), vocab_size=V, eos_token_id=V - 1, fingerprint="toy-A", shard_size=50)
+    from test_hmm_priors import _np_random_params, np_hmm_sample  # numpy: no JAX compilation
+
+    true = _np_random_params(np.random.default_rng(7), 3, V, 2.0)
+    X = np_hmm_sample(*true, 122, T, 8)
+    write_samples(d, X, vocab_size=V, eos_token_id=V - 1, fingerprint="toy-A", shard_size=50)
     return d
 
 
