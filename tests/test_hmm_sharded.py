@@ -1,4 +1,8 @@
-"""Data-parallel EM: 4 forced host devices give the same parameters as one device.
+"""Data-parallel EM: 4 forced host devices give the same parameters as one device, with
+the data split 4 ways (mesh (4, 1)) and split 2 ways with B split over the vocabulary
+2 ways (mesh (2, 2); also the training job). (Each mesh costs its own compilations:
+the pure 4-way vocabulary split (1, 4) and a data-parallel-only training job were
+dropped to keep the test cheap; (2, 2) runs both code paths.)
 
 The device count must be fixed before JAX initialises, so the comparison runs in a
 subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=4``.
@@ -28,7 +32,8 @@ SCRIPT = textwrap.dedent(r"""
     rng = np.random.default_rng(0)
     H, V, T = 6, 40, 16
     X = rng.integers(0, V, (30, T))
-    p0 = F.random_params(jax.random.key(0), H, V)
+    z = [rng.normal(size=sh) for sh in ((H,), (H, H), (H, V))]  # random parameters (numpy: no compile)
+    p0 = F.as_params(*(np.exp(x) / np.exp(x).sum(-1, keepdims=True) for x in z))
     batches = [pad_batch(X[:16], None, 16), pad_batch(X[16:], None, 16)]  # 2nd has 2 masked rows
     out = {}
     res = {}
@@ -45,18 +50,15 @@ SCRIPT = textwrap.dedent(r"""
     out["hist"] = [res[1][1], res[4][1]]
     out["mb_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(res[1][2], res[4][2]))
     out["ll_max_diff"] = float(np.abs(res[1][3] - res[4][3]).max())
-    # the training job on 4 devices vs 1 device
+    # the training job on one device (the reference of the sharded job below)
     d = sys.argv[1]
     write_samples(d + "/data", X, vocab_size=V, eos_token_id=V - 1, fingerprint="toy")
-    runs = []
-    for D in (1, 4):
-        cfg = TrainConfig(data=d + "/data", out=d + f"/run{D}", hidden_size=H, epochs=2,
-                          batch_size=8, devices=D, plot=False, progress=False, init="random")
-        runs.append([np.asarray(x) for x in train(cfg, log=lambda *a: None).params])
-    out["train_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(*runs))
-    # B split over the vocabulary: meshes (data, model) = (2, 2) and (1, 4) vs one device
+    cfg = TrainConfig(data=d + "/data", out=d + "/run1", hidden_size=H, epochs=2,
+                      batch_size=8, devices=1, plot=False, progress=False, init="random")
+    runs = [[np.asarray(x) for x in train(cfg, log=lambda *a: None).params]]
+    # B split over the vocabulary: mesh (data, model) = (2, 2) vs one device
     mres = {}
-    for shape in ((2, 2), (1, 4)):
+    for shape in ((2, 2),):
         eng = EM(make_mesh(4, model_shards=shape[1]))
         assert eng.num_devices == shape[0] and eng.model_shards == shape[1]
         p, hist = full_batch_em(p0, batches, iterations=3, pseudocount=1e-2, engine=eng)
@@ -94,7 +96,6 @@ def test_sharded_equals_single_device(tmp_path):
     assert out["full_max_diff"] < 1e-5, out
     assert out["mb_max_diff"] < 1e-5, out
     assert out["ll_max_diff"] < 1e-4, out
-    assert out["train_max_diff"] < 1e-5, out
     h1, h4 = out["hist"]
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(h1, h4)), out
     for full, hist_rel, mb, ll in out["model_sharded"]:  # vocabulary-sharded B == one device
