@@ -76,6 +76,9 @@ TOY = [
     r"[^a-z]{2,4}",                     # a negated class: every multi-byte character
     r"(?s:.){1,4}z",
     r"\w+( \w+)*",                      # unbounded runs (self-loops)
+    # key tries over a string body: walks enter the body's run below the first byte
+    r'\{"(kind|name)":"[^"]{0,6}"\}|\{"[^"]{1,8}":1\}',
+    r"(zz|za1|\w{0,4})-",
 ]
 
 
@@ -93,7 +96,8 @@ def test_fragment_lifting_equals_brute_force(pattern, seed):
         assert got.shape == ref.shape and np.array_equal(got, ref), kw     # each once
 
 
-@pytest.mark.parametrize("pattern", [r"(\w{1,3} ){1,2}", r'"[^"\\]{0,6}"', r"[^a-z]{1,3}"])
+@pytest.mark.parametrize("pattern", [r"(\w{1,3} ){1,2}", r'"[^"\\]{0,6}"', r"[^a-z]{1,3}",
+                                     r'\{"(kind|name|type)":"[^"]{0,6}"\}|\{"[^"]{1,8}":1\}'])
 def test_fragment_lifting_equals_plain_walk_smol(smol_vocab, pattern):
     dfa = dfa_of(pattern)
     # the run really has multi-byte characters and the fragment path is taken
