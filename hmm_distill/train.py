@@ -388,6 +388,10 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
     if samples.logprobs is not None and held_msk.any():
         lm_held = float(samples.logprobs[ho_idx][held_msk].astype(np.float64).mean())
     params = engine.replicate(F.to_token_major(params))  # EM works on Bᵀ [V, H]
+    if best is not None and best[1] is None:
+        # the best epoch so far is the resumed one: keep its parameters, which are the
+        # answer if no later epoch beats them
+        best = (best[0], _host(params))
 
     def held_metrics(params):
         h = evaluate(engine, params, held_tok, bs, held_msk, bucket)
@@ -398,7 +402,7 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         m0 = {"epoch": 0, "step": 0, "train_ll": None, **held_metrics(params),
               "unigram_train_ll": uni_train, "eta": None, "epoch_time_s": 0.0, "tokens_per_s": None}
         metrics = [m0]
-        best = (m0, None)
+        best = (m0, _host(params)) if cfg.patience else None
         if main:
             metrics_path.write_text(json.dumps(m0) + "\n")
         log(f"epoch 0: held-out {m0['heldout_ll']:.4f} nats/token (unigram {uni_held:.4f}, "

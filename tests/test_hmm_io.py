@@ -281,5 +281,14 @@ def test_early_stopping_keeps_best_heldout_epoch(tmp_path):
     assert res.metrics[-1]["epoch"] == best + 3 and res.best["epoch"] == best
     for a, b in zip(load_checkpoint(tmp_path / "r" / "hmm.safetensors").params, ref):
         np.testing.assert_allclose(a, b, atol=1e-6)
+    # resumed AT the best epoch and no later epoch beats it: the result is still the
+    # best epoch's parameters (not the last epoch's under the best epoch's label)
+    train(TrainConfig(out=str(tmp_path / "r2"), epochs=best, keep_checkpoints=1, **kw), **quiet)
+    res2 = train(TrainConfig(out=str(tmp_path / "r2"), epochs=14, patience=3, **kw), **quiet)
+    assert res2.metrics[-1]["epoch"] == best + 3 and res2.best["epoch"] == best
+    got2 = load_checkpoint(tmp_path / "r2" / "hmm.safetensors")
+    assert got2.epoch == best
+    for a, b in zip(got2.params, ref):
+        np.testing.assert_allclose(a, b, atol=1e-6)
     with pytest.raises(ConfigError, match="held-out"):
         train(TrainConfig(out=str(tmp_path / "x"), epochs=2, patience=2, **{**kw, "heldout_frac": 0}), **quiet)
