@@ -10,6 +10,10 @@
   :func:`jaxcd.decode.sample`, the β / β^P backward passes) are compiled once per
   bucket instead of once per example. :class:`RunResult` says whether a call compiled
   (a jit cache grew) so that compile and run time can be reported apart.
+- Work saved per example without changing any output's distribution: the prompt is
+  prefilled once and shared by every method and K (:class:`PrefilledLM`), decode steps
+  where every row has emitted EOS skip the LM (:meth:`PrefilledLM.step`), and
+  :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
 - :func:`bootstrap_ci`, :func:`summarize`, :func:`write_predictions`,
   :func:`write_summary`: the result files.
 
@@ -142,6 +146,9 @@ class RunResult:
     num_checks: int | None = None
     tables_s: float = 0.0
     compile_s: float = 0.0        # of ``seconds``: tracing + lowering + XLA compile
+    lengths: list[int] | None = None   # tokens of every sample / particle, EOS included
+    shared_ks: list[int] | None = None  # lcd/gcd: the K's served by one shared draw
+    cpu_s: float | None = None    # process CPU seconds of the call (all threads)
 
 
 def _jit_cache_sizes() -> dict:
@@ -180,8 +187,81 @@ def stable_seed(*parts) -> int:
     return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
+class PrefilledLM:
+    """``lm`` with its prompt prefill taken from ``params``: the parameters passed to the
+    decoders are ``(lm_params, state, logp)``, where ``(state, logp)`` is
+    ``lm.prefill`` of ONE prompt (batch 1, cache for ``max_len`` slots), and
+    :meth:`prefill` returns that state broadcast to the decoder's batch, whatever
+    ``prompt_ids`` it is given (only their shape is used). So one prefill of an
+    example's prompt serves every method and particle count; :meth:`step` is ``lm``'s.
+
+    Every row of a batched prefill of ``B`` copies of one prompt equals the prefill of
+    that prompt alone (same model, same tokens: up to float rounding of a different
+    batch size), so the decoders sample from the same distributions as with
+    ``lm``. :class:`Runner` keys the cached prefill on the prompt, its width and
+    ``max_len``. Hashable and comparable like ``lm`` (a static jit argument)."""
+
+    def __init__(self, lm, skip_done: bool = True):
+        self.lm = lm
+        self.skip_done = bool(skip_done)
+
+    def __getattr__(self, name):            # eos_token_id, vocab_size, config, ...
+        if name == "lm":
+            raise AttributeError(name)
+        return getattr(self.lm, name)
+
+    def __hash__(self):
+        return hash(("prefilled", self.lm, self.skip_done))
+
+    def __eq__(self, other):
+        return isinstance(other, PrefilledLM) and other.lm == self.lm \
+            and other.skip_done == self.skip_done
+
+    def prefill(self, params, prompt_ids, prompt_lengths, max_len):
+        _, state, logp = params
+        B = prompt_ids.shape[0]
+        slots = getattr(self.lm, "cache_slots", None)
+        if slots is not None and isinstance(state, dict) and "v" in state:
+            S = state["v"][0].shape[2]
+            if S != slots(int(max_len)):
+                raise ValueError(f"PrefilledLM: the cached prefill has {S} cache slots, the "
+                                 f"decoder asks for max_len={max_len} ({slots(int(max_len))})")
+        if logp.shape[0] != 1:
+            raise ValueError(f"PrefilledLM: the cached prefill must have batch 1, got {logp.shape[0]}")
+        rep = lambda x: jax.numpy.broadcast_to(x, (B,) + x.shape[1:])     # noqa: E731
+        return jax.tree.map(rep, state), rep(logp)
+
+    def step(self, params, state, tokens):
+        """``lm.step``; with ``skip_done``, a step whose tokens are ALL EOS is skipped
+        (``lax.cond``): the state comes back unchanged and the log-probs uniform.
+
+        Exact: the decoders (:func:`jaxcd.decode.sample`, :func:`jaxcd.smc.run`) feed EOS
+        only to rows that are done (finished, or forced to EOS), a row emitting EOS is
+        done from then on, and a done row's LM state and log-probs never reach a token,
+        a weight or a mask again (done rows emit EOS and keep their weight; resampling
+        only copies done rows among done rows). So once every row has emitted EOS the
+        rest of the scan is padding, and skipping its LM work changes no output."""
+        p = params[0]
+        if not self.skip_done:
+            return self.lm.step(p, state, tokens)
+        shape = jax.eval_shape(lambda: self.lm.step(p, state, tokens))
+        if jax.tree.structure(shape[0]) != jax.tree.structure(state) or any(
+                a.shape != b.shape or a.dtype != b.dtype
+                for a, b in zip(jax.tree.leaves(shape[0]), jax.tree.leaves(state))):
+            return self.lm.step(p, state, tokens)
+        lp = shape[1]
+        uniform = jax.numpy.full(lp.shape, -np.log(lp.shape[-1]), lp.dtype)
+        return jax.lax.cond(jax.numpy.all(tokens == self.lm.eos_token_id),
+                            lambda: (state, uniform), lambda: self.lm.step(p, state, tokens))
+
+
 class Runner:
-    """The model (and HMM) loaded once; :meth:`run` one method × K on one prompt."""
+    """The model (and HMM) loaded once; :meth:`run` one method × K on one prompt,
+    :meth:`run_ks` one method at several K.
+
+    The prompt is prefilled once per (prompt, width, budget) and reused by every call
+    (:class:`PrefilledLM`; ``prefill=False`` turns this off: every call prefills its own
+    batch, as :func:`jaxcd.decode.sample` / :func:`jaxcd.smc.run` do)."""
 
     def __init__(self, model=None, hmm=None, temperature: float = 1.0,
                  resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes()):
@@ -196,6 +276,11 @@ class Runner:
         self.ess = float(ess)
         self.shapes = shapes
         self._tables: dict = {}
+        self.prefill = True
+        self._plm = PrefilledLM(self.model.lm)
+        self._prefills: dict = {}
+        self.prefill_s = 0.0                # wall seconds of the prefill of the last new prompt
+        self.prefill_cpu_s = 0.0            # and its process CPU seconds
 
     @property
     def vocab(self):
@@ -223,9 +308,69 @@ class Runner:
         return self._tables[k]
 
     def release(self, c: Constraint) -> None:
-        """Drop the tables cached for ``c`` (call when done with an example)."""
+        """Drop the tables cached for ``c`` (call when done with an example) and the
+        cached prompt prefills."""
         for k in [k for k in self._tables if k[0] == id(c)]:
             del self._tables[k]
+        self._prefills.clear()
+
+    def _lm_params(self, prompt_ids, width: int, budget: int):
+        """``(lm, params)`` for the decoders: the model's own, or the prefilled wrapper
+        with the cached prefill of this prompt (computed on first use, timed)."""
+        from jaxcd.lm.interface import pad_prompts
+        m = self.model
+        if not self.prefill or not hasattr(m.lm, "cache_slots"):
+            return m.lm, m.params
+        k = (tuple(int(t) for t in prompt_ids), int(width), int(budget))
+        if k not in self._prefills:
+            if len(self._prefills) > 8:
+                self._prefills.clear()
+            t0 = time.perf_counter()
+            ids, lens = pad_prompts([list(prompt_ids)], pad_id=getattr(m.lm, "pad_token_id", 0),
+                                    length=width)
+            p0 = time.process_time()
+            st, lp = jax.block_until_ready(m.lm.prefill(m.params, ids, lens, width + budget))
+            self.prefill_s = round(time.perf_counter() - t0, 4)
+            self.prefill_cpu_s = round(time.process_time() - p0, 3)
+            self._prefills[k] = (m.params, st, lp)
+        return self._plm, self._prefills[k]
+
+    def _width(self, prompt_ids, budget: int) -> int:
+        ctx = getattr(self.model.lm.config, "context_length", None)
+        width = self.shapes.prompt_width(len(prompt_ids))
+        if ctx and width + budget > ctx:
+            width = len(prompt_ids)
+        if ctx and width + budget > ctx:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceed the "
+                             f"model's context ({ctx})")
+        return width
+
+    def run_ks(self, method: str, c: Constraint, prompt_ids: Sequence[int], budget: int,
+               ks: Sequence[int], seed: int, tag: str = "", share: bool = True) -> dict:
+        """``{K: RunResult}`` for every K in ``ks``.
+
+        ``lcd`` / ``gcd`` with ``share`` (and several K): ONE call draws ``max(ks)``
+        independent samples and the result at K uses its first K samples (the first valid
+        one of them). The samples of a batch are i.i.d., so the first K of them are
+        distributed exactly as K samples of a separate call: every K's output has the
+        distribution it would have alone (the K's are coupled, not independent of each
+        other). Those results carry ``shared_ks`` and the shared call's time and compile
+        record. SMC methods (and ``share=False``) run once per K: SMC's particles
+        interact through resampling, so K particles are not a subset of 16."""
+        ks = [int(k) for k in ks]
+        if method not in ("lcd", "gcd") or not share or len(set(ks)) < 2:
+            return {K: self.run(method, c, prompt_ids, budget, K, seed, tag) for K in ks}
+        full = self.run(method, c, prompt_ids, budget, max(ks), seed, tag)
+        out = {}
+        for K in ks:
+            valid = full.valid[:K]
+            chosen = next((i for i, v in enumerate(valid) if v), 0)
+            out[K] = RunResult(full.texts[:K], valid, full.texts[chosen], bool(valid[chosen]),
+                               chosen, None, full.seconds, full.compiled,
+                               full.lengths[chosen], None, None, full.tables_s, full.compile_s,
+                               lengths=full.lengths[:K], shared_ks=sorted(set(ks)),
+                               cpu_s=full.cpu_s)
+        return out
 
     def run(self, method: str, c: Constraint, prompt_ids: Sequence[int], budget: int,
             particles: int, seed: int, tag: str = "") -> RunResult:
@@ -239,20 +384,17 @@ class Runner:
             raise ValueError(f"method {method!r} needs an HMM (hmm='default' or a checkpoint)")
         m = self.model
         K = int(particles)
-        ctx = getattr(m.lm.config, "context_length", None)
-        width = self.shapes.prompt_width(len(prompt_ids))
-        if ctx and width + budget > ctx:
-            width = len(prompt_ids)
-        if ctx and width + budget > ctx:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceed the "
-                             f"model's context ({ctx})")
+        width = self._width(prompt_ids, budget)
         s = stable_seed(seed, tag, method, K)
         key = jax.random.PRNGKey(s)
         eos = m.lm.eos_token_id
         pad = getattr(m.lm, "pad_token_id", 0)
+        lm, params = (m.lm, m.params) if method == "awrs" else \
+            self._lm_params(prompt_ids, width, budget)
         n0 = _jit_cache_sizes()
         c0 = compile_seconds()
         t0 = time.perf_counter()
+        p0 = time.process_time()
         weights, chosen, log_Z, checks = None, None, None, None
         tables_s = 0.0
         if method in ("lcd", "gcd"):
@@ -260,7 +402,7 @@ class Runner:
             tables = self._gtables(c, budget, method)
             tables_s = time.perf_counter() - ta
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
-            out = jax.device_get(decode.sample(key, m.lm, m.params, ids, lens, c.device, tables,
+            out = jax.device_get(decode.sample(key, lm, params, ids, lens, c.device, tables,
                                                budget=budget, constrained=True,
                                                temperature=self.temperature))
             toks = np.asarray(out.tokens)
@@ -281,7 +423,7 @@ class Runner:
                 tables = self._gtables(c, budget, kind)
                 ptables = self._gtables(c, budget, "pgcd") if method in HMM_METHODS else None
                 tables_s = time.perf_counter() - ta
-                res = smc.run(key, m.lm, m.params, ids, lens, c.device, budget=budget,
+                res = smc.run(key, lm, params, ids, lens, c.device, budget=budget,
                               num_particles=K, proposal=proposal,
                               hmm=self._hmm if method in HMM_METHODS else None,
                               resample=self.resample, ess_threshold=self.ess,
@@ -301,6 +443,7 @@ class Runner:
                 w, chosen = np.zeros_like(lw), None
             weights = [float(x) for x in w]
         dt = time.perf_counter() - t0
+        cpu = time.process_time() - p0
         n1 = _jit_cache_sizes()
         compile_s = compile_seconds() - c0
         # a jit cache entry without ~any compile time: a new dispatch signature for an
@@ -316,7 +459,8 @@ class Runner:
         i = 0 if chosen is None else chosen
         return RunResult(texts, valid, texts[i], bool(valid[i]) and chosen is not None, chosen,
                          weights, round(dt, 4), compiled, lengths[i], log_Z, checks,
-                         round(tables_s, 4), round(compile_s, 4))
+                         round(tables_s, 4), round(compile_s, 4), lengths=lengths,
+                         cpu_s=round(cpu, 3))
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,6 +557,6 @@ def machine_info() -> dict:
 
 
 __all__ = ["METHODS", "HMM_METHODS", "Shapes", "Constraint", "build_constraint",
-           "dfa_predicate", "RunResult", "Runner", "bootstrap_ci", "summarize",
+           "dfa_predicate", "RunResult", "Runner", "PrefilledLM", "bootstrap_ci", "summarize",
            "write_predictions", "summary_markdown", "write_summary", "machine_info",
            "stable_seed"]

@@ -24,7 +24,19 @@ NAME               #    what
 Modes: the default is a small CPU run (minutes on an idle 2-core CPU; the examples are a
 seeded, category-balanced subset of BFCL's main categories), ``--full`` the GPU settings,
 ``--smoke`` tiny settings for CI (1 example, k ≤ 2, a random 4-state HMM instead of the
-distilled one; one example shared by the studies). Several studies run in one process
+distilled one; one example shared by the studies; the model is :func:`smoke_model`, a
+random 2-layer Llama with the default model's tokenizer, so that compiles are cheap).
+
+BFCL options: ``--categories`` (the subset's categories), ``--budget auto|auto-max|N``,
+``--shared-shapes`` (one automaton shape, prompt width and — with ``auto-max`` — budget
+for both formats and all categories: one compiled program per method × k),
+``--time-limit S`` (no new example after S seconds; the studies then report the examples
+completed, a prefix of the seeded order) and ``--reuse DIR`` (take the rows of an earlier
+``tool_calls`` run with the same settings, e.g. one that was stopped). Studies run in one
+process share entry-point runs: a study whose methods, k's and formats an earlier run of
+the process covered (same examples, seeds, HMM and budget rule) takes that run's rows
+(the seeds depend on example, format, method and k only), e.g. ``accuracy,satisfaction``
+computes study 1's k = 4, 16 rows once. Several studies run in one process
 with ``NAME1,NAME2`` or ``all`` (then ``--out`` is the parent folder). Every study writes
 ``STUDY.json`` (provenance: command, date (UTC), machine, seeds, git commit; the settings; every entry-point call; the tables), ``STUDY.md``
 and ``STUDY.png`` into ``experiments/results/STUDY/`` (or ``--out``); the entry points'
@@ -236,7 +248,85 @@ def bfcl_subset(out_dir: Path, limit: int, seed: int, categories=MAIN_CATEGORIES
                        "ids": [r["id"] for r in chosen]}
 
 
-def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0) -> str:
+SMOKE_MODEL_VERSION = 2
+
+
+def smoke_model(H: int = 64, F: int = 128, L: int = 2, nh: int = 4, nkv: int = 2, seed: int = 0) -> str:
+    """The smoke runs' model: a random ``L``-layer Llama (width ``H``) with the default
+    model's tokenizer, vocabulary, EOS and context length copied from its GGUF, so that
+    prompts, constraints and HMMs are those of the real model while every compile and
+    decode step is cheap. Written once into ``<jaxcd cache>/models/`` (then reused)."""
+    import gguf
+    from gguf import GGUFReader, GGUFValueType
+
+    from jaxcd.model_files import cache_dir, resolve_gguf
+
+    src = resolve_gguf(None)
+    path = cache_dir() / "models" / f"smoke-{src.stem}-L{L}H{H}-s{seed}-v{SMOKE_MODEL_VERSION}.gguf"
+    if path.exists():
+        return str(path)
+    r = GGUFReader(str(src))
+    V = len(r.fields["tokenizer.ggml.tokens"].contents())
+    arch = r.fields["general.architecture"].contents()
+    ctx = int(r.fields[f"{arch}.context_length"].contents())
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_block_count(L)
+    w.add_context_length(ctx)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(F)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(V)
+    w.add_rope_dimension_count(H // nh)
+    for name, f in r.fields.items():
+        if name.startswith("tokenizer."):
+            t = f.types[0]
+            if t == GGUFValueType.ARRAY:
+                w.add_key_value(name, f.contents(), t, sub_type=f.types[-1])
+            else:
+                w.add_key_value(name, f.contents(), t)
+    rng = np.random.default_rng(seed)
+
+    def g(*shape, scale=0.05):
+        return rng.normal(scale=scale, size=shape).astype(np.float32)
+
+    # a peaked, not a uniform, next-token distribution: hidden dimension 0 is a large
+    # constant (every embedding has it, the blocks' small weights barely move it) and
+    # the (untied) output layer gives it +/-5 for the single printable-ASCII-character
+    # tokens / all others, so nearly all mass sits on ~95 one-character tokens (every
+    # output can be spelled with them) and AWRS's rejection loop stays short
+    toks = r.fields["tokenizer.ggml.tokens"].contents()
+    fav = np.array([len(t) == 1 and 33 <= ord(t) < 127 for t in toks])
+    emb = g(V, H, scale=0.2)
+    emb[:, 0] = 3.0
+    out_w = g(V, H, scale=0.2)
+    out_w[:, 0] = np.where(fav, 5.0, -5.0)
+    D = H // nh
+    w.add_tensor("token_embd.weight", emb)
+    w.add_tensor("output.weight", out_w)
+    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
+    for i in range(L):
+        for n, a in (("attn_norm", np.ones(H, np.float32)), ("attn_q", g(nh * D, H)),
+                     ("attn_k", g(nkv * D, H)), ("attn_v", g(nkv * D, H)),
+                     ("attn_output", g(H, nh * D)), ("ffn_norm", np.ones(H, np.float32)),
+                     ("ffn_gate", g(F, H)), ("ffn_up", g(F, H)), ("ffn_down", g(H, F))):
+            w.add_tensor(f"blk.{i}.{n}.weight", a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return str(path)
+
+
+_SMOKE_HMMS: dict = {}
+
+
+def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0, model: str | None = None) -> str:
     """A random HMM checkpoint over the default model's vocabulary (smoke runs only: it
     exercises the P-GCD code path without the minutes-long distillation)."""
     from hmm_distill import random_params, save_checkpoint
@@ -244,13 +334,18 @@ def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0) -> str:
 
     from jaxcd.generation import load_model
 
+    k = (hidden, seed, model)
+    if k in _SMOKE_HMMS:                 # one per process: the studies share it (and runs)
+        return _SMOKE_HMMS[k]
     path = out / f"random_h{hidden}.safetensors"
     if path.exists():
+        _SMOKE_HMMS[k] = str(path)
         return str(path)
-    m = load_model(None)
+    m = load_model(model)
     V = m.vocab.vocab_size
     params = random_params(jax.random.key(seed), hidden, V, noise=1.0)
     save_checkpoint(path, params, fingerprint="smoke-random", eos_token_id=m.lm.eos_token_id)
+    _SMOKE_HMMS[k] = str(path)
     return str(path)
 
 
@@ -274,11 +369,11 @@ def hmm_info(spec: str | None) -> dict | None:
             "random": "random_h" in Path(spec).name}
 
 
-def resolve_hmm(spec: str, out: Path, log) -> str | None:
+def resolve_hmm(spec: str, out: Path, log, model: str | None = None) -> str | None:
     if spec == "none":
         return None
     if spec == "smoke":
-        return smoke_hmm(out)
+        return smoke_hmm(out, model=model)
     return spec
 
 
@@ -434,14 +529,143 @@ def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: 
     argv = ["--data", str(data), "--answers", str(answers), "--format", ",".join(st["formats"]),
             "--methods", ",".join(st["methods"]),
             "--particles", ",".join(str(k) for k in st["particles"]),
-            "--hmm", hmm or "none", "--budget", "auto", "--limit", "0", "--seed", str(seed),
-            "--out", str(d)]
+            "--hmm", hmm or "none", "--budget", st.get("budget", "auto"), "--limit", "0",
+            "--seed", str(seed), "--out", str(d)]
     if st.get("margin") is not None:
         argv += ["--margin", str(st["margin"])]
     if model:
         argv += ["--model", model]
+    if st.get("time_limit"):
+        argv += ["--time-limit", str(st["time_limit"])]
+    if st.get("shared_shapes"):
+        argv += ["--pad", "run", "--width", "run"]
+    from experiments.runner import HMM_METHODS
+    key = {"data": data.read_text(), "seed": seed, "margin": st.get("margin"), "model": model,
+           "budget": st.get("budget", "auto"), "shared_shapes": bool(st.get("shared_shapes")),
+           # the HMM matters to the P-GCD methods only
+           "hmm": _hmm_key(hmm) if set(HMM_METHODS) & set(st["methods"]) else "any"}
+    prev = _reusable(key, st)
+    if prev is not None:
+        # a run earlier in this process covered these settings (same examples, seed, HMM,
+        # budget rule; every method, K and format asked for): its rows are what this call
+        # would compute (the seeds depend on example, format, method and K only)
+        rows = [r for r in read_predictions(prev["predictions"])
+                if r["method"] in st["methods"] and r["particles"] in st["particles"]
+                and r["format"] in st["formats"]]
+        d.mkdir(parents=True, exist_ok=True)
+        from experiments.runner import write_predictions
+        write_predictions(d / "predictions.jsonl", rows)
+        log(f"reusing {len(rows)} rows of {prev['predictions']} (same examples, seeds and settings)")
+        return [{"entry": "reused", "argv": argv, "from": str(prev["predictions"]),
+                 "from_argv": prev["argv"], "seconds": 0.0}], rows
     calls = [call_entry("experiments.tool_calls", argv, log)]
+    _RUNS.append(dict(key, methods=set(st["methods"]), particles=set(st["particles"]),
+                      formats=set(st["formats"]), predictions=d / "predictions.jsonl", argv=argv))
     return calls, read_predictions(d / "predictions.jsonl")
+
+
+def _hmm_key(hmm: str | None):
+    """An HMM checkpoint by content (the smoke runs write the same random HMM per study)."""
+    if hmm and Path(hmm).is_file():
+        import hashlib
+        return hashlib.sha256(Path(hmm).read_bytes()).hexdigest()
+    return hmm
+
+
+#: tool_calls runs made in this process (``tool_calls_runs``), for reuse by later studies
+_RUNS: list[dict] = []
+
+
+def register_run(run_dir: Path) -> dict:
+    """Make an earlier ``experiments.tool_calls`` run (its ``predictions.jsonl`` and
+    ``summary.json``, e.g. of a run stopped early) reusable by this process's studies:
+    a study whose settings it covers takes its rows (the examples it completed) instead
+    of recomputing them."""
+    run_dir = Path(run_dir)
+    meta = json.loads((run_dir / "summary.json").read_text())["meta"]
+    a = meta["args"]
+    from experiments.runner import HMM_METHODS
+    hmm = None if a["hmm"] in (None, "none") else a["hmm"]
+    methods = set(a["method_list"])
+    rec = {"data": Path(a["data"]).read_text(), "seed": a["seed"], "margin": a.get("margin"),
+           "model": a.get("model"), "budget": a.get("budget", "auto"),
+           "shared_shapes": a.get("pad") == "run" and a.get("width") == "run",
+           "hmm": _hmm_key(hmm) if set(HMM_METHODS) & methods else "any",
+           "methods": methods, "particles": set(a["ks"]), "formats": set(a["formats"]),
+           "predictions": run_dir / "predictions.jsonl",
+           "argv": meta["command"].split()[3:]}
+    _RUNS.append(rec)
+    return rec
+
+
+def _reusable(key: dict, st: dict) -> dict | None:
+    for r in _RUNS:
+        if all(r[k] == v or (k == "hmm" and v == "any") for k, v in key.items()) and set(st["methods"]) <= r["methods"] \
+                and set(st["particles"]) <= r["particles"] and set(st["formats"]) <= r["formats"] \
+                and (not {"lcd", "gcd"} & set(st["methods"])          # lcd/gcd: same shared draw
+                     or max(st["particles"]) == max(r["particles"])):
+            return r
+    return None
+
+
+def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
+    """Decode cost per example: wall and process-CPU seconds of every call (a shared
+    lcd/gcd draw counted once), plus the prompt prefills (``summary.json``'s examples)."""
+    per: dict = {}
+    seen = set()
+    for r in rows:
+        key = (r["id"], r.get("format"), r["method"]) + (() if r.get("shared_ks") else (r["particles"],))
+        if key in seen:
+            continue
+        seen.add(key)
+        e = per.setdefault(r["id"], {"wall": 0.0, "cpu": 0.0, "compile": 0.0})
+        e["wall"] += r.get("seconds") or 0.0
+        e["cpu"] += r.get("cpu_s") or 0.0
+        e["compile"] += r.get("compile_s") or 0.0
+    if run_dir is not None and (run_dir / "summary.json").exists():
+        for x in json.loads((run_dir / "summary.json").read_text()).get("examples", []):
+            if x["id"] in per:
+                per[x["id"]]["wall"] += x.get("prefill_s") or 0.0
+                per[x["id"]]["cpu"] += x.get("prefill_cpu_s") or 0.0
+    if not per:
+        return {}
+    w = [e["wall"] for e in per.values()]
+    c = [e["cpu"] for e in per.values()]
+    k = [e["compile"] for e in per.values()]
+    return {"examples": len(per), "wall_s_mean": float(np.mean(w)), "cpu_s_mean": float(np.mean(c)),
+            "cpu_s_median": float(np.median(c)), "compile_s_total": float(np.sum(k)),
+            "wall_s_total": float(np.sum(w)), "cpu_s_total": float(np.sum(c))}
+
+
+def cost_text(cost: dict) -> str:
+    if not cost:
+        return ""
+    return (f"Cost: {cost['examples']} examples, {cost['cpu_s_mean']:.0f} CPU s per example on average "
+            f"(median {cost['cpu_s_median']:.0f}; {cost['wall_s_mean']:.0f} s wall on the shared machine), "
+            f"{cost['cpu_s_total']:.0f} CPU s in all, of which compiles took {cost['compile_s_total']:.0f} s "
+            "wall (all formats, methods and k; prompt prefills included).\n\n")
+
+
+def subset_text(subset: dict) -> str:
+    t = f"{subset['examples']} examples {subset['per_category']}"
+    if subset.get("planned", subset["examples"]) != subset["examples"]:
+        t += (f" — {subset['examples']} of the {subset['planned']} planned: the run's time limit "
+              "stopped it (the examples run are a prefix of the seeded order)")
+    return t
+
+
+def ran_subset(subset: dict, rows: list[dict]) -> dict:
+    """``subset`` restricted to the examples that have predictions (a time-limited run
+    stops early: a prefix of the seeded order); ``planned`` keeps the original count."""
+    from experiments import bfcl
+    done = {r["id"] for r in rows}
+    ids = [i for i in subset["ids"] if i in done]
+    counts: dict = {}
+    for i in ids:
+        c = bfcl.category_of(i)
+        counts[c] = counts.get(c, 0) + 1
+    return dict(subset, examples=len(ids), per_category=counts, ids=ids,
+                planned=subset.get("planned", subset["examples"]))
 
 
 def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
@@ -458,7 +682,10 @@ def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
             f"JAX {pv['machine'].get('jax_backend')}",
             f"- seeds: {pv['seeds']}",
             f"- git commit: {g['commit'][:12]}{' (working tree differs)' if g.get('dirty') else ''}",
-            f"- mode: {res['mode']}", "", ""]
+            f"- mode: {res['mode']}",
+            f"- model: {Path(str(res.get('model'))).name if res.get('model') else '–'}"
+            + (" (smoke: a random 2-layer model with the default model's tokenizer)"
+               if res["mode"] == "smoke" and "smoke-" in str(res.get("model")) else ""), "", ""]
     (out / f"{name}.md").write_text("\n".join(head) + md_body)
 
 
@@ -466,14 +693,15 @@ def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
 # the studies
 # ---------------------------------------------------------------------------------------
 def study_satisfaction(out, mode, st, seed, log, model=None):
-    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
-    hmm = resolve_hmm(st["hmm"], out, log)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
+    hmm = resolve_hmm(st["hmm"], out, log, model)
     calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    subset = ran_subset(subset, rows)
     tab = table_from_predictions(rows, seed)
     fig = plot_bars(tab, "valid", out / "satisfaction.png",
                     "Constraint satisfaction (BFCL subset, SmolLM2-135M)", "constraint satisfied % (95% CI)")
-    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}); "
-            f"HMM: {st['hmm']}; budget: auto.\n\n"
+    body = (f"BFCL subset: {subset_text(subset)} (seed {seed}); "
+            f"HMM: {st['hmm']}; budget: {st.get('budget', 'auto')}.\n\n"
             + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
                              ("constraint satisfied % [95% CI]", "valid"),
                              ("accuracy % [95% CI]", "accuracy")])
@@ -483,22 +711,25 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
 
 
 def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
-    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
-    hmm = resolve_hmm(st["hmm"], out, log)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
+    hmm = resolve_hmm(st["hmm"], out, log, model)
     calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    subset = ran_subset(subset, rows)
     tab = table_from_predictions(rows, seed)
     fig = plot_vs_k(tab, "accuracy", out / f"{name}.png",
                     f"BFCL accuracy vs particles ({Path(model).name if model else 'SmolLM2-135M'})",
                     "accuracy % (bootstrap 95% CI)")
-    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}); "
-            f"HMM: {st['hmm']}; budget: auto; intervals: percentile bootstrap over examples "
+    body = (f"BFCL subset: {subset_text(subset)} (seed {seed}); "
+            f"HMM: {st['hmm']}; budget: {st.get('budget', 'auto')}; intervals: percentile bootstrap over examples "
             f"({BOOTSTRAP} resamples).\n\n"
             + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n_scored"),
                              ("accuracy % [95% CI]", "accuracy"), ("valid % [95% CI]", "valid"),
                              ("s/example (warm)", "seconds_warm_mean")])
             + (f"\n![accuracy against k]({name}.png)\n" if fig else ""))
+    cost = cost_per_example(rows, out / "run")
+    body += "\n" + cost_text(cost)
     return {"subset": subset, "calls": calls, "table": tab, "figure": f"{name}.png" if fig else None,
-            "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm), "cost": cost}, body
 
 
 def study_runtime(out, mode, st, seed, log, model=None):
@@ -519,9 +750,10 @@ def study_runtime(out, mode, st, seed, log, model=None):
         calls.append({"entry": "python experiments/bench_pgcd.py", "argv": cmd[2:],
                       "seconds": round(time.perf_counter() - t0, 1)})
     # the same methods on BFCL prompts (per-example decode time, compile calls excluded)
-    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
-    hmm = resolve_hmm(st["hmm"], out, log)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
+    hmm = resolve_hmm(st["hmm"], out, log, model)
     c2, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    subset = ran_subset(subset, rows)
     calls += c2
     tab = table_from_predictions(rows, seed)
     bench_md = (bench_out.with_suffix(".md").read_text() if bench is not None
@@ -583,7 +815,7 @@ def plot_runtime(rt: list[dict], path: Path) -> bool:
     return True
 
 
-def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log) -> dict:
+def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: str | None = None) -> dict:
     """Task-distilled HMMs: continuations of BFCL prompts *not* in the evaluation subset
     (both formats' system prompts), sampled from the model and fitted by EM at each H.
     Cached under ``<jaxcd cache>/hmm/study4-<key>/`` (samples and checkpoints)."""
@@ -595,7 +827,7 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log) -> dict
     from hmm_distill.train import TrainConfig, train
     from jaxcd.model_files import cache_dir, resolve_gguf
 
-    model_file = resolve_gguf(None)
+    model_file = resolve_gguf(model)
     key = hashlib.sha256(json.dumps([st["num_seqs"], st["max_length"], seed, sorted(exclude),
                                      bfcl.WHEEL_VERSION, model_file.name,
                                      model_file.stat().st_size]).encode()).hexdigest()[:12]
@@ -653,8 +885,8 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log) -> dict
 
 
 def study_hmm_size(out, mode, st, seed, log, model=None):
-    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
-    hmms = distill_task_hmms(out, st, seed, set(subset["ids"]), log)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
+    hmms = distill_task_hmms(out, st, seed, set(subset["ids"]), log, model)
     calls, rows = [], []
     base = dict(st, methods=st["baselines"])
     c, r = tool_calls_runs(out, base, seed, log, None, data, ans, model=model, tag="baselines-")
@@ -664,10 +896,11 @@ def study_hmm_size(out, mode, st, seed, log, model=None):
         c, r = tool_calls_runs(out, st, seed, log, h["path"], data, ans, model=model, tag=f"h{H}-")
         calls += c
         rows += [dict(x, hmm_H=int(H), method=f"{x['method']} H={H}") for x in r]
+    subset = ran_subset(subset, rows)
     tab = table_from_predictions(rows, seed)
     fig = plot_vs_k(tab, "accuracy", out / "hmm_size.png", "BFCL accuracy vs k by HMM size",
                     "accuracy % (bootstrap 95% CI)")
-    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}). "
+    body = (f"BFCL subset: {subset_text(subset)} (seed {seed}). "
             f"HMMs distilled from {hmms['num_seqs']} continuations (≤ {hmms['max_length']} tokens) of "
             f"BFCL prompts outside the subset, {hmms['epochs']} EM iterations:\n\n"
             "| H | held-out nats/token | unigram | LM | gap share |\n|---|---|---|---|---|\n"
@@ -683,13 +916,15 @@ def study_hmm_size(out, mode, st, seed, log, model=None):
 
 
 def study_keywords(out, mode, st, seed, log, model=None):
-    hmm = resolve_hmm(st["hmm"], out, log)
+    hmm = resolve_hmm(st["hmm"], out, log, model)
     d = out / "run"
     argv = ["--methods", ",".join(st["methods"]), "--particles", ",".join(map(str, st["particles"])),
             "--hmm", hmm or "none", "--budget", "auto", "--limit", str(st["limit"]),
             "--seed", str(seed), "--out", str(d)]
     if st.get("margin") is not None:
         argv += ["--margin", str(st["margin"])]
+    if model:
+        argv += ["--model", model]
     calls = [call_entry("experiments.keywords", argv, log)]
     summary = json.loads((d / "summary.json").read_text())
     entries = summary.get("summary", summary) if isinstance(summary, dict) else summary
@@ -768,13 +1003,14 @@ def study_bias(out, mode, st, seed, log, model=None):
 
 
 def study_awrs(out, mode, st, seed, log, model=None):
-    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed)
-    hmm = resolve_hmm(st["hmm"], out, log)
+    data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
+    hmm = resolve_hmm(st["hmm"], out, log, model)
     calls, rows = tool_calls_runs(out, st, seed, log, hmm, data, ans, model=model)
+    subset = ran_subset(subset, rows)
     tab = table_from_predictions(rows, seed)
     fig = plot_bars(tab, "accuracy", out / "awrs.png", "AWRS-SMC vs P-GCD on BFCL",
                     "accuracy % (95% CI)")
-    body = (f"BFCL subset: {subset['examples']} examples {subset['per_category']} (seed {seed}). "
+    body = (f"BFCL subset: {subset_text(subset)} (seed {seed}). "
             "AWRS queries the example's byte automaton as a black-box predicate on prefixes "
             "(a stand-in for 'the arguments validate against the tool's JSON Schema'); its constraint "
             "checks are counted per example (all particles).\n\n"
@@ -803,23 +1039,28 @@ RUNNERS = {"satisfaction": study_satisfaction, "accuracy": study_accuracy, "runt
            "awrs": study_awrs, "second_model": study_second_model}
 
 
-def run_study(name: str, mode: str, out: Path, seed: int, limit, model, argv) -> dict:
+def run_study(name: str, mode: str, out: Path, seed: int, limit, model, argv,
+              overrides: dict | None = None) -> dict:
     st = SETTINGS[name][mode]
     if limit is not None and isinstance(st, dict):
         st = dict(st, limit=limit)
+    if overrides and isinstance(st, dict):
+        st = dict(st, **{k: v for k, v in overrides.items() if v is not None})
     out.mkdir(parents=True, exist_ok=True)
 
     def log(msg):
         print(f"[{name}] {msg}", flush=True)
 
-    res = {"provenance": provenance(MODULE, argv, [seed]), "mode": mode, "settings": st}
-    t0 = time.perf_counter()
+    res = {"provenance": provenance(MODULE, argv, [seed]), "mode": mode, "settings": st,
+           "model": model or "default (SmolLM2-135M-Instruct Q4_1)"}
+    t0, c0 = time.perf_counter(), time.process_time()
     extra, body = RUNNERS[name](out, mode, st, seed, log, model=model)
     res.update(extra)
     res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["cpu_s"] = round(time.process_time() - c0, 1)
     write_study(out, name, res, body)
     log(f"wrote {out / (name + '.json')}, {name}.md" + (f", {res['figure']}" if res.get("figure") else "")
-        + f" ({res['seconds']} s)")
+        + f" ({res['seconds']} s, {res['cpu_s']} CPU s)")
     return res
 
 
@@ -833,6 +1074,22 @@ def main(argv=None):
     ap.add_argument("--limit", type=int, default=None, help="examples (overrides the mode's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="a GGUF file (study 8; others: the default model)")
+    ap.add_argument("--categories", default=None,
+                    help="BFCL studies: comma-separated categories of the subset "
+                         f"(default {','.join(MAIN_CATEGORIES)})")
+    ap.add_argument("--budget", default=None,
+                    help="BFCL studies: the entry point's --budget (default auto; auto-max: "
+                         "one budget per format, fewer compiles)")
+    ap.add_argument("--shared-shapes", action="store_true", default=None,
+                    help="BFCL studies: one automaton shape and prompt width for all formats and "
+                         "categories (--pad run --width run): fewest compiles")
+    ap.add_argument("--reuse", action="append", default=[],
+                    help="an earlier tool_calls output folder whose rows a BFCL study with the "
+                         "same settings takes instead of recomputing them (e.g. a run that was "
+                         "stopped: its completed examples); repeatable")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="BFCL studies: seconds per entry-point run after which no new example "
+                         "is started (the examples run are a prefix of the seeded order)")
     ap.add_argument("--out", default=None,
                     help="default: experiments/results/NAME (several studies: the parent folder)")
     a = ap.parse_args(argv)
@@ -843,12 +1100,20 @@ def main(argv=None):
     mode = "smoke" if a.smoke else "full" if a.full else "default"
     from experiments.study_bias import enable_compile_cache
     enable_compile_cache()
+    # smoke runs: a random 2-layer model with the default model's tokenizer (cheap compiles);
+    # study 8 keeps its meaning (a second model only when --model names one)
+    lm = a.model or (smoke_model() if mode == "smoke" else None)
+    for d in a.reuse:
+        register_run(Path(d))
     for n in names:
         if len(names) == 1:
             out = Path(a.out) if a.out else RESULTS / n
         else:
             out = (Path(a.out) if a.out else RESULTS) / n
-        run_study(n, mode, out, a.seed, a.limit, a.model, argv)
+        run_study(n, mode, out, a.seed, a.limit, a.model if n == "second_model" else lm, argv,
+                  {"categories": a.categories.split(",") if a.categories else None,
+                   "time_limit": a.time_limit, "budget": a.budget,
+                   "shared_shapes": a.shared_shapes})
     return 0
 
 

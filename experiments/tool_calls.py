@@ -47,6 +47,20 @@ prompt rounded up to a quarter-octave width: 256, 320, 384, 448, 512, 640, ...) 
 per (method, K, format, width, budget) serves every example. ``compiled`` in the predictions and ``compiles`` in the summary say
 how many calls paid for a compilation.
 
+``--pad run`` pads both formats' automata to one shape (with ``--width run``: one prompt
+width for every category; with ``--budget auto-max``: one budget, the run's largest auto
+budget), so that the two formats share every compiled program: on a CPU each program
+of SmolLM2-135M (one per method × K) takes about a minute of compile.
+
+Work saved per example (:class:`experiments.runner.Runner`): the prompt is prefilled once
+per example and format and shared by every method and K (``--no-prefill-cache`` turns
+this off); a decode step whose rows have ALL emitted EOS skips its LM work (exact: no
+output changes); ``lcd``/``gcd`` at several K draw ``max K`` samples once and score each
+K on its first K samples (i.i.d. samples: each K's result has its own distribution;
+``--independent-k`` runs one call per K). ``--time-limit S`` starts no new example after
+S seconds (the examples run are a prefix of the seeded order). ``cpu_s`` (process CPU
+seconds of the call) sits next to ``seconds`` in the predictions.
+
 CPU defaults are small (``--limit 20``, K = 4). Full settings for a GPU::
 
     python -m experiments.tool_calls --data bfcl:simple_python,bfcl:multiple,bfcl:parallel,\
@@ -84,7 +98,9 @@ def parse_args(argv=None):
     p.add_argument("--methods", default="lcd,gcd,smc-gcd,smc-lookahead")
     p.add_argument("--particles", default="4", help="K[,K...]")
     p.add_argument("--hmm", default="default", help="CKPT, default or none")
-    p.add_argument("--budget", default="auto", help="N or auto")
+    p.add_argument("--budget", default="auto",
+                   help="N, auto (per example) or auto-max (the run's largest auto budget, "
+                        "per format: fewer compiles)")
     p.add_argument("--margin", type=int, default=None,
                    help=f"auto budget margin (default {DEFAULT_MARGIN}; {PARALLEL_MARGIN} for "
                         "parallel categories)")
@@ -92,9 +108,22 @@ def parse_args(argv=None):
     p.add_argument("--width", default="category",
                    help="prompt width policy: category (the largest prompt of each category, "
                         "bucketed) or run (one width for the whole run: fewer compiles)")
+    p.add_argument("--pad", default="format", choices=("format", "run"),
+                   help="automaton padding: per format (default), or one shape for all formats "
+                        "(with --budget auto-max: one budget; with --width run: one width) so "
+                        "that both formats share every compiled program")
     p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--time-limit", type=float, default=0,
+                   help="seconds: start no new example after this much wall time (0 = none); "
+                        "the examples run are a prefix of the (seeded) example order")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--independent-k", action="store_true",
+                   help="lcd/gcd: one call per K (default: one draw of max K samples, the "
+                        "result at K from its first K; see Runner.run_ks)")
+    p.add_argument("--no-prefill-cache", action="store_true",
+                   help="every call prefills its own batch (default: one prefill of the "
+                        "prompt per example and format, shared by every method and K)")
     p.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
@@ -110,8 +139,8 @@ def parse_args(argv=None):
             p.error(f"--methods: {m!r} is not one of {', '.join(METHODS)}")
     if not a.ks or min(a.ks) < 1:
         p.error("--particles: positive integers")
-    if a.budget != "auto" and not (a.budget.isdigit() and int(a.budget) > 0):
-        p.error("--budget: a positive integer or auto")
+    if a.budget not in ("auto", "auto-max") and not (a.budget.isdigit() and int(a.budget) > 0):
+        p.error("--budget: a positive integer, auto or auto-max")
     if a.hmm == "none" and any(m in HMM_METHODS for m in a.method_list):
         p.error("smc-lookahead / smc-product need --hmm (default or a checkpoint)")
     return a
@@ -162,6 +191,7 @@ def run(a) -> dict:
     exs = load(a)
     runner = Runner(a.model, hmm=a.hmm if any(m in HMM_METHODS for m in a.method_list) else None,
                     temperature=a.temperature)
+    runner.prefill = not a.no_prefill_cache
     tok, vocab = runner.tokenizer, runner.vocab
     rows: list[dict] = []
     per_example: list[dict] = []
@@ -175,7 +205,8 @@ def run(a) -> dict:
         for ex in exs:
             nfa, info = bfcl.constraint_nfa(ex, fmt)
             c = build_constraint(nfa, vocab, Shapes(min_states=1, min_edges=1, min_degree=1))
-            sizes.append((c.info["states"], c.info["edges"], c.info["max_out_degree"]))
+            sizes.append((c.info["states"], c.info["edges"], c.info["max_out_degree"],
+                          c.min_budget))
             built.append((nfa, info, bfcl.prompt_ids(ex, tok, fmt)))
         S = pow2(max(x[0] for x in sizes) + 1)
         E = pow2(max(x[1] for x in sizes))
@@ -185,23 +216,41 @@ def run(a) -> dict:
             widths[ex.category] = max(widths.get(ex.category, 0), prompt_width(len(ids)))
         if a.width == "run":
             widths = dict.fromkeys(widths, max(widths.values()))
-        plan[fmt] = {"S": S, "E": E, "D": D, "built": built, "widths": widths}
+        mins = [x[3] for x in sizes]
+        plan[fmt] = {"S": S, "E": E, "D": D, "built": built, "widths": widths,
+                     "budget": max(auto_budget(a, ex, mb) for ex, mb in zip(exs, mins))}
         log(f"[{fmt}] {len(exs)} examples; automata padded to {S} states, {E} edges, "
             f"out-degree {D}; prompt widths {widths}")
+    if a.pad == "run":          # one shape, width and auto-max budget for all formats
+        top = {k: max(P[k] for P in plan.values()) for k in ("S", "E", "D", "budget")}
+        wid = max(w for P in plan.values() for w in P["widths"].values())
+        for P in plan.values():
+            P.update(top)
+            if a.width == "run":
+                P["widths"] = dict.fromkeys(P["widths"], wid)
+        log(f"--pad run: every format padded to {top['S']} states, {top['E']} edges, out-degree "
+            f"{top['D']}" + (f", prompt width {wid}" if a.width == "run" else "")
+            + (f", budget {top['budget']}" if a.budget == "auto-max" else ""))
     log(f"pass 1: {time.perf_counter() - t0:.1f} s")
 
     def flush():
         write_predictions(out / "predictions.jsonl", rows)
-        _write_summaries(a, out, rows, per_example, runner, len(exs), t_start)
+        _write_summaries(a, out, rows, per_example, runner, done, t_start, n_planned=len(exs))
 
+    done = 0
     for i, ex in enumerate(exs):
+        if a.time_limit and time.perf_counter() - t_start > a.time_limit:
+            log(f"time limit {a.time_limit:.0f} s reached after {i} of {len(exs)} examples")
+            break
+        done = i + 1
         for fmt in a.formats:
             P = plan[fmt]
             nfa, info, ids = P["built"][i]
             runner.shapes = Shapes(prompt_multiple=P["widths"][ex.category], min_states=P["S"],
                                    min_edges=P["E"], min_degree=P["D"])
             c = runner.constraint(nfa, key="")
-            budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else int(a.budget)
+            budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else \
+                P["budget"] if a.budget == "auto-max" else int(a.budget)
             if budget < c.min_budget:
                 log(f"{ex.id}: budget {budget} < min_budget {c.min_budget}; skipped")
                 continue
@@ -212,40 +261,62 @@ def run(a) -> dict:
                                 **{k: c.info[k] for k in ("states", "edges", "max_out_degree",
                                                           "build_s")}, **info})
             for method in a.method_list:
+                res = runner.run_ks(method, c, ids, budget, a.ks, a.seed, tag=f"{fmt}|{ex.id}",
+                                    share=not a.independent_k)
+                if runner.prefill and "prefill_s" not in per_example[-1]:
+                    per_example[-1]["prefill_s"] = runner.prefill_s
+                    per_example[-1]["prefill_cpu_s"] = runner.prefill_cpu_s
                 for K in a.ks:
-                    r = runner.run(method, c, ids, budget, K, a.seed, tag=f"{fmt}|{ex.id}")
+                    r = res[K]
                     correct, why = bfcl.score(ex, r.output, fmt)
                     row = {"id": ex.id, "method": method, "particles": K, "output": r.output,
                            "valid": r.output_valid, "correct": correct, "format": fmt,
                            "category": ex.category, "budget": budget,
-                           "min_budget": c.min_budget, "seconds": r.seconds,
+                           "min_budget": c.min_budget, "seconds": r.seconds, "cpu_s": r.cpu_s,
                            "compiled": r.compiled, "compile_s": r.compile_s, "tables_s": r.tables_s, "tokens": r.tokens,
                            "n_valid_particles": int(sum(r.valid)), "log_Z": r.log_Z,
                            "why": why}
                     if r.num_checks is not None:
                         row["num_checks"] = r.num_checks
+                    if r.shared_ks:
+                        row["shared_ks"] = r.shared_ks
                     rows.append(row)
                     log(f"[{fmt}] {i + 1}/{len(exs)} {ex.id} {method} K={K} budget={budget} "
                         f"valid={r.output_valid} correct={correct} {r.seconds:.1f}s"
                         f"{' (compiled: ' + ','.join(r.compiled) + f', {r.compile_s:.1f}s)' if r.compiled else ''}")
             runner.release(c)
         flush()
-    return _write_summaries(a, out, rows, per_example, runner, len(exs), t_start)
+    return _write_summaries(a, out, rows, per_example, runner, done, t_start,
+                            n_planned=len(exs))
 
 
-def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start) -> dict:
+def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
+                     n_planned: int | None = None) -> dict:
     keys = ("format", "method", "particles")
     summary = summarize(rows, keys, seed=a.seed)
     by_cat = summarize(rows, ("category",) + keys, seed=a.seed)
     meta = {"command": "python -m experiments.tool_calls " + " ".join(a.argv),
             "args": {k: v for k, v in vars(a).items() if k != "argv"}, "machine": machine_info(),
             "model": Path(runner.model.path).name, "hmm": a.hmm,
-            "n_examples": n_examples, "wall_s": round(time.perf_counter() - t_start, 1),
+            "n_examples": n_examples, "n_planned": n_planned or n_examples,
+            "wall_s": round(time.perf_counter() - t_start, 1),
             "budget_rule": (f"auto: min_budget + margin ({a.margin if a.margin is not None else f'{DEFAULT_MARGIN}, {PARALLEL_MARGIN} for parallel*'}), "
                             f"rounded up to 16, capped at {a.budget_cap}")
-            if a.budget == "auto" else f"fixed {a.budget}",
+            if a.budget == "auto" else
+            (f"auto-max: every example of a format (of the run, with --pad run) gets the largest auto budget of the run's "
+             f"examples (min_budget + margin, rounded up to 16, capped at {a.budget_cap}): one "
+             f"compiled program per method, K and format")
+            if a.budget == "auto-max" else f"fixed {a.budget}",
             "output_choice": "lcd/gcd: first valid of K independent samples; smc-*/awrs: "
-                             "one particle drawn from the normalised weights"}
+                             "one particle drawn from the normalised weights",
+            "sharing": ("lcd/gcd: " + ("one call per K" if a.independent_k else
+                                       "one draw of max K samples per example, the result at K "
+                                       "from its first K (rows carry shared_ks and the shared "
+                                       "call's seconds)")
+                        + "; prompt prefill: " + ("per call" if a.no_prefill_cache else
+                                                  "once per example and format, shared by every "
+                                                  "method and K (not in seconds; prefill_s per "
+                                                  "example)"))}
     md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
           f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "
           f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {n_examples} examples, "

@@ -4,9 +4,10 @@
 the enumerated posterior, the exact GCD bias, SMC's evidence estimate and its TV.
 
 All studies run in *one* subprocess (memory-limited), ``python -m experiments.studies
-NAME1,NAME2,... --smoke --out DIR``, so that they share compiled programs (the smoke
-settings use one BFCL example, one format, k = 2); each study's files are then checked by
-one parametrized case.
+NAME1,NAME2,... --smoke --out DIR``, so that they share compiled programs and entry-point
+runs (the smoke settings use one BFCL example, one format, k = 2, and the smoke model: a
+random 2-layer Llama with SmolLM2's tokenizer); each study's files are then checked by one
+parametrized case.
 """
 
 import importlib.util
@@ -70,6 +71,16 @@ def test_study_smoke(name, results):
         assert "Not run: no second model could be had" in md
     else:
         assert res.get("calls"), "a study records the entry-point calls it made"
+    if name in ("accuracy", "runtime"):
+        # settings covered by study 1's run in the same process (same example, seeds, HMM
+        # content, budget rule): its rows are taken, not recomputed, and are those rows
+        call = res["calls"][0]
+        assert call["entry"] == "reused" and call["from"].endswith("satisfaction/run/predictions.jsonl")
+        src = {(r["id"], r["format"], r["method"], r["particles"]): r
+               for r in map(json.loads, (results / "satisfaction" / "run" / "predictions.jsonl").open())}
+        mine = [json.loads(x) for x in (out / "run" / "predictions.jsonl").open()]
+        assert mine and all(src[(r["id"], r["format"], r["method"], r["particles"])] == r for r in mine)
+        assert {r["method"] for r in mine} == set(res["settings"]["methods"])
     if res.get("subset"):                                # BFCL studies: the predictions
         preds = []
         for d in out.glob("*run"):
