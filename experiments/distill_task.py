@@ -37,6 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process so far (the machine may be shared)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def early_stop(curve, patience: int) -> tuple[int, int]:
     """``(chosen epoch, last epoch run)`` of early stopping with ``patience`` on a held-out
     curve ``[(epoch, heldout_ll, ...), ...]`` (the rule of ``TrainConfig.patience``: stop
@@ -118,14 +126,14 @@ def main(argv=None):
                        "note": "shared machine: other jobs ran on the same 2 cores"},
            "settings": asdict(s), "prompt_set": builtin_prompts_path().name,
            "prompt_set_hash": builtin_prompt_set_hash(), "phases": {}, "patience": s.patience}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     from jaxcd.model_files import resolve_gguf
 
     model_file = resolve_gguf(None)
     loaded = load_lm(f"gguf:{model_file}")  # as hmm_distill.default builds it (same sample dir)
     texts, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
-    res["phases"]["load_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    res["phases"]["load_s"], res["phases"]["load_cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
+    t0, c0 = time.perf_counter(), _cpu_s()
     meta = run_sampling(loaded.lm, loaded.params, work / "samples", num_seqs=s.num_seqs,
                         length=s.max_length, shard_size=s.num_seqs, batch_size=s.batch_size, seed=s.seed,
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
@@ -133,18 +141,19 @@ def main(argv=None):
                         fingerprint=loaded.fingerprint, progress=True,
                         prompt_set=builtin_prompts_path().name, until_eos=True, chat_template=True)
     res["phases"]["sample_s_this_call"] = time.perf_counter() - t0
+    res["phases"]["sample_cpu_s_this_call"] = _cpu_s() - c0
     res["sampling"] = {k: meta.get(k) for k in ("num_seqs", "max_length", "eos_fraction", "num_cut_off",
                                                 "tokens_per_s", "prompt_set_id", "temperature", "prefill_tokens",
                                                 "decode_row_steps")}
     del loaded
     res["runs"] = {}
     for H in a.hidden:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         cfg = TrainConfig(data=str(work / "samples"), out=str(work / f"task_h{H}"), hidden_size=H,
                           epochs=a.epochs, mode="full", prior_strength=s.prior_strength,
                           heldout_frac=s.heldout_frac, seed=s.seed, batch_size=256, plot=False)
         r = train(cfg)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
         last = r.metrics[-1]
         em_tok_s = [m["tokens_per_s"] for m in r.metrics[1:]]
         be, stop = early_stop([(m["epoch"], m["heldout_ll"]) for m in r.metrics], s.patience)
@@ -157,7 +166,7 @@ def main(argv=None):
             "train_ll": last["train_ll"], "epochs": a.epochs,
             "em_tokens_per_s_median": float(np.median(em_tok_s)) if em_tok_s else None,
             "em_tokens_per_s_first": em_tok_s[0] if em_tok_s else None,
-            "train_wall_s": wall, "curve": [(m["epoch"], m["heldout_ll"], m["train_ll"]) for m in r.metrics]}
+            "train_wall_s": wall, "train_cpu_s": cpu, "curve": [(m["epoch"], m["heldout_ll"], m["train_ll"]) for m in r.metrics]}
         print(json.dumps({H: {k: v for k, v in res["runs"][str(H)].items() if k != "curve"}}), flush=True)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
