@@ -38,7 +38,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import jax
@@ -295,13 +295,6 @@ def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, ou
             node, cur, src, cc = node[keep], cur[keep], src[keep], cc[keep]
         if len(node) == 0:
             continue
-        divert = getattr(out, "divert", None)
-        if divert is not None:                         # subtrees lifted in bulk elsewhere
-            keep = divert(src, node, cur)
-            if not keep.all():
-                node, cur, src, cc = node[keep], cur[keep], src[keep], cc[keep]
-            if len(node) == 0:
-                continue
         csum = np.cumsum(cc)
         total = int(csum[-1])
         reps = np.repeat(np.arange(len(node)), cc)
@@ -914,42 +907,6 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         if go.any():
             _walk(trie, table, dead, sy[pp][go], en[go], cur[go], max_pairs, out)
 
-    def below(src: np.ndarray, node: np.ndarray, hi: np.ndarray):
-        """Tokens strictly below trie ``node`` from ``src``, whose prefix up to ``node``
-        led ``src`` into member ``hi`` (at a character boundary): the rest is read from
-        ``hi`` along its chain. Returns ``(rows, bulk src, bulk dst, bulk row)``."""
-        un, inv = np.unique(node, return_inverse=True)
-        inv = inv.reshape(-1)
-        cc = trie.child_count[un]
-        csum = np.cumsum(cc)
-        c_sid = np.repeat(np.arange(len(un)), cc)
-        c_node = np.repeat(trie.child_start[un] - (csum - cc), cc) + np.arange(int(csum[-1]))
-        z = np.zeros(len(c_sid), np.int64)
-        (v_sid, v_tok, v_n, v_f), (w_sid, w_node, w_n) = _pure_walk(trie, tf, c_sid, c_node, z, z)
-        ukey3, rows3 = _pack_rows((v_sid * NN + v_n) * (m + 2) + v_f, v_tok, W)
-        k_sid = ukey3 // (NN * (m + 2))
-        k_n = (ukey3 // (m + 2)) % NN
-        k_f = ukey3 % (m + 2)
-        lo = np.searchsorted(k_sid, inv)
-        cnt = np.searchsorted(k_sid, inv, side="right") - lo
-        pp = np.repeat(np.arange(len(inv)), cnt)
-        ridx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-        bdst = P[k_f[ridx], col_of[chain[k_n[ridx], hi[pp]]]]
-        keep = bdst != dead
-        o = np.argsort(w_sid, kind="stable")
-        w_sid, w_node, w_n = w_sid[o], w_node[o], w_n[o]
-        lo = np.searchsorted(w_sid, inv)
-        cnt = np.searchsorted(w_sid, inv, side="right") - lo
-        pw = np.repeat(np.arange(len(inv)), cnt)
-        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-        cur = table[chain[w_n[idx], hi[pw]], trie.node_byte[w_node[idx]]]
-        go = cur != dead
-        ws, wn, wc = src[pw][go], w_node[idx][go], cur[go]
-        for i in range(0, len(ws), max_pairs):
-            _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
-                  wc[i:i + max_pairs], max_pairs, out)
-        return rows3, src[pp][keep], bdst[keep], ridx[keep]
-
     def second_for(sources: np.ndarray):
         """The tokens ``b + (characters)`` of other states (see above)."""
         if len(x0) == 0 or len(sources) == 0:
@@ -962,18 +919,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         return sources[si] * 256 + trie.node_byte[x0[xi]], bs, bd, br
 
     return (st_y, np.concatenate(all_rows), np.concatenate(bulk_src),
-            np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for,
-            (members[ok], below, length))
-
-
-def _subtree_height(trie) -> np.ndarray:
-    """int64 ``[N]``: bytes on the longest path strictly below each trie node."""
-    h = np.zeros(trie.num_nodes, np.int64)
-    ls, parent = trie.level_start, trie.parent
-    for j in range(len(ls) - 2, 0, -1):
-        a, b = ls[j], ls[j + 1]
-        np.maximum.at(h, parent[a:b], h[a:b] + 1)
-    return h
+            np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
 
 
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
@@ -1005,19 +951,6 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     # characters in bulk (see _fragment_run)
     byte_rep = np.unique(dfa.byte_class, return_index=True)[1]     # a byte of each class
     seconds = []
-    run_of = np.full(Q + 1, -1, np.int64)          # fragment run of each (ok) member
-    hidx = np.full(Q + 1, -1, np.int64)            # its index among the run's members
-    belows, run_len, pending = [], [], []
-    height = _subtree_height(trie)
-
-    def divert(src, node, cur):
-        r = run_of[cur]
-        sel = r >= 0
-        if sel.any():
-            sel &= height[node] <= np.asarray(run_len)[np.maximum(r, 0)]
-            if sel.any():
-                pending.append((r[sel], src[sel], node[sel], hidx[cur[sel]]))
-        return ~sel
     for sigma, members in groups:
         members = members[~shortcut[members]]
         if len(members) == 0:
@@ -1029,14 +962,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                             max_pairs, out)
         if res is None:
             continue
-        lifted, frows, fsrc, fdst, frow, second_for, (okm, below, length) = res
-        # from now on, walks that enter one of this run's members at a character
-        # boundary leave the subtree below to the run (see _divert)
-        run_of[okm] = len(belows)
-        hidx[okm] = np.nonzero(np.isin(members, okm))[0]
-        belows.append(below)
-        run_len.append(length)
-        out.divert = divert
+        lifted, frows, fsrc, fdst, frow, second_for = res
         shortcut[lifted] = True
         rows.append(frows)
         bulk_src.append(fsrc)
@@ -1122,22 +1048,6 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                 fi, bi = fi[keep], bi[keep]
             if len(fi):
                 _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
-
-    # subtrees diverted into fragment runs (their own walks may divert again, deeper)
-    while pending:
-        batch = pending[:]
-        pending.clear()
-        r = np.concatenate([b[0] for b in batch])
-        bs_, bn_, bh_ = (np.concatenate([b[i] for b in batch]) for i in (1, 2, 3))
-        for k in np.unique(r).tolist():
-            sel = r == k
-            rws, bs, bd, br = belows[k](bs_[sel], bn_[sel], bh_[sel])
-            rows.append(rws)
-            bulk_src.append(bs)
-            bulk_dst.append(bd)
-            bulk_row.append(n_rows + br)
-            n_rows += len(rws)
-    out.divert = None
 
     def cat(parts, dtype=np.int32):
         """Concatenate (int32: states and tokens fit) and free the parts."""
@@ -1317,6 +1227,23 @@ def _token_hashes(vocab_size: int) -> np.ndarray:
     return rng.integers(0, 1 << 64, size=(2, vocab_size), dtype=np.uint64, endpoint=False)
 
 
+@lru_cache(maxsize=4)
+def _nibble_hash_table(vocab_size: int) -> np.ndarray:
+    """uint64 ``[2, 8W, 16]``: for nibble ``k`` of a packed row (tokens ``4k .. 4k + 3``,
+    little-endian) and its value ``x``, the sum (mod 2^64) of :func:`_token_hashes` over
+    the tokens whose bit is set in ``x``."""
+    hv = _token_hashes(vocab_size)
+    nn = ((vocab_size + 31) // 32) * 8
+    pad = np.zeros((2, nn * 4), np.uint64)
+    pad[:, :vocab_size] = hv
+    per = pad.reshape(2, nn, 4)
+    out = np.zeros((2, nn, 16), np.uint64)
+    for x in range(1, 16):
+        low = (x & -x).bit_length() - 1
+        out[:, :, x] = out[:, :, x & (x - 1)] + per[:, :, low]
+    return out
+
+
 def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     """Which logical rows of the cumulative masks are equal, without building them.
 
@@ -1337,17 +1264,21 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     h = np.empty((2, E), np.uint64)
     row_h = np.zeros((2, len(bulk_rows)), np.uint64)
     if len(bulk_rows):
+        # a packed row's hash from its nibbles: table[i, k, x] is the sum of the values
+        # of the tokens 4k .. 4k + 3 whose bits are set in nibble value x
         used = np.unique(brow)
-        per = max(1, (16 << 20) // max(V, 1))              # rows unpacked at a time
+        table = _nibble_hash_table(V)                       # [2, 8W, 16]
+        nn = table.shape[1]
+        per = max(1, (16 << 20) // (8 * nn))                # rows at a time
+        col = np.arange(nn)
         for c0 in range(0, len(used), per):
             u = used[c0:c0 + per]
-            r, t = np.nonzero(unpack_bits(bulk_rows[u], V))
-            a = np.searchsorted(r, np.arange(len(u)))
-            b = np.searchsorted(r, np.arange(len(u)), side="right")
+            rb = np.ascontiguousarray(bulk_rows[u], dtype="<u4").view(np.uint8)   # [k, 4W]
+            nib = np.empty((len(u), nn), np.uint8)
+            nib[:, 0::2] = rb & 15
+            nib[:, 1::2] = rb >> 4
             for i in range(2):
-                pre = np.zeros(len(t) + 1, np.uint64)
-                np.cumsum(hv[i][t], out=pre[1:])            # wraps mod 2^64
-                row_h[i, u] = pre[b] - pre[a]
+                row_h[i, u] = table[i][col, nib].sum(axis=1, dtype=np.uint64)     # wraps
     run = np.zeros(len(ptok) + 1, np.uint64)
     for i in range(2):
         np.cumsum(hv[i][ptok], out=run[1:])                # wraps mod 2^64

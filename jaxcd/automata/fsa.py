@@ -810,6 +810,9 @@ def _refine_round_small(affected, blockx, trans_q, size, bsig, n_ids, pred, psta
     return np.array(sorted(cand), np.int64), n_ids
 
 
+_FINITE_MIN_STATES = 256   # smaller DFAs: plain refinement (its small rounds are cheaper)
+
+
 def minimize(dfa: DFA) -> DFA:
     """Trim, then Moore partition refinement; result in BFS order.
 
@@ -839,7 +842,7 @@ def minimize(dfa: DFA) -> DFA:
     pred, pstart, outdeg = _predecessors(trans, with_outdeg=True)
     trans_q = np.where(trans >= 0, trans, Q)               # dead -> Q
     # states with a finite language: blocks by height, bottom-up (exact, no refinement)
-    levels = _finite_levels(pred, pstart, outdeg)
+    levels = _finite_levels(pred, pstart, outdeg) if Q > _FINITE_MIN_STATES else []
     fin = np.zeros(Q, bool)
     if levels:
         fin[np.concatenate(levels)] = True
