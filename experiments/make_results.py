@@ -110,6 +110,10 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
                        f"{_f(e.get('lm_heldout_ll'), 3)} | {_f(e.get('gap_share'), 3)} |")
         out += ["", md_table(res.get("table", []), table_cols("accuracy"))]
     elif name == "keywords":
+        c0 = (res.get("calls") or [{}])[0]
+        if c0.get("entry") == "reused":
+            out += [f"Rows of an earlier run of the entry point, with its own settings: "
+                    f"`{c0.get('from_command')}` ({res.get('n_concept_sets')} concept sets).", ""]
         out += [keywords_table(res.get("table", []))]
     elif name == "second_model":
         if not res.get("ran"):
@@ -262,8 +266,12 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
         widths = [e["accuracy_ci"][1] - e["accuracy_ci"][0] for e in acc["table"] if e.get("accuracy_ci")]
     out.append("- **Sample sizes.** Examples per study on this CPU: "
                + (", ".join(f"{k} {v}" for k, v in ns.items()) if ns else "–")
-               + (f"; the 95% intervals of study 2 are {min(widths):.0f}–{max(widths):.0f} points wide, "
-                  "wider than the differences the paper reports (1–2 points)." if widths else ".")
+               + ((f"; with {acc['subset']['examples']} examples in study 2 its bootstrap intervals are "
+                   "not informative (a resample of one or two examples), and no difference between "
+                   "methods can be read from it." if acc and acc.get("subset")
+                   and acc["subset"]["examples"] < 10 else
+                   f"; the 95% intervals of study 2 are {min(widths):.0f}–{max(widths):.0f} points wide, "
+                   "wider than the differences the paper reports (1–2 points).") if widths else ".")
                + " The paper uses the full xLAM test set.")
     if acc and acc.get("subset"):
         sub, cost = acc["subset"], acc.get("cost") or {}

@@ -915,7 +915,29 @@ def study_hmm_size(out, mode, st, seed, log, model=None):
             "figure": "hmm_size.png" if fig else None}, body
 
 
+#: earlier ``experiments.keywords`` runs given with ``--reuse`` (study 5 takes the first)
+_KW_RUNS: list[Path] = []
+
+
 def study_keywords(out, mode, st, seed, log, model=None):
+    if _KW_RUNS:
+        # the table of an earlier run of the entry point, with that run's own settings
+        d = _KW_RUNS[0]
+        summary = json.loads((d / "summary.json").read_text())
+        meta = summary["meta"]
+        tab = [e for e in summary["summary"] if isinstance(e, dict)]
+        log(f"reusing the keywords run in {d}: {meta['command']}")
+        fig = plot_keywords(tab, out / "keywords.png")
+        body = (f"**Rows of an earlier run of the entry point** (`--reuse {d}`), with that run's "
+                f"settings, not this mode's: `{meta['command']}` ({meta.get('machine_str', '')}). "
+                f"{meta.get('n_examples')} WordNet concept sets (seed {meta.get('seed')}), model "
+                f"{meta.get('model')}, HMM {meta.get('hmm')} (H={meta.get('hmm_hidden_size')}), "
+                f"budget {meta.get('budget')}.\n\n"
+                + keywords_table(tab) + ("\n![keywords](keywords.png)\n" if fig else ""))
+        return {"calls": [{"entry": "reused", "from": str(d), "from_command": meta["command"],
+                           "seconds": 0.0}], "table": tab, "reused_settings": meta.get("args"),
+                "n_concept_sets": meta.get("n_examples"),
+                "figure": "keywords.png" if fig else None}, body
     hmm = resolve_hmm(st["hmm"], out, log, model)
     d = out / "run"
     argv = ["--methods", ",".join(st["methods"]), "--particles", ",".join(map(str, st["particles"])),
@@ -1104,7 +1126,11 @@ def main(argv=None):
     # study 8 keeps its meaning (a second model only when --model names one)
     lm = a.model or (smoke_model() if mode == "smoke" else None)
     for d in a.reuse:
-        register_run(Path(d))
+        meta = json.loads((Path(d) / "summary.json").read_text())["meta"]
+        if "experiments.keywords" in meta.get("command", ""):
+            _KW_RUNS.append(Path(d))
+        else:
+            register_run(Path(d))
     for n in names:
         if len(names) == 1:
             out = Path(a.out) if a.out else RESULTS / n
