@@ -923,7 +923,8 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
 
 
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
-                     min_run_bytes: int = 8, min_run_tokens: int = 64) -> Lifted:
+                     min_run_bytes: int = 8, min_run_tokens: int = 64,
+                     min_fragment_members: int = 32) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
     Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
@@ -932,7 +933,11 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     bytes" (string bodies, counted repetitions like ``{0,80}``, ``[a-z]+``) get the
     tokens spelled only with those bytes in bulk, as packed bit rows, and are walked
     only below the first byte outside the run (see :func:`_run_shortcut`): the cost
-    follows the number of (state, prefix) pairs that are not in such a run.
+    follows the number of (state, prefix) pairs that are not in such a run. Runs of at
+    least ``min_fragment_members`` states whose characters are multi-byte UTF-8 (Unicode
+    ``\\w``, JSON string bodies) are lifted together with the states inside their
+    characters (see :func:`_fragment_run`); smaller ones take the byte path (cheaper
+    there: a fragment run walks the whole trie once per position in a character).
     """
     trie = vocab.trie
     Q = dfa.num_states
@@ -953,7 +958,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     seconds = []
     for sigma, members in groups:
         members = members[~shortcut[members]]
-        if len(members) == 0:
+        if len(members) < min_fragment_members:      # few states: the byte path is cheaper
             continue
         frag = _fragment_of(dfa, table, Q, sigma, int(members[0]), byte_rep)
         if frag is None:

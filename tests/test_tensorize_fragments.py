@@ -88,8 +88,10 @@ def test_fragment_lifting_equals_brute_force(pattern, seed):
     vocab = toy_vocab(seed)
     dfa = dfa_of(pattern)
     ref, reach = brute_force(dfa, vocab)
-    for kw in ({}, {"min_run_bytes": 1, "min_run_tokens": 1},
-               {"min_run_bytes": 1, "min_run_tokens": 1, "max_pairs": 5}):
+    for kw in ({}, {"min_fragment_members": 1},
+               {"min_run_bytes": 1, "min_run_tokens": 1, "min_fragment_members": 1},
+               {"min_run_bytes": 1, "min_run_tokens": 1, "min_fragment_members": 1,
+                "max_pairs": 5}):
         lifted = lift_transitions(dfa, vocab, **kw)
         got = triples(lifted, vocab.vocab_size)
         assert set(lifted.states.tolist()) == reach, kw
@@ -109,7 +111,7 @@ def test_fragment_lifting_equals_plain_walk_smol(smol_vocab, pattern):
     assert any(_fragment_of(dfa, table, Q, s, int(m[0]), byte_rep) is not None
                for s, m in _run_groups(dfa, 8))
     plain = lift_transitions(dfa, smol_vocab, min_run_bytes=257)
-    fast = lift_transitions(dfa, smol_vocab)
+    fast = lift_transitions(dfa, smol_vocab, min_fragment_members=1)
     assert len(plain.bulk_src) == 0 and len(fast.bulk_src) > 0
     assert len(fast.src) < len(plain.src) // 3
     assert np.array_equal(plain.states, fast.states)
