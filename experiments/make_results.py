@@ -280,19 +280,22 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
         out.append(
             f"- **Study 2 is short of the issue's ≥ 200 examples on a CPU: {sub['examples']} examples** "
             f"({sub['per_category']}"
-            + (f"; {sub['planned']} were planned and the run's time limit of "
-               f"{st.get('time_limit', 0):.0f} s stopped it" if sub.get("planned", sub["examples"]) != sub["examples"] else "")
+            + (f"; {sub['planned']} were planned; the run (time limit {st.get('time_limit') or 0:.0f} s) "
+               "was stopped and its completed examples kept" if sub.get("planned", sub["examples"]) != sub["examples"] else "")
             + f"). Each example is {nk} SMC runs ({len(st.get('methods', []))} proposals × k ∈ "
             f"{st.get('particles')} × {len(st.get('formats', []))} formats, "
             f"{sum(st.get('particles', [])) * len(st.get('methods', [])) * len(st.get('formats', []))} particles in all) of "
             f"{str(acc.get('model') or 'SmolLM2-135M').split('/')[-1]} over the example's budget"
             + (f": {cost['cpu_s_mean']:.0f} CPU s per example (median {cost['cpu_s_median']:.0f}; "
-               f"{cost['wall_s_mean']:.0f} s wall)" if cost else "")
+               f"{cost['wall_s_mean']:.0f} s wall; compiles included"
+               + (f"; about {cost['cpu_s_warm_estimate']:.0f} CPU s without them"
+                  if cost.get("cpu_s_warm_estimate") else "") + ")" if cost else "")
             + (f", on a 2-core CPU shared with other jobs (the run got {cost['cpu_s_total'] / cost['wall_s_total']:.2f} "
                "cores on average: CPU s / wall s of its calls). " if cost and cost.get("wall_s_total")
                else ", on a 2-core CPU shared with other jobs. ")
             + "200 examples at that cost are about "
-            + (f"{200 * cost['cpu_s_mean'] / 3600:.0f} CPU hours" if cost else "many CPU hours")
+            + (f"{200 * (cost.get('cpu_s_warm_estimate') or cost['cpu_s_mean']) / 3600:.0f} CPU hours"
+               if cost else "many CPU hours")
             + "; `python -m experiments.studies accuracy --full` runs all of BFCL's examples on a GPU.")
     out.append("- **Data.** BFCL (simple, multiple, parallel, parallel-multiple, live-multiple) instead of xLAM, "
                "scored by BFCL's own AST checker; WordNet example sentences instead of CommonGen.")

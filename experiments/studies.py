@@ -632,7 +632,22 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
     w = [e["wall"] for e in per.values()]
     c = [e["cpu"] for e in per.values()]
     k = [e["compile"] for e in per.values()]
+    # without compiles: per (method, k) the mean CPU of the calls that compiled nothing,
+    # summed over methods, k's and formats (an estimate of a warm example's cost)
+    # (a (method, k) whose every call compiled: its cheapest call, an upper bound)
+    warm: dict = {}
+    every: dict = {}
+    for r in rows:
+        if r.get("cpu_s") is None:
+            continue
+        every.setdefault((r["method"], r["particles"]), []).append(r["cpu_s"])
+        if not r.get("compiled"):
+            warm.setdefault((r["method"], r["particles"]), []).append(r["cpu_s"])
+    fmts = {r.get("format") for r in rows}
+    warm_est = (len(fmts) * sum(float(np.mean(warm[x])) if x in warm else float(min(v))
+                                for x, v in every.items()) if every else None)
     return {"examples": len(per), "wall_s_mean": float(np.mean(w)), "cpu_s_mean": float(np.mean(c)),
+            "cpu_s_warm_estimate": warm_est,
             "cpu_s_median": float(np.median(c)), "compile_s_total": float(np.sum(k)),
             "wall_s_total": float(np.sum(w)), "cpu_s_total": float(np.sum(c))}
 
@@ -643,14 +658,18 @@ def cost_text(cost: dict) -> str:
     return (f"Cost: {cost['examples']} examples, {cost['cpu_s_mean']:.0f} CPU s per example on average "
             f"(median {cost['cpu_s_median']:.0f}; {cost['wall_s_mean']:.0f} s wall on the shared machine), "
             f"{cost['cpu_s_total']:.0f} CPU s in all, of which compiles took {cost['compile_s_total']:.0f} s "
-            "wall (all formats, methods and k; prompt prefills included).\n\n")
+            "wall (all formats, methods and k; prompt prefills included)"
+            + (f"; without compiles about {cost['cpu_s_warm_estimate']:.0f} CPU s per example (the "
+               "mean CPU s of the calls that compiled nothing, per method and k, summed)"
+               if cost.get("cpu_s_warm_estimate") else "") + ".\n\n")
 
 
 def subset_text(subset: dict) -> str:
     t = f"{subset['examples']} examples {subset['per_category']}"
     if subset.get("planned", subset["examples"]) != subset["examples"]:
-        t += (f" — {subset['examples']} of the {subset['planned']} planned: the run's time limit "
-              "stopped it (the examples run are a prefix of the seeded order)")
+        t += (f" — {subset['examples']} of the {subset['planned']} planned: the run was stopped "
+              "(time limit, or by hand) and its completed examples were kept (a prefix of the "
+              "seeded order)")
     return t
 
 
