@@ -582,8 +582,9 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                 f"{out} holds samples made with different settings ("
                 + "; ".join(f"{k}: existing {old.get(k)!r} vs requested {meta[k]!r}" for k in diff[:4])
                 + "); use another --out directory")
-        if "tokens_per_s" in old:  # keep the throughput of the run that made the shards
-            meta["tokens_per_s"] = old["tokens_per_s"]
+        for k in ("tokens_per_s", "prefill_tokens", "decode_row_steps"):  # of the run that made the shards
+            if k in old:
+                meta[k] = old[k]
     barrier("hmm_distill_sample_start")
 
     plen = np.array([len(p) for p in prompt_ids])
