@@ -924,7 +924,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
 
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                      min_run_bytes: int = 8, min_run_tokens: int = 64,
-                     min_fragment_members: int = 32) -> Lifted:
+                     min_fragment_members: int = 64) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
     Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
