@@ -39,8 +39,10 @@ import jax.numpy as jnp
 from .checkpoint import load_checkpoint
 from .hmm import HMMParams
 
-VERSION = 2  # bump when the recipe changes (invalidates cached HMMs)
+VERSION = 3  # bump when the recipe changes (invalidates cached HMMs)
 # 2: one sample shard (prompts prefilled once each), EM with early stopping (patience)
+# 3: the pooled sampler moves the cache left in the tail too (v2's long tail rows could
+#    write past the cache's last slot, which silently changed their context)
 
 
 @dataclass(frozen=True)

@@ -335,7 +335,7 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     row_job = np.full(B, -1)  # index j of the sequence a row decodes (-1: free)
     slot, nxt = 0, 0
     stats = {"prefill_tokens": 0, "decode_row_steps": 0, "chunks": 0, "shifts": 0, "refills": 0,
-             "refill_calls": 0}
+             "refill_calls": 0, "tail_shifts": 0}
 
     def prefill_group(u):
         gp = order_prompts[pos_of[u]: pos_of[u] + group]
@@ -392,6 +392,16 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
             slot = new_slot
         if not (row_job >= 0).any():
             break
+        if slot + C > S:
+            # no refill moved the cache (the tail, or no row finished): move it left by
+            # the slots no live row needs, so that the chunk's writes stay inside it
+            live = row_job >= 0
+            live_len = int((slot - np.asarray(pool["state"]["offset"])[live]).max())
+            pool = _pool_shift(pool, jnp.int32(slot - live_len), jnp.int32(live_len))
+            slot = live_len
+            stats["shifts"] += 1
+            stats["tail_shifts"] += 1
+        assert slot + C <= S, (slot, C, S)
         pool = _pool_chunk(lm, params, pool, chunk=C, length=T, temperature=float(temperature))
         slot += C
         stats["chunks"] += 1

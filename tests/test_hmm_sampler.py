@@ -280,3 +280,40 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
     assert m1["decode_row_steps"] > 0 and m1["eos_fraction"] == pytest.approx((a.tokens == 188).any(1).mean())
+
+
+def test_continuous_batching_long_tail_stays_inside_the_cache(tmp_path):
+    """Long continuations (EOS less likely than above): after the last refill the live
+    rows keep decoding chunk after chunk, so the cache must be moved left without a
+    refill too (a write past the last slot would be clamped onto it and silently change
+    the draws). Every sequence still equals sample_continuations_with_logprobs."""
+    import dataclasses
+
+    from flax import nnx
+    from jaxcd.lm.interface import pad_prompts
+    from jaxcd.lm.llama import JaxLM
+    from test_lm_llama import write_tiny_gguf
+    from hmm_distill.sampler import sample_continuations_with_logprobs, sample_pool
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
+    base = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    pure = nnx.to_pure_dict(base.params)
+    E = np.array(pure["embed"]["embedding"])
+    E[188] *= 2.0
+    pure["embed"]["embedding"] = E
+    jlm = JaxLM(dataclasses.replace(base.config, eos_token_id=188), attn_block=8)
+    jlm.params = jlm.params_from_pure_dict(pure)
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
+    n, L = 23, 10
+    seq_ids = np.arange(n) + 100
+    which = seq_ids % 4
+    out = {}
+    st = sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
+                     prompt_bucket=4, on_done=lambda j, t, lq: out.__setitem__(j, (t, lq)))
+    assert sorted(out) == list(range(n)) and st["tail_shifts"] > 0
+    ids, lens = pad_prompts([prompts[w] for w in which])
+    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, sequence_keys(7, seq_ids),
+                                                       length=L)
+    np.testing.assert_array_equal(np.stack([out[j][0] for j in range(n)]), np.asarray(ref_t))
+    np.testing.assert_allclose(np.stack([out[j][1] for j in range(n)]), np.asarray(ref_lp), atol=1e-4)
