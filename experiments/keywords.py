@@ -21,7 +21,8 @@ resamples, seeded):
 * **concept coverage %**: mean over examples of the share of concepts present as a
   *whole word* (case-insensitive) in one of their forms — stricter than the
   constraint, which accepts substrings (``dog`` in ``dogma``);
-* **BLEU-4**: sacrebleu's corpus BLEU (13a tokenisation, case-sensitive, no smoothing)
+* **BLEU-4**: sacrebleu's corpus BLEU (13a tokenisation, case-sensitive, sacrebleu's default ``exp``
+  smoothing of zero n-gram precisions)
   against the one reference sentence per concept set; the interval resamples examples
   and recomputes corpus BLEU from sacrebleu's per-sentence statistics;
 * **seconds per example** (decode only) and, separately, compile time (automaton,
