@@ -24,8 +24,10 @@ $(VENV)/.test: pyproject.toml $(VENV)/.core
 run: $(VENV)/.core
 	$(BIN)/python -m jaxcd demo
 
+# one worker process per core (at most 4), whole test files per worker (module fixtures
+# such as the loaded model are built once per file); `pytest -q tests` runs it serially
 test: $(VENV)/.test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -15,7 +15,7 @@ import pytest
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
 
 
-def jaxcd(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def jaxcd(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jaxcd", *args], capture_output=True,
                           text=True, env=ENV, timeout=timeout)
 
@@ -115,7 +115,7 @@ def test_generate_smc_and_awrs_json_lines(tmp_path):
         env = dict(ENV, PYTHONPATH=str(tmp_path))
         r = subprocess.run([sys.executable, "-m", "jaxcd", "generate", *args, "--prompt",
                             "When did Apollo 11 land?", "--budget", "12", "--particles", "4",
-                            "--json"], capture_output=True, text=True, env=env, timeout=600)
+                            "--json"], capture_output=True, text=True, env=env, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         rows = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(rows) == 4
