@@ -153,7 +153,7 @@ def _word_code_points() -> np.ndarray:
 
 @pytest.mark.parametrize("name", ["word", "not_word", "edges"])
 def test_direct_class_dfa_equals_subset_construction(name):
-    """The bottom-up class DFA accepts exactly the class's code points (Python's ``re``
+    r"""The bottom-up class DFA accepts exactly the class's code points (Python's ``re``
     decides ``\w``), is minimal like the subset construction, and accepts no invalid
     UTF-8."""
     from jaxcd.automata.fsa import NFA, utf8_sequences
