@@ -37,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -171,12 +173,19 @@ class TensorizedAutomaton:
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        tmp = path.with_suffix(".tmp.npz")
         meta = {f: getattr(self, f) for f in _META_FIELDS}
         meta["format_version"] = FORMAT_VERSION
-        np.savez(tmp, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                 **{f: np.asarray(getattr(self, f)) for f in _DATA_FIELDS})
-        tmp.replace(path)
+        # a private temporary file, renamed atomically: concurrent saves of one cache key
+        # (e.g. parallel test workers) never interleave their bytes
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
+                         **{f_: np.asarray(getattr(self, f_)) for f_ in _DATA_FIELDS})
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> "TensorizedAutomaton":
