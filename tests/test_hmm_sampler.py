@@ -226,11 +226,11 @@ def test_shared_prefill_equals_padded_batch(tmp_path):
     assert np.asarray(toks).std() > 0
 
 
-def test_continuous_batching_equals_batch_sampling(tmp_path):
-    """sample_pool (JaxLM): rows refilled as their continuations end (only those rows of the
-    cache written), prompts placed at the pool's current cache slot, caches moved left
-    when full; every sequence gets the tokens of sample_continuations_with_logprobs with
-    its own key (log-probs to float32 noise), and exactly what the whole-cache refill gives. A tiny random Llama whose EOS is made likely (so rows end at different steps)."""
+def _pool_against_reference(tmp_path, eos_boost):
+    """A tiny random Llama whose EOS (token 188) gets its embedding scaled by ``eos_boost``;
+    sample_pool over 23 sequences of 4 prompts must give every sequence the tokens of
+    sample_continuations_with_logprobs with its own key (log-probs to float32 noise).
+    Returns what the callers check further."""
     import dataclasses
 
     from flax import nnx
@@ -243,7 +243,7 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     base = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
     pure = nnx.to_pure_dict(base.params)
     E = np.array(pure["embed"]["embedding"])
-    E[188] *= 3.0  # token 188 (made EOS) gets large logits
+    E[188] *= eos_boost
     pure["embed"]["embedding"] = E
     jlm = JaxLM(dataclasses.replace(base.config, eos_token_id=188), attn_block=8)
     jlm.params = jlm.params_from_pure_dict(pure)
@@ -255,14 +255,26 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     out = {}
     st = sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
                      prompt_bucket=4, on_done=lambda j, t, lq: out.__setitem__(j, (t, lq)))
-    assert sorted(out) == list(range(n)) and st["shifts"] > 0
-    assert st["refills"] == n and st["refill_calls"] > st["shifts"]
+    assert sorted(out) == list(range(n))
     ids, lens = pad_prompts([prompts[w] for w in which])
     ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, sequence_keys(7, seq_ids),
                                                        length=L)
     got = np.stack([out[j][0] for j in range(n)])
     np.testing.assert_array_equal(got, np.asarray(ref_t))
     np.testing.assert_allclose(np.stack([out[j][1] for j in range(n)]), np.asarray(ref_lp), atol=1e-4)
+    return jlm, prompts, n, L, seq_ids, which, out, st, got
+
+
+def test_continuous_batching_equals_batch_sampling(tmp_path):
+    """sample_pool (JaxLM): rows refilled as their continuations end (only those rows of the
+    cache written), prompts placed at the pool's current cache slot, caches moved left
+    when full; every sequence gets the tokens of sample_continuations_with_logprobs with
+    its own key (log-probs to float32 noise), and exactly what the whole-cache refill gives. A tiny random Llama whose EOS is made likely (so rows end at different steps)."""
+    from hmm_distill.sampler import sample_pool
+
+    jlm, prompts, n, L, seq_ids, which, out, st, got = _pool_against_reference(tmp_path, eos_boost=3.0)
+    assert st["shifts"] > 0
+    assert st["refills"] == n and st["refill_calls"] > st["shifts"]
     # the whole-cache refill (the earlier method) gives the same draws, bit for bit
     out_copy = {}
     sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
@@ -287,33 +299,5 @@ def test_continuous_batching_long_tail_stays_inside_the_cache(tmp_path):
     rows keep decoding chunk after chunk, so the cache must be moved left without a
     refill too (a write past the last slot would be clamped onto it and silently change
     the draws). Every sequence still equals sample_continuations_with_logprobs."""
-    import dataclasses
-
-    from flax import nnx
-    from jaxcd.lm.interface import pad_prompts
-    from jaxcd.lm.llama import JaxLM
-    from test_lm_llama import write_tiny_gguf
-    from hmm_distill.sampler import sample_continuations_with_logprobs, sample_pool
-
-    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    base = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
-    pure = nnx.to_pure_dict(base.params)
-    E = np.array(pure["embed"]["embedding"])
-    E[188] *= 2.0
-    pure["embed"]["embedding"] = E
-    jlm = JaxLM(dataclasses.replace(base.config, eos_token_id=188), attn_block=8)
-    jlm.params = jlm.params_from_pure_dict(pure)
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
-    n, L = 23, 10
-    seq_ids = np.arange(n) + 100
-    which = seq_ids % 4
-    out = {}
-    st = sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
-                     prompt_bucket=4, on_done=lambda j, t, lq: out.__setitem__(j, (t, lq)))
-    assert sorted(out) == list(range(n)) and st["tail_shifts"] > 0
-    ids, lens = pad_prompts([prompts[w] for w in which])
-    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, sequence_keys(7, seq_ids),
-                                                       length=L)
-    np.testing.assert_array_equal(np.stack([out[j][0] for j in range(n)]), np.asarray(ref_t))
-    np.testing.assert_allclose(np.stack([out[j][1] for j in range(n)]), np.asarray(ref_lp), atol=1e-4)
+    st = _pool_against_reference(tmp_path, eos_boost=2.0)[7]
+    assert st["tail_shifts"] > 0
