@@ -1075,23 +1075,29 @@ def _class_dfa_direct(ranges) -> DFA:
 
 
 @lru_cache(maxsize=4096)
+def _class_nfa(ranges: tuple) -> NFA:
+    """NFA reading one UTF-8 encoded code point of ``ranges``: one byte path per UTF-8
+    sequence range (the subset construction's input; small classes)."""
+    nfa = NFA()
+    s, f = nfa.add_state(), nfa.add_state(accepting=True)
+    nfa.start = s
+    for lo, hi in ranges:
+        for seq in utf8_sequences(lo, hi):
+            cur = s
+            for i, (a, b) in enumerate(seq):
+                nxt = f if i == len(seq) - 1 else nfa.add_state()
+                nfa.trans[cur].append((a, b, nxt))
+                cur = nxt
+    return nfa
+
+
 def _class_fragment(ranges: tuple) -> tuple[list, int, int]:
     """Minimal DFA reading exactly one UTF-8 encoded code point of ``ranges``:
     ``(transitions (q, lo, hi, dst), num_states, accepting state)``; state 0 starts."""
     if len(_class_sequences(ranges)) > _DIRECT_CLASS_SEQS:
         dfa = minimize(_class_dfa_direct(ranges))
     else:
-        nfa = NFA()
-        s, f = nfa.add_state(), nfa.add_state(accepting=True)
-        nfa.start = s
-        for lo, hi in ranges:
-            for seq in utf8_sequences(lo, hi):
-                cur = s
-                for i, (a, b) in enumerate(seq):
-                    nxt = f if i == len(seq) - 1 else nfa.add_state()
-                    nfa.trans[cur].append((a, b, nxt))
-                    cur = nxt
-        dfa = minimize(determinize(nfa))
+        dfa = minimize(determinize(_class_nfa(ranges)))
     accept = int(np.nonzero(dfa.accepting)[0][0])
     runs = []
     for q, lo, hi, d in _byte_runs(dfa):
