@@ -904,6 +904,13 @@ def minimize(dfa: DFA) -> DFA:
     _, block = np.unique(block, return_inverse=True)
     block = block.reshape(-1)
     nblocks = int(block.max()) + 1
+    if nblocks == Q:
+        # already minimal: the quotient would be isomorphic to ``dfa`` (same byte
+        # classes), and trim's output depends only on the DFA up to isomorphism (BFS
+        # order from the start, then its columns in lexicographic order). Trim again
+        # all the same: the BFS now visits classes in that lexicographic order, which
+        # can renumber the states.
+        return trim(dfa)
     # one representative per block
     reps = np.full(nblocks, -1, np.int64)
     reps[block[::-1]] = np.arange(Q)[::-1]
