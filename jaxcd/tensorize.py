@@ -329,14 +329,17 @@ def _run_groups(dfa: DFA, min_bytes: int):
     for r0 in range(0, Q, step):
         trans = dfa.trans[r0:r0 + step]
         n = len(trans)
-        trans = np.where(trans >= 0, trans, Q)
         # per row: successors sorted, byte counts summed over runs of equal successors
-        o = np.argsort(trans, axis=1)
-        st = np.take_along_axis(trans, o, 1)
+        # (sorted as keys successor * 256 + class: a plain sort, faster than argsort)
+        key = np.where(trans >= 0, trans, Q).astype(np.int64)
+        key <<= 8
+        key |= np.arange(C)
+        key.sort(axis=1)
+        st = key >> 8
         new = np.ones((n, C), bool)
         new[:, 1:] = st[:, 1:] != st[:, :-1]
         flat_new = new.ravel()
-        cnt = np.bincount(np.cumsum(flat_new) - 1, weights=size[o].ravel())
+        cnt = np.bincount(np.cumsum(flat_new) - 1, weights=size[key & 255].ravel())
         tt = st.ravel()[flat_new]
         nseg = new.sum(1)
         cnt[tt == Q] = -1

@@ -583,18 +583,27 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     dup = np.nonzero(first[inv] != np.arange(C))[0]                 # merged columns
-    if len(dup) and not (trans[:, dup] == trans[:, first[inv[dup]]]).all():   # collision
+    if len(dup) and not (np.take(trans, dup, axis=1)
+                         == np.take(trans, first[inv[dup]], axis=1)).all():   # collision
         _, first, inv = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
     # number the distinct columns in lexicographic order (big-endian bytes compare
-    # like the integer sequences; entries are >= -1)
-    cols = (trans[:, first].T + np.int64(1)).astype(">u4")          # [k, Q]
-    keys = [row.tobytes() for row in cols]
+    # like the integer sequences; entries are >= -1). The order is decided by the
+    # first row where two columns differ: compare prefixes of the rows first, and
+    # longer ones only while two distinct columns still agree on the prefix.
+    # (np.take along axis 1: several times faster than fancy column indexing.)
+    n = 256
+    while True:
+        cols = (np.take(trans[:n], first, axis=1).T + np.int64(1)).astype(">u4")   # [k, n]
+        keys = [row.tobytes() for row in cols]
+        if n >= Q or len(set(keys)) == len(keys):
+            break
+        n *= 16
     perm = np.array(sorted(range(len(first)), key=keys.__getitem__), np.int64)
     rank_first = first[perm]
     lex = np.empty(len(first), np.int64)
     lex[perm] = np.arange(len(first))
-    return np.ascontiguousarray(trans[:, rank_first], dtype=np.int32), \
+    return np.ascontiguousarray(np.take(trans, rank_first, axis=1), dtype=np.int32), \
         lex[inv].astype(np.int32)[byte_class]
 
 
