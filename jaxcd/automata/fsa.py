@@ -45,10 +45,33 @@ class NFA:
 
     def __init__(self):
         self.eps: list[list[int]] = []
-        self.trans: list[list[tuple[int, int, int]]] = []
+        self._trans: list[list[tuple[int, int, int]]] = []
+        # class fragments inserted by add_codepoints whose inner states' transitions
+        # are not yet written into _trans: (first inner state, dst, class key)
+        self._pending: list[tuple[int, int, tuple]] = []
         self.accepting: set[int] = set()
         self.start: int = 0
         self.max_states = current_limits().max_nfa_states
+
+    @property
+    def trans(self) -> list[list[tuple[int, int, int]]]:
+        """Per state, its byte-range transitions ``(lo, hi, dst)``.
+
+        Large character classes are inserted as a copy of their DFA fragment; the
+        transitions of the fragment's inner states are kept as a reference to the
+        cached fragment until something reads them here (the batched determiniser reads
+        them as arrays instead, see :func:`_flat_transitions`). The result is the same
+        lists, in the same order, as writing them at insertion time."""
+        if self._pending:
+            self._write_pending()
+        return self._trans
+
+    def _write_pending(self) -> None:
+        for first, dst, key in self._pending:
+            for i, row in enumerate(_fragment_parts(key)[1]):
+                self._trans[first + i].extend(
+                    [(lo, hi, dst if d < 0 else first + d) for lo, hi, d in row])
+        self._pending.clear()
 
     def _grow(self, n: int) -> None:
         """Refuse to grow past ``CompileLimits.max_nfa_states`` (checked before adding)."""
@@ -64,7 +87,7 @@ class NFA:
         if len(self.eps) >= self.max_states:
             self._grow(1)
         self.eps.append([])
-        self.trans.append([])
+        self._trans.append([])
         q = len(self.eps) - 1
         if accepting:
             self.accepting.add(q)
@@ -83,7 +106,7 @@ class NFA:
         self._check(src, dst)
         if not (0 <= lo <= hi <= 255):
             raise ValueError(f"NFA: bad byte range [{lo}, {hi}]")
-        self.trans[src].append((lo, hi, dst))
+        self._trans[src].append((lo, hi, dst))
 
     def add_bytes(self, src: int, dst: int, data: bytes) -> None:
         """A path spelling exactly ``data`` (epsilon if empty)."""
@@ -94,7 +117,7 @@ class NFA:
         cur = src
         for i, b in enumerate(data):
             nxt = dst if i == len(data) - 1 else self.add_state()
-            self.trans[cur].append((b, b, nxt))
+            self._trans[cur].append((b, b, nxt))
             cur = nxt
 
     def add_string(self, src: int, dst: int, text: str) -> None:
@@ -105,7 +128,11 @@ class NFA:
         """Paths spelling exactly one code point from the inclusive ``ranges`` (UTF-8).
 
         Large classes (``.``, ``\\w``, ``[^"]``) are inserted as their minimal byte DFA
-        (cached per class), which keeps later determinisation small."""
+        (cached per class), which keeps later determinisation small. Its start state is
+        ``src``, its accepting state ``dst``, its other ("inner") states new states
+        ``first, first + 1, ...`` in the fragment's order; the inner states' transitions
+        are written lazily (see :attr:`trans`): ``(\\w{1,12} ){3,8}`` inserts Unicode
+        ``\\w``'s 308 inner states 97 times."""
         self._check(src, dst)
         key = _normalized(ranges) if isinstance(ranges, tuple) else tuple(normalize_ranges(ranges))
         seqs = _class_sequences(key)
@@ -114,20 +141,17 @@ class NFA:
                 cur = src
                 for i, (a, b) in enumerate(seq):
                     nxt = dst if i == len(seq) - 1 else self.add_state()
-                    self.trans[cur].append((a, b, nxt))
+                    self._trans[cur].append((a, b, nxt))
                     cur = nxt
             return
-        runs, num_states, accept = _class_fragment(key)
-        self._grow(num_states - 2)
+        start_runs, inner_rows, _ = _fragment_parts(key)
+        n_inner = len(inner_rows)
+        self._grow(n_inner)
         first = len(self.eps)
-        self.eps.extend([] for _ in range(num_states - 2))
-        self.trans.extend([] for _ in range(num_states - 2))
-        # fragment state q -> NFA state: 0 -> src, accept -> dst, others numbered in order
-        ids = [first + q - 1 - (q > accept) for q in range(num_states)]
-        ids[0], ids[accept] = src, dst
-        trans = self.trans
-        for q, lo, hi, d in runs:
-            trans[ids[q]].append((lo, hi, ids[d]))
+        self.eps.extend([] for _ in range(n_inner))
+        self._trans.extend([] for _ in range(n_inner))
+        self._trans[src].extend([(lo, hi, dst if d < 0 else first + d) for lo, hi, d in start_runs])
+        self._pending.append((first, dst, key))
 
     def embed(self, other: "NFA") -> tuple[int, set[int]]:
         """Copy ``other`` into this NFA; return (its start, its accepting states)."""
@@ -135,7 +159,7 @@ class NFA:
         self._grow(other.num_states)
         for q in range(other.num_states):
             self.eps.append([d + off for d in other.eps[q]])
-            self.trans.append([(lo, hi, d + off) for lo, hi, d in other.trans[q]])
+            self._trans.append([(lo, hi, d + off) for lo, hi, d in other.trans[q]])
         return other.start + off, {a + off for a in other.accepting}
 
 
@@ -252,10 +276,18 @@ def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
 
 
 def _flat_transitions(nfa: NFA):
-    """All byte-range transitions as int64 arrays ``(src, lo, hi, dst)``."""
-    counts = np.fromiter(map(len, nfa.trans), np.int64, nfa.num_states)
-    flat = np.array(list(chain.from_iterable(nfa.trans)), np.int64).reshape(-1, 3)
-    return np.repeat(np.arange(nfa.num_states), counts), flat[:, 0], flat[:, 1], flat[:, 2]
+    """All byte-range transitions as int64 arrays ``(src, lo, hi, dst)``: those in the
+    lists by state, then the pending fragments' (see :attr:`NFA.trans`) as arrays."""
+    rows = nfa._trans
+    counts = np.fromiter(map(len, rows), np.int64, nfa.num_states)
+    flat = np.array(list(chain.from_iterable(rows)), np.int64).reshape(-1, 3)
+    parts = [(np.repeat(np.arange(nfa.num_states), counts), flat[:, 0], flat[:, 1], flat[:, 2])]
+    for first, dst, key in nfa._pending:
+        q, lo, hi, d = _fragment_parts(key)[2]
+        parts.append((first + q, lo, hi, np.where(d >= 0, first + d, dst)))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(x) for x in zip(*parts))
 
 
 def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
@@ -321,9 +353,11 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     rs = np.repeat(close_sid[td].astype(np.int32), cnt)
     if ovl.any():
         xq, xc, xs = [], [], []
+        qa = np.searchsorted(tq, np.arange(n + 1))           # tq is sorted
         for q in np.nonzero(ovl)[0].tolist():
             acc: dict[int, set[int]] = {}
-            for lo, hi, d in nfa.trans[q]:
+            a, b = int(qa[q]), int(qa[q + 1])
+            for lo, hi, d in zip(tlo[a:b].tolist(), thi[a:b].tolist(), td[a:b].tolist()):
                 c = int(close_sid[d])
                 if c < 0:
                     continue
@@ -718,17 +752,19 @@ def _bfs_order(trans: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.concatenate(levels)
 
 
-def trim(dfa: DFA) -> DFA:
+def trim(dfa: DFA, _all_coreachable: bool = False) -> DFA:
     """Keep states reachable from the start and co-reachable to an accepting state;
-    renumber in BFS order from the start."""
+    renumber in BFS order from the start. (``_all_coreachable``: the caller knows that
+    every state is co-reachable, e.g. ``dfa`` is itself the output of ``trim``.)"""
     Q = dfa.num_states
     if Q == 0:
         return dfa
     trans = dfa.trans
+    co = np.ones(Q, bool) if _all_coreachable else dfa.accepting.copy()
     # co-reachable: reverse BFS from the accepting states
-    pred, pstart = _predecessors(trans)
-    co = dfa.accepting.copy()
-    frontier = np.nonzero(co)[0]
+    frontier = np.zeros(0, np.int64) if _all_coreachable else np.nonzero(co)[0]
+    if len(frontier):
+        pred, pstart = _predecessors(trans)
     while len(frontier):
         # every state enters the frontier once: dedupe (a state with k predecessor
         # edges from the frontier would otherwise be expanded k times, and the
@@ -919,7 +955,7 @@ def minimize(dfa: DFA) -> DFA:
         # order from the start, then its columns in lexicographic order). Trim again
         # all the same: the BFS now visits classes in that lexicographic order, which
         # can renumber the states.
-        return trim(dfa)
+        return trim(dfa, _all_coreachable=True)
     # one representative per block
     reps = np.full(nblocks, -1, np.int64)
     reps[block[::-1]] = np.arange(Q)[::-1]
@@ -1123,6 +1159,26 @@ def _class_fragment(ranges: tuple) -> tuple[list, int, int]:
     for q, lo, hi, d in _byte_runs(dfa):
         runs.append((q, lo, hi, d))
     return runs, dfa.num_states, accept
+
+
+@lru_cache(maxsize=4096)
+def _fragment_parts(ranges: tuple):
+    """:func:`_class_fragment` split for :meth:`NFA.add_codepoints`, with its inner states
+    (all but the start and the accepting state) numbered ``0, 1, ...`` in order and the
+    accepting state as ``-1``: ``(start_runs [(lo, hi, d)], inner_rows [[(lo, hi, d)]],
+    (q, lo, hi, d) int64 arrays of the inner rows)``."""
+    runs, num_states, accept = _class_fragment(ranges)
+    inner = [q - 1 - (q > accept) if q != accept else -1 for q in range(num_states)]
+    start_runs = []
+    inner_rows: list[list[tuple[int, int, int]]] = [[] for _ in range(num_states - 2)]
+    for q, lo, hi, d in runs:
+        if d == 0 or q == accept:               # one code point: no way back, no way on
+            raise AssertionError(f"class fragment of {ranges[:4]}...: not a one-character DFA")
+        (start_runs if q == 0 else inner_rows[inner[q]]).append((lo, hi, inner[d]))
+    flat = [(qi, lo, hi, d) for qi, row in enumerate(inner_rows) for lo, hi, d in row]
+    arrays = tuple(np.array(col, np.int64) for col in zip(*flat)) if flat else \
+        tuple(np.zeros(0, np.int64) for _ in range(4))
+    return start_runs, inner_rows, arrays
 
 
 def _byte_runs(dfa: DFA):
