@@ -322,27 +322,35 @@ def _run_groups(dfa: DFA, min_bytes: int):
     most common successor (its "dominant" target); states grouped by that byte set.
     Yields ``(sigma bool[256], member states)`` for sets of at least ``min_bytes``."""
     Q, C = dfa.trans.shape
-    size = np.bincount(dfa.byte_class, minlength=C)
+    size = np.bincount(dfa.byte_class, minlength=C).astype(np.int32)
     dom = np.empty(Q, np.int64)
     dom_bytes = np.empty(Q, np.float64)
     step = max(1, (1 << 20) // C)                       # bounded scratch
+    kt = np.int32 if Q < (1 << 23) else np.int64        # keys successor * 256 + class
     for r0 in range(0, Q, step):
         trans = dfa.trans[r0:r0 + step]
         n = len(trans)
         # per row: successors sorted, byte counts summed over runs of equal successors
-        # (sorted as keys successor * 256 + class: a plain sort, faster than argsort)
-        key = np.where(trans >= 0, trans, Q).astype(np.int64)
+        # (sorted as keys successor * 256 + class: a plain sort, faster than argsort;
+        # dead (-1) sorts first)
+        key = trans.astype(kt)
         key <<= 8
-        key |= np.arange(C)
+        key |= np.arange(C, dtype=kt)
         key.sort(axis=1)
         st = key >> 8
         new = np.ones((n, C), bool)
         new[:, 1:] = st[:, 1:] != st[:, :-1]
-        flat_new = new.ravel()
-        cnt = np.bincount(np.cumsum(flat_new) - 1, weights=size[key & 255].ravel())
-        tt = st.ravel()[flat_new]
+        starts = np.flatnonzero(new)                    # runs, row by row (each row
+        ends = np.empty_like(starts)                    # starts one)
+        ends[:-1] = starts[1:] - 1
+        ends[-1] = n * C - 1
+        w = size[key & 255]
+        cw = np.cumsum(w, axis=1, dtype=np.int32).ravel()
+        cnt = (cw[ends] - cw[starts] + w.ravel()[starts]).astype(np.float64)
+        tt = st.ravel()[starts]
         nseg = new.sum(1)
-        cnt[tt == Q] = -1
+        cnt[tt < 0] = -1
+        tt[tt < 0] = Q
         # most bytes, then smallest target (segments of a row are in target order)
         rowmax = np.maximum.reduceat(cnt, np.cumsum(nseg) - nseg)
         idx = np.flatnonzero(cnt == np.repeat(rowmax, nseg))
