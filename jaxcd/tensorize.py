@@ -1373,9 +1373,10 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
         cnt = b - a
         idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
         t = ptok[idx]
-        seg = np.bincount(np.repeat(np.arange(n), cnt) * W + (t >> 5),
-                          weights=np.ldexp(1.0, (t & 31).astype(np.int32)),
-                          minlength=n * W).astype(np.uint32).reshape(n, W)
+        seg = np.zeros((n, W), np.uint32)
+        if len(t):                  # (a segment's tokens are distinct: one state's labels)
+            np.bitwise_or.at(seg.reshape(-1), np.repeat(np.arange(n), cnt) * W + (t >> 5),
+                             np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
         ba, bb = bstart[e_lo[c0:c1]], bstart[e_hi[c0:c1]]
         nb = bb - ba
         if nb.any():
