@@ -271,6 +271,34 @@ def _count(out, k: int) -> None:
                             "lift over the vocabulary", at_least=True)
 
 
+class _ByteTable:
+    """The DFA's next state by byte, ``table[q, b]`` (``q`` up to ``Q``; dead -> ``Q``,
+    row ``Q`` all dead), indexed like an int32 ``[Q + 1, 256]`` array (``table[q, b]``,
+    ``table[q]``: whole rows, ``table[:, bytes]``) but stored by byte class
+    (``[Q + 1, C]``, each lookup maps the bytes through ``byte_class``): the byte table
+    of a 30,000-state DFA is 30 MB of freshly touched memory, several times the class
+    table's cost to fill."""
+
+    def __init__(self, dfa: DFA):
+        Q, C = dfa.trans.shape
+        ctab = np.empty((Q + 1, C), np.int32)
+        np.copyto(ctab[:Q], dfa.trans)
+        ctab[Q] = Q
+        np.putmask(ctab[:Q], ctab[:Q] < 0, Q)
+        self.ctab, self.bc = ctab, dfa.byte_class
+
+    def __len__(self) -> int:
+        return len(self.ctab)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            rows, byts = key
+            if isinstance(byts, slice):
+                return self.ctab[rows][..., self.bc[byts]]
+            return self.ctab[rows, self.bc[byts]]
+        return self.ctab[key][..., self.bc]
+
+
 def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, out) -> None:
     """Continue the trie walk from ``(src, node, cur)`` pairs (``node``'s byte already
     read, DFA now in ``cur``): emit ``(src, token, state)`` for every token ending at or
@@ -963,9 +991,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     Q = dfa.num_states
     V = vocab.vocab_size
     W = (V + 31) // 32
-    table = np.full((Q + 1, 256), Q, np.int32)
-    np.take(dfa.trans, dfa.byte_class, axis=1, out=table[:Q])
-    table[table < 0] = Q                                # dead -> Q (row Q: all dead)
+    table = _ByteTable(dfa)
 
     out = _Out()
     bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
