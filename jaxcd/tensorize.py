@@ -1411,8 +1411,14 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
             per = max(1, chunk_bytes // (4 * W))
             for p0 in range(0, len(pi), per):
                 ii, rr = pi[p0:p0 + per], pr[p0:p0 + per]
+                # OR each bulk row into its segment, one rank (j-th row of a segment)
+                # at a time: the segments of one rank are distinct (a 2-D reduceat
+                # along axis 0 is several times slower)
                 cut = np.flatnonzero(np.concatenate([[True], ii[1:] != ii[:-1]]))
-                seg[ii[cut]] |= np.bitwise_or.reduceat(bulk_rows[rr], cut, axis=0)
+                rank = np.arange(len(ii)) - np.repeat(cut, np.diff(np.append(cut, len(ii))))
+                for j in range(int(rank.max()) + 1):
+                    at = np.flatnonzero(rank == j) if j else cut
+                    seg[ii[at]] |= bulk_rows[rr[at]]
         # running union within each state (row by row: a strided cumsum is ~3x slower)
         for i in np.nonzero(~first[c0:c1])[0].tolist():
             np.add(seg[i], seg[i - 1] if i > 0 else out[sel[c0 - 1]], out=seg[i])
