@@ -614,60 +614,64 @@ def _fragment_of(dfa: DFA, table: np.ndarray, dead: int, sigma: np.ndarray, r: i
     T = int(table[r, sb[0]])
     trans = dfa.trans
     Q = dfa.num_states
-    skip = {r, T, dead}
-    cand: set[int] = set()
-    row = table[r]
-    frontier = {int(x) for x in np.unique(row[~sigma])} - skip
+    # candidates: within max_depth bytes of r, outside {r, T}
+    skip = np.zeros(Q + 2, bool)                  # index Q: dead, Q + 1 (= -1): dead
+    skip[[r, T, dead, -1]] = True
+    is_cand = np.zeros(Q + 2, bool)
+    frontier = np.unique(table[r][~sigma])
+    frontier = frontier[~skip[frontier]]
     for _ in range(max_depth):
-        new = frontier - cand
-        if not new:
+        new = frontier[~is_cand[frontier]]
+        if len(new) == 0:
             break
-        cand |= new
-        nxt: set[int] = set()
-        for y in new:
-            nxt.update(trans[y][trans[y] >= 0].tolist())
-        frontier = nxt - skip
-    if not cand:
+        is_cand[new] = True
+        frontier = np.unique(trans[new])
+        frontier = frontier[~skip[frontier]]
+    if not is_cand.any():
         return None
-    # prune: inside states go inside, to D(r), or die
-    ok_targets = cand | {T}
-    changed = True
-    while changed:
-        changed = False
-        for y in list(cand):
-            t = trans[y]
-            if not set(t[t >= 0].tolist()) <= ok_targets:
-                cand.discard(y)
-                ok_targets.discard(y)
-                changed = True
-    if not cand:
+    # prune: inside states go inside, to D(r), or die (the largest such set)
+    ok_target = is_cand.copy()
+    ok_target[[T, -1]] = True
+    cand = np.nonzero(is_cand)[0]
+    while True:
+        bad = ~ok_target[trans[cand]].all(1)
+        if not bad.any():
+            break
+        ok_target[cand[bad]] = False
+        cand = cand[~bad]
+    if len(cand) == 0:
         return None
-    # BFS from r inside the fragment: local ids, tree parents and bytes
-    local = {r: 0}
+    is_cand = np.zeros(Q + 2, bool)
+    is_cand[cand] = True
+    # BFS from r inside the fragment: local ids, tree parents and bytes (a state's
+    # successors in class order, first visits in BFS order)
+    local_id = np.full(Q + 2, -1, np.int64)
+    local_id[r] = 0
+    order = [np.array([r], np.int64)]
     tree_f, tree_p, tree_b = [], [], []
-    level = [r]
-    sigma_cls = sigma[byte_rep]
-    all_cls = np.arange(len(byte_rep))
-    while level:
-        lf, lp, lb = [], [], []
-        nxt = []
-        for y in level:
-            ry = trans[y]
-            cs = np.nonzero(~sigma_cls)[0] if y == r else all_cls
-            for c in cs.tolist():
-                z = int(ry[c])
-                b = int(byte_rep[c])
-                if z in cand and z not in local:
-                    local[z] = len(local)
-                    lf.append(local[z])
-                    lp.append(local[y])
-                    lb.append(b)
-                    nxt.append(z)
-        if lf:
-            tree_f.append(np.array(lf, np.int64))
-            tree_p.append(np.array(lp, np.int64))
-            tree_b.append(np.array(lb, np.int64))
-        level = nxt
+    level = order[0]
+    n_local = 1
+    first_cls = np.nonzero(~sigma[byte_rep])[0]          # from r: bytes outside sigma
+    while len(level):
+        cs = first_cls if n_local == 1 else np.arange(len(byte_rep))
+        z = trans[level[:, None], cs[None, :]].ravel()    # [level, classes], row-major
+        par = np.repeat(level, len(cs))
+        byt = np.tile(byte_rep[cs], len(level))
+        keep = is_cand[z] & (local_id[z] < 0)
+        z, par, byt = z[keep], par[keep], byt[keep]
+        _, firsts = np.unique(z, return_index=True)
+        firsts.sort()
+        z, par, byt = z[firsts], par[firsts], byt[firsts]
+        if len(z) == 0:
+            break
+        local_id[z] = n_local + np.arange(len(z))
+        n_local += len(z)
+        tree_f.append(local_id[z])
+        tree_p.append(local_id[par])
+        tree_b.append(byt.astype(np.int64))
+        order.append(z)
+        level = z
+    local = {int(y): i for i, y in enumerate(np.concatenate(order).tolist())}
     m = len(local) - 1
     if m == 0:
         return None
