@@ -1155,10 +1155,7 @@ def _class_fragment(ranges: tuple) -> tuple[list, int, int]:
     else:
         dfa = minimize(determinize(_class_nfa(ranges)))
     accept = int(np.nonzero(dfa.accepting)[0][0])
-    runs = []
-    for q, lo, hi, d in _byte_runs(dfa):
-        runs.append((q, lo, hi, d))
-    return runs, dfa.num_states, accept
+    return _byte_runs(dfa), dfa.num_states, accept
 
 
 @lru_cache(maxsize=4096)
@@ -1181,20 +1178,22 @@ def _fragment_parts(ranges: tuple):
     return start_runs, inner_rows, arrays
 
 
-def _byte_runs(dfa: DFA):
-    """(state, lo, hi, dst) for maximal byte runs with the same destination."""
+def _byte_runs(dfa: DFA) -> list[tuple[int, int, int, int]]:
+    """(state, lo, hi, dst) for maximal byte runs with the same destination, by state
+    then byte."""
     table = dfa.byte_table()
-    for q in range(dfa.num_states):
-        row = table[q]
-        b = 0
-        while b < 256:
-            d = int(row[b])
-            e = b
-            while e + 1 < 256 and row[e + 1] == d:
-                e += 1
-            if d >= 0:
-                yield q, b, e, d
-            b = e + 1
+    S = table.shape[0]
+    if S == 0:
+        return []
+    change = np.ones(table.shape, bool)
+    change[:, 1:] = table[:, 1:] != table[:, :-1]
+    starts = np.flatnonzero(change)                       # every row starts a run
+    ends = np.append(starts[1:] - 1, S * 256 - 1)
+    d = table.ravel()[starts]
+    live = d >= 0
+    starts, ends, d = starts[live], ends[live], d[live]
+    return list(zip((starts >> 8).tolist(), (starts & 255).tolist(), (ends & 255).tolist(),
+                    d.tolist()))
 
 
 def literal_dfa(strings: Sequence[bytes]) -> DFA:
