@@ -410,6 +410,8 @@ def run(a, model=None, hmm=None) -> dict:
 
 def main(argv=None):
     a = parse_args(argv)
+    from jaxcd.model_files import enable_compile_cache
+    enable_compile_cache()
     res = run(a)
     print((Path(a.out) / "summary.md").read_text())
     return res

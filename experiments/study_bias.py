@@ -525,15 +525,8 @@ SETTINGS = {"default": dict(ks=list(KS), seeds=5, runs=4000, problems="regex,key
 def enable_compile_cache():
     """JAX's persistent compilation cache under the jaxcd cache dir: every (method, k)
     is one compile of several seconds on a CPU; reruns reuse them."""
-    import jax
-
-    from jaxcd.model_files import cache_dir
-
-    try:
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "jax_compile"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    except Exception as e:                                # noqa: BLE001 - a speed-up only
-        print(f"no persistent compilation cache ({e})", file=sys.stderr)
+    from jaxcd.model_files import enable_compile_cache as enable
+    enable()
 
 
 def main(argv=None):

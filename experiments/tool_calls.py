@@ -332,6 +332,8 @@ def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
 
 def main(argv=None):
     a = parse_args(argv)
+    from jaxcd.model_files import enable_compile_cache
+    enable_compile_cache()
     res = run(a)
     print((Path(a.out) / "summary.md").read_text())
     return res

@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     from .errors import JaxcdError
     args = build_parser().parse_args(argv)
+    from .model_files import enable_compile_cache
+    enable_compile_cache()          # later runs reuse the compiled programs (a cache on disk)
     try:
         return args.func(args)
     except (UsageError, JaxcdError, ValueError, FileNotFoundError) as e:
