@@ -650,21 +650,27 @@ def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.repeat(a - (csum - cnt), cnt) + np.arange(total)
 
 
-def _predecessors(trans: np.ndarray, with_outdeg: bool = False):
-    """CSR of the reversed transition graph: the distinct predecessors of ``q`` are
-    ``pred[start[q]:start[q + 1]]`` (ascending); with ``with_outdeg`` also the number
-    of distinct successors of each state."""
-    Q = trans.shape[0]
+def _successor_pairs(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct live transitions ``(src, dst)`` of ``trans`` (int64, by ``src``)."""
     st = np.sort(trans, axis=1)                                    # dead (-1) first
     keep = st >= 0
     keep[:, 1:] &= st[:, 1:] != st[:, :-1]
-    deg = keep.sum(1)
-    src = np.repeat(np.arange(Q), deg)
-    dst = st[keep].astype(np.int64)
-    o = np.argsort(dst, kind="stable")                             # sources stay ascending
+    return np.repeat(np.arange(trans.shape[0]), keep.sum(1)), st[keep].astype(np.int64)
+
+
+def _predecessors(trans: np.ndarray, with_outdeg: bool = False, pairs=None):
+    """CSR of the reversed transition graph: the distinct predecessors of ``q`` are
+    ``pred[start[q]:start[q + 1]]`` (ascending); with ``with_outdeg`` also the number
+    of distinct successors of each state. ``pairs``: :func:`_successor_pairs` of
+    ``trans``, in any order, if known."""
+    Q = trans.shape[0]
+    src, dst = _successor_pairs(trans) if pairs is None else pairs
+    o = np.argsort(dst * Q + src)                                  # by dst, then src
+    src, dst = src[o], dst[o]
+    start = np.searchsorted(dst, np.arange(Q + 1))
     if with_outdeg:
-        return src[o], np.searchsorted(dst[o], np.arange(Q + 1)), deg
-    return src[o], np.searchsorted(dst[o], np.arange(Q + 1))
+        return src, start, np.bincount(src, minlength=Q)
+    return src, start
 
 
 def _finite_levels(pred: np.ndarray, pstart: np.ndarray, outdeg: np.ndarray) -> list:
@@ -752,19 +758,27 @@ def _bfs_order(trans: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.concatenate(levels)
 
 
-def trim(dfa: DFA, _all_coreachable: bool = False) -> DFA:
+def trim(dfa: DFA) -> DFA:
     """Keep states reachable from the start and co-reachable to an accepting state;
-    renumber in BFS order from the start. (``_all_coreachable``: the caller knows that
-    every state is co-reachable, e.g. ``dfa`` is itself the output of ``trim``.)"""
+    renumber in BFS order from the start."""
+    return _trim(dfa)[0]
+
+
+def _trim(dfa: DFA, all_coreachable: bool = False):
+    """:func:`trim`, and the distinct live transitions ``(src, dst)`` of the result
+    (None with ``all_coreachable``: the caller knows that every state is co-reachable,
+    e.g. ``dfa`` is itself the output of ``trim``; no reverse search)."""
     Q = dfa.num_states
     if Q == 0:
-        return dfa
+        return dfa, None
     trans = dfa.trans
-    co = np.ones(Q, bool) if _all_coreachable else dfa.accepting.copy()
+    co = np.ones(Q, bool) if all_coreachable else dfa.accepting.copy()
+    pairs = None
     # co-reachable: reverse BFS from the accepting states
-    frontier = np.zeros(0, np.int64) if _all_coreachable else np.nonzero(co)[0]
+    frontier = np.zeros(0, np.int64) if all_coreachable else np.nonzero(co)[0]
     if len(frontier):
-        pred, pstart = _predecessors(trans)
+        pairs = _successor_pairs(trans)
+        pred, pstart = _predecessors(trans, pairs=pairs)
     while len(frontier):
         # every state enters the frontier once: dedupe (a state with k predecessor
         # edges from the frontier would otherwise be expanded k times, and the
@@ -780,14 +794,18 @@ def trim(dfa: DFA, _all_coreachable: bool = False) -> DFA:
         co[p] = True
         frontier = p
     if not co[0]:
-        return empty_dfa()
+        return empty_dfa(), None
     # reachable from start through co-reachable states, BFS order
     order = _bfs_order(trans, co)
     remap = np.full(Q + 1, -1, np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
     new_trans = remap.take(trans[order])                  # -1 (dead) reads remap[Q] = -1
     t2, bc = _compress_columns(new_trans, dfa.byte_class)
-    return DFA(t2, dfa.accepting[order], bc)
+    if pairs is not None:
+        s, d = remap[pairs[0]], remap[pairs[1]]
+        live = (s >= 0) & (d >= 0)
+        pairs = (s[live].astype(np.int64), d[live].astype(np.int64))
+    return DFA(t2, dfa.accepting[order], bc), pairs
 
 
 def _group_rows(sig: np.ndarray, mult: np.ndarray) -> np.ndarray:
@@ -876,7 +894,7 @@ def minimize(dfa: DFA) -> DFA:
     the accepting sinks up, by their successors' blocks (Revuz). They are never
     equivalent to a state with an infinite language, so refinement runs only on the
     others, with the finite blocks fixed."""
-    dfa = trim(dfa)
+    dfa, pairs = _trim(dfa)
     Q = dfa.num_states
     if Q == 0:
         return dfa
@@ -884,7 +902,7 @@ def minimize(dfa: DFA) -> DFA:
     C = trans.shape[1]
     rng = np.random.default_rng(0x6A78)
     mult = rng.integers(1, 1 << 62, size=(2, C + 1), dtype=np.int64) | 1
-    pred, pstart, outdeg = _predecessors(trans, with_outdeg=True)
+    pred, pstart, outdeg = _predecessors(trans, with_outdeg=True, pairs=pairs)
     trans_q = np.where(trans >= 0, trans, Q)               # dead -> Q
     # states with a finite language: blocks by height, bottom-up (exact, no refinement)
     levels = _finite_levels(pred, pstart, outdeg) if Q > _FINITE_MIN_STATES else []
@@ -955,7 +973,7 @@ def minimize(dfa: DFA) -> DFA:
         # order from the start, then its columns in lexicographic order). Trim again
         # all the same: the BFS now visits classes in that lexicographic order, which
         # can renumber the states.
-        return trim(dfa, _all_coreachable=True)
+        return _trim(dfa, all_coreachable=True)[0]
     # one representative per block
     reps = np.full(nblocks, -1, np.int64)
     reps[block[::-1]] = np.arange(Q)[::-1]
