@@ -46,7 +46,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .automata.fsa import DFA
+from .automata.fsa import DFA, _unique_ints
 from .errors import EmptyLanguageError, PrefixRejectedError
 from .limits import current_limits, too_large
 from .vocab import Vocabulary
@@ -618,14 +618,14 @@ def _fragment_of(dfa: DFA, table: np.ndarray, dead: int, sigma: np.ndarray, r: i
     skip = np.zeros(Q + 2, bool)                  # index Q: dead, Q + 1 (= -1): dead
     skip[[r, T, dead, -1]] = True
     is_cand = np.zeros(Q + 2, bool)
-    frontier = np.unique(table[r][~sigma])
+    frontier = _unique_ints(table[r][~sigma])
     frontier = frontier[~skip[frontier]]
     for _ in range(max_depth):
         new = frontier[~is_cand[frontier]]
         if len(new) == 0:
             break
         is_cand[new] = True
-        frontier = np.unique(trans[new])
+        frontier = _unique_ints(trans[new].ravel())
         frontier = frontier[~skip[frontier]]
     if not is_cand.any():
         return None
@@ -1115,7 +1115,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     rows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
 
     # states reachable from the start by whole tokens, BFS order
-    pairs = np.unique(np.concatenate([src.astype(np.int64) * Q + dst,
+    pairs = _unique_ints(np.concatenate([src.astype(np.int64) * Q + dst,
                                       bsrc.astype(np.int64) * Q + bdst]))
     es, ed = pairs // Q, pairs % Q
     starts = np.searchsorted(es, np.arange(Q + 1))
@@ -1168,7 +1168,7 @@ def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) ->
         cnt = b - a
         idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
         p = src_by_dst[idx]
-        p = np.unique(p[dist[p] == INF_DIST])
+        p = _unique_ints(p[dist[p] == INF_DIST])
         dist[p] = level
         frontier = p
     return dist
@@ -1321,7 +1321,7 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     if len(bulk_rows):
         # a packed row's hash from its nibbles: table[i, k, x] is the sum of the values
         # of the tokens 4k .. 4k + 3 whose bits are set in nibble value x
-        used = np.unique(brow)
+        used = _unique_ints(brow)
         table = _nibble_hash_table(V)                       # [2, 8W, 16]
         nn = table.shape[1]
         per = max(1, (16 << 20) // (8 * nn))                # rows at a time

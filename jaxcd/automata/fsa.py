@@ -293,7 +293,7 @@ def _flat_transitions(nfa: NFA):
 def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     n = nfa.num_states
     tq, tlo, thi, td = _flat_transitions(nfa)
-    bounds = np.unique(np.concatenate([tlo, thi + 1, [0, 256]]))
+    bounds = _unique_ints(np.concatenate([tlo, thi + 1, [0, 256]]))
     byte_class = (np.searchsorted(bounds, np.arange(256), side="right") - 1).astype(np.int32)
     C = len(bounds) - 1
     acc_nfa = np.zeros(n, bool)
@@ -324,7 +324,7 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     # epsilon closures (restricted to important states) of the states that need one
     has_eps = np.fromiter((bool(e) for e in nfa.eps), bool, n)
     close_sid = np.where(important, np.arange(n), -1)
-    need = np.unique(np.concatenate([td, [nfa.start]]))
+    need = _unique_ints(np.concatenate([td, [nfa.start]]))
     for q in need[has_eps[need]].tolist():
         seen = {q}
         stack = [q]
@@ -650,12 +650,43 @@ def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.repeat(a - (csum - cnt), cnt) + np.arange(total)
 
 
+def _unique_ints(x: np.ndarray) -> np.ndarray:
+    """``np.unique(x)`` for a 1-D integer array, by sorting (NumPy 2's hash-based
+    ``unique`` is several times slower on the arrays here)."""
+    x = np.sort(x)
+    if len(x) < 2:
+        return x
+    keep = np.empty(len(x), bool)
+    keep[0] = True
+    np.not_equal(x[1:], x[:-1], out=keep[1:])
+    return x[keep]
+
+
+def _unique_first_inverse(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_index=True, return_inverse=True)[1:]`` for a 1-D array (the
+    index of each distinct value's first occurrence, and the inverse), with less fixed
+    overhead (:func:`_finite_blocks` calls it once per height)."""
+    o = np.argsort(x, kind="stable")
+    xs = x[o]
+    new = np.empty(len(x), bool)
+    new[:1] = True
+    np.not_equal(xs[1:], xs[:-1], out=new[1:])
+    inv = np.empty(len(x), np.int64)
+    inv[o] = np.cumsum(new) - 1
+    return o[new], inv
+
+
 def _successor_pairs(trans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct live transitions ``(src, dst)`` of ``trans`` (int64, by ``src``)."""
-    st = np.sort(trans, axis=1)                                    # dead (-1) first
-    keep = st >= 0
-    keep[:, 1:] &= st[:, 1:] != st[:, :-1]
-    return np.repeat(np.arange(trans.shape[0]), keep.sum(1)), st[keep].astype(np.int64)
+    """The distinct live transitions ``(src, dst)`` of ``trans`` (int64, sorted).
+    Adjacent byte classes mostly share their target: entries equal to their left
+    neighbour are dropped first, the rest deduplicated by one sort."""
+    Q = trans.shape[0]
+    keep = trans >= 0
+    keep[:, 1:] &= trans[:, 1:] != trans[:, :-1]
+    key = np.repeat(np.arange(Q, dtype=np.int64) * Q, keep.sum(1))
+    key += trans[keep]
+    key = _unique_ints(key)
+    return key // Q, key % Q
 
 
 def _predecessors(trans: np.ndarray, with_outdeg: bool = False, pairs=None):
@@ -685,9 +716,8 @@ def _finite_levels(pred: np.ndarray, pstart: np.ndarray, outdeg: np.ndarray) -> 
         p = pred[_ranges(pstart, level)]
         if len(p) == 0:
             break
-        u, c = np.unique(p, return_counts=True)
-        deg[u] -= c
-        level = u[deg[u] == 0]
+        np.subtract.at(deg, p, 1)
+        level = _unique_ints(p[deg[p] == 0])
     return levels
 
 
@@ -709,8 +739,7 @@ def _finite_blocks(trans_q: np.ndarray, accepting: np.ndarray, levels: list,
         else:
             h = sig @ m                                             # wrapping int64
             key = h[:, 0] ^ (h[:, 1] * np.int64(0x9E3779B97F4A7C15 - (1 << 64)))
-            _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-            inv = inv.reshape(-1)
+            first, inv = _unique_first_inverse(key)
             if not (sig == sig[first[inv]]).all():                 # hash collision
                 _, inv = np.unique(sig, axis=0, return_inverse=True)
                 inv = inv.reshape(-1)
@@ -790,7 +819,7 @@ def _trim(dfa: DFA, all_coreachable: bool = False):
             p = np.array(sorted(c for c in cand if not co[c]), np.int64)
         else:
             p = pred[_ranges(pstart, frontier)]
-            p = np.unique(p[~co[p]])
+            p = _unique_ints(p[~co[p]])
         co[p] = True
         frontier = p
     if not co[0]:
@@ -903,7 +932,7 @@ def minimize(dfa: DFA) -> DFA:
     rng = np.random.default_rng(0x6A78)
     mult = rng.integers(1, 1 << 62, size=(2, C + 1), dtype=np.int64) | 1
     pred, pstart, outdeg = _predecessors(trans, with_outdeg=True, pairs=pairs)
-    trans_q = np.where(trans >= 0, trans, Q)               # dead -> Q
+    trans_q = trans          # block arrays have Q + 1 entries: dead (-1) reads the last
     # states with a finite language: blocks by height, bottom-up (exact, no refinement)
     levels = _finite_levels(pred, pstart, outdeg) if Q > _FINITE_MIN_STATES else []
     fin = np.zeros(Q, bool)
