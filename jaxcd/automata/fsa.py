@@ -322,7 +322,7 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         return (sid,) if sid < n else subsets[sid - n]
 
     # epsilon closures (restricted to important states) of the states that need one
-    has_eps = np.fromiter((bool(e) for e in nfa.eps), bool, n)
+    has_eps = np.fromiter(map(bool, nfa.eps), bool, n)
     close_sid = np.where(important, np.arange(n), -1)
     need = _unique_ints(np.concatenate([td, [nfa.start]]))
     for q in need[has_eps[need]].tolist():
@@ -483,7 +483,10 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     out_c.append(np.array(py_c, np.int64))
     out_dst.append(np.array(py_dst, np.int64))
     trans = np.full((len(order), C), -1, np.int32)
-    trans[np.concatenate(out_src), np.concatenate(out_c)] = np.concatenate(out_dst)
+    flat = np.concatenate(out_src).astype(np.int64)          # flat positions src * C + c
+    flat *= C
+    flat += np.concatenate(out_c)
+    trans.reshape(-1)[flat] = np.concatenate(out_dst)
     order_a = np.array(order, np.int64)
     accepting = np.zeros(len(order), bool)
     sm = order_a < n
@@ -828,7 +831,7 @@ def _trim(dfa: DFA, all_coreachable: bool = False):
     order = _bfs_order(trans, co)
     remap = np.full(Q + 1, -1, np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
-    new_trans = remap.take(trans[order])                  # -1 (dead) reads remap[Q] = -1
+    new_trans = remap.take(trans.take(order, axis=0))     # -1 (dead) reads remap[Q] = -1
     t2, bc = _compress_columns(new_trans, dfa.byte_class)
     if pairs is not None:
         s, d = remap[pairs[0]], remap[pairs[1]]
