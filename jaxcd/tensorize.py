@@ -349,42 +349,36 @@ def _run_groups(dfa: DFA, min_bytes: int):
     """Candidate byte sets for run shortcuts: for each state, the bytes leading to its
     most common successor (its "dominant" target); states grouped by that byte set.
     Yields ``(sigma bool[256], member states)`` for sets of at least ``min_bytes``."""
-    Q, C = dfa.trans.shape
-    size = np.bincount(dfa.byte_class, minlength=C).astype(np.int32)
-    dom = np.empty(Q, np.int64)
-    dom_bytes = np.empty(Q, np.float64)
-    step = max(1, (1 << 20) // C)                       # bounded scratch
-    kt = np.int32 if Q < (1 << 23) else np.int64        # keys successor * 256 + class
-    for r0 in range(0, Q, step):
-        trans = dfa.trans[r0:r0 + step]
-        n = len(trans)
-        # per row: successors sorted, byte counts summed over runs of equal successors
-        # (sorted as keys successor * 256 + class: a plain sort, faster than argsort;
-        # dead (-1) sorts first)
-        key = trans.astype(kt)
-        key <<= 8
-        key |= np.arange(C, dtype=kt)
-        key.sort(axis=1)
-        st = key >> 8
-        new = np.ones((n, C), bool)
-        new[:, 1:] = st[:, 1:] != st[:, :-1]
-        starts = np.flatnonzero(new)                    # runs, row by row (each row
-        ends = np.empty_like(starts)                    # starts one)
-        ends[:-1] = starts[1:] - 1
-        ends[-1] = n * C - 1
-        w = size[key & 255]
-        cw = np.cumsum(w, axis=1, dtype=np.int32).ravel()
-        cnt = (cw[ends] - cw[starts] + w.ravel()[starts]).astype(np.float64)
-        tt = st.ravel()[starts]
-        nseg = new.sum(1)
-        cnt[tt < 0] = -1
-        tt[tt < 0] = Q
-        # most bytes, then smallest target (segments of a row are in target order)
-        rowmax = np.maximum.reduceat(cnt, np.cumsum(nseg) - nseg)
-        idx = np.flatnonzero(cnt == np.repeat(rowmax, nseg))
-        rowof = np.repeat(np.arange(n), nseg)[idx]
-        first = idx[np.searchsorted(rowof, np.arange(n))]
-        dom[r0:r0 + n], dom_bytes[r0:r0 + n] = tt[first], cnt[first]
+    trans = dfa.trans
+    Q, C = trans.shape
+    # bytes per class, as prefix sums: a run of classes a..b has S[b + 1] - S[a] bytes
+    S = np.concatenate([[0], np.cumsum(np.bincount(dfa.byte_class, minlength=C))])
+    # per row, runs of adjacent classes with the same successor (few per row), then
+    # the bytes per (row, successor) summed over its runs
+    first = np.ones((Q, C), bool)
+    np.not_equal(trans[:, 1:], trans[:, :-1], out=first[:, 1:])
+    starts = np.flatnonzero(first)                      # every row starts a run
+    ends = np.append(starts[1:], Q * C)                 # one past each run's last class
+    nbytes = S[(ends - 1) % C + 1] - S[starts % C]
+    row = starts // C
+    key = row * (Q + 1) + (trans.reshape(-1)[starts] + 1)   # by row, then successor
+    o = np.argsort(key, kind="stable")
+    key, nbytes = key[o], nbytes[o]
+    new = np.ones(len(key), bool)
+    new[1:] = key[1:] != key[:-1]
+    seg = np.flatnonzero(new)
+    cnt = np.add.reduceat(nbytes, seg).astype(np.float64)
+    key = key[seg]
+    tt = key % (Q + 1) - 1                              # successor (-1: dead)
+    rows = key // (Q + 1)
+    cnt[tt < 0] = -1
+    tt[tt < 0] = Q
+    # most bytes, then smallest target (a row's successors are in ascending order)
+    nseg = np.bincount(rows, minlength=Q)
+    rowmax = np.maximum.reduceat(cnt, np.cumsum(nseg) - nseg)
+    idx = np.flatnonzero(cnt == np.repeat(rowmax, nseg))
+    firsts = idx[np.searchsorted(rows[idx], np.arange(Q))]
+    dom, dom_bytes = tt[firsts], cnt[firsts]
     cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
     if len(cand) == 0:
         return
