@@ -11,8 +11,9 @@
   bucket instead of once per example. :class:`RunResult` says whether a call compiled
   (a jit cache grew) so that compile and run time can be reported apart.
 - Work saved per example without changing any output's distribution: the prompt is
-  prefilled once and shared by every method and K (:class:`PrefilledLM`), decode steps
-  where every row has emitted EOS skip the LM (:meth:`PrefilledLM.step`), and
+  prefilled once and shared by every method and K (:class:`PrefilledLM`), the decoders
+  stop once every row has emitted EOS (:func:`jaxcd.decode.sample`, :func:`jaxcd.smc.run`),
+  and
   :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
 - :func:`bootstrap_ci`, :func:`summarize`, :func:`write_predictions`,
   :func:`write_summary`: the result files.
@@ -201,9 +202,8 @@ class PrefilledLM:
     ``lm``. :class:`Runner` keys the cached prefill on the prompt, its width and
     ``max_len``. Hashable and comparable like ``lm`` (a static jit argument)."""
 
-    def __init__(self, lm, skip_done: bool = True):
+    def __init__(self, lm):
         self.lm = lm
-        self.skip_done = bool(skip_done)
 
     def __getattr__(self, name):            # eos_token_id, vocab_size, config, ...
         if name == "lm":
@@ -211,11 +211,10 @@ class PrefilledLM:
         return getattr(self.lm, name)
 
     def __hash__(self):
-        return hash(("prefilled", self.lm, self.skip_done))
+        return hash(("prefilled", self.lm))
 
     def __eq__(self, other):
-        return isinstance(other, PrefilledLM) and other.lm == self.lm \
-            and other.skip_done == self.skip_done
+        return isinstance(other, PrefilledLM) and other.lm == self.lm
 
     def prefill(self, params, prompt_ids, prompt_lengths, max_len):
         _, state, logp = params
@@ -232,27 +231,8 @@ class PrefilledLM:
         return jax.tree.map(rep, state), rep(logp)
 
     def step(self, params, state, tokens):
-        """``lm.step``; with ``skip_done``, a step whose tokens are ALL EOS is skipped
-        (``lax.cond``): the state comes back unchanged and the log-probs uniform.
-
-        Exact: the decoders (:func:`jaxcd.decode.sample`, :func:`jaxcd.smc.run`) feed EOS
-        only to rows that are done (finished, or forced to EOS), a row emitting EOS is
-        done from then on, and a done row's LM state and log-probs never reach a token,
-        a weight or a mask again (done rows emit EOS and keep their weight; resampling
-        only copies done rows among done rows). So once every row has emitted EOS the
-        rest of the scan is padding, and skipping its LM work changes no output."""
-        p = params[0]
-        if not self.skip_done:
-            return self.lm.step(p, state, tokens)
-        shape = jax.eval_shape(lambda: self.lm.step(p, state, tokens))
-        if jax.tree.structure(shape[0]) != jax.tree.structure(state) or any(
-                a.shape != b.shape or a.dtype != b.dtype
-                for a, b in zip(jax.tree.leaves(shape[0]), jax.tree.leaves(state))):
-            return self.lm.step(p, state, tokens)
-        lp = shape[1]
-        uniform = jax.numpy.full(lp.shape, -np.log(lp.shape[-1]), lp.dtype)
-        return jax.lax.cond(jax.numpy.all(tokens == self.lm.eos_token_id),
-                            lambda: (state, uniform), lambda: self.lm.step(p, state, tokens))
+        """``lm.step`` (the decoders themselves stop once every row has emitted EOS)."""
+        return self.lm.step(params[0], state, tokens)
 
 
 class Runner:

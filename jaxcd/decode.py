@@ -156,18 +156,29 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
     eos = lm.eos_token_id
     cs = _init_cs(fa, B, constrained)
 
-    def step(carry, k):
-        lm_state, logp, cs, done, total = carry
-        tok, cs, done, total = _select(k, logp, fa, tables, cs, done, total, temperature, eos,
-                                       constrained=constrained, greedy=greedy)
+    keys = jax.random.split(key, budget)
+
+    # A while loop, not a scan: it stops once every row has emitted EOS. The steps it
+    # leaves out would only append EOS to finished rows (``draw``), add nothing to the
+    # log-probabilities (``_select``) and keep their automaton state, so the result is
+    # the same as running all ``budget`` steps, without the LM work of the padding.
+    def cond(carry):
+        t, _, _, _, done, _, _ = carry
+        return (t < budget) & ~jnp.all(done)
+
+    def step(carry):
+        t, lm_state, logp, cs, done, total, toks = carry
+        tok, cs, done, total = _select(keys[t], logp, fa, tables, cs, done, total, temperature,
+                                       eos, constrained=constrained, greedy=greedy)
         lm_state, logp = lm.step(params, lm_state, tok)
-        return (lm_state, logp, cs, done, total), tok
+        return t + 1, lm_state, logp, cs, done, total, toks.at[:, t].set(tok)
 
     zero = jnp.zeros(B, jnp.float32)
-    init = (lm_state, logp, cs, jnp.zeros(B, bool), (zero, zero))
-    (_, _, cs, done, total), toks = jax.lax.scan(step, init, jax.random.split(key, budget))
+    init = (jnp.int32(0), lm_state, logp, cs, jnp.zeros(B, bool), (zero, zero),
+            jnp.full((B, budget), eos, jnp.int32))
+    _, _, _, cs, done, total, toks = jax.lax.while_loop(cond, step, init)
     valid = (cs.state == fa.final_state) if constrained else done
-    return SampleOutput(toks.T, valid, done, *total)
+    return SampleOutput(toks, valid, done, *total)
 
 
 def tables_for(fa: TensorizedAutomaton, method: str, budget: int) -> gcd.BudgetTables | None:

@@ -33,7 +33,7 @@ COMPILE_CACHE_MAX_BYTES = 2 << 30   #: default size bound of the compilation cac
 
 def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CACHE_MAX_BYTES,
                          path: str | os.PathLike | None = None) -> Path | None:
-    """Turn on JAX's persistent compilation cache in ``<cache>/jax_compile`` (or ``path``).
+    """Turn on JAX's persistent compilation cache in ``<cache>/xla_cache`` (or ``path``).
 
     Programs whose XLA compile took at least ``min_compile_s`` are written to disk and
     reused by later processes with the same program, JAX version and device: the LM step
@@ -48,7 +48,7 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
 
     if os.environ.get("JAXCD_COMPILE_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    d = Path(path) if path is not None else cache_dir() / "jax_compile"
+    d = Path(path) if path is not None else cache_dir() / "xla_cache"
     d.mkdir(parents=True, exist_ok=True)
     try:
         import filelock  # noqa: F401  - the bounded cache locks its reads and writes

@@ -251,8 +251,26 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         parts = jax.lax.cond(jnp.any(need), do_resample, lambda p: p, parts)
         return parts, (ess, need)
 
+    # A while loop over the steps that stops once every particle has emitted EOS: later
+    # steps would only append EOS and keep every weight (done particles are frozen), so
+    # the weighted ensemble they leave is the same, apart from resampling among finished
+    # particles, which would only add noise. Those steps report the final ESS and no
+    # resampling.
     keys = jax.random.split(key, n)
-    parts, (ess, resampled) = jax.lax.scan(step, parts, (jnp.arange(n), keys))
+
+    def cond(carry):
+        t, parts, _, _ = carry
+        return (t < n) & ~jnp.all(parts.done)
+
+    def body(carry):
+        t, parts, ess_a, res_a = carry
+        parts, (ess, need) = step(parts, (t, keys[t]))
+        return t + 1, parts, ess_a.at[t].set(ess), res_a.at[t].set(need)
+
+    init = (jnp.int32(0), parts, jnp.zeros((n, B), wdt), jnp.zeros((n, B), bool))
+    t_end, parts, ess, resampled = jax.lax.while_loop(cond, body, init)
+    ess_end = jax.vmap(resampling.ess)(parts.log_w.reshape(B, K)).astype(ess.dtype)
+    ess = jnp.where((jnp.arange(n) < t_end)[:, None], ess, ess_end[None])
     valid = parts.cs.state == fa.final_state
     log_w = jnp.where(valid, parts.log_w, -jnp.inf).reshape(B, K)
     log_Z = jax.vmap(resampling.log_mean_exp)(log_w)

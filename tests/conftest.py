@@ -11,11 +11,11 @@ import pytest
 
 from jaxcd.model_files import enable_compile_cache
 
-# JAX's persistent compilation cache (<jaxcd cache>/jax_compile, bounded, file-locked so the
+# JAX's persistent compilation cache (<jaxcd cache>/xla_cache, bounded, file-locked so the
 # xdist workers share it): most of the suite's time is XLA compiling the LM step and the
 # SMC/decode programs; a rerun on the same machine loads them instead. Tracing, and every
 # assertion, still run. JAXCD_COMPILE_CACHE=0 runs the suite without it.
-enable_compile_cache()
+enable_compile_cache(min_compile_s=0.5)
 
 
 @pytest.fixture(scope="session")

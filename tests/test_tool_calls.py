@@ -414,9 +414,8 @@ def _regex_nfa(pattern):
 
 def test_prefilled_lm_same_draws_as_own_prefill(tiny_runner):
     """decode.sample and smc.run with PrefilledLM (one cached batch-1 prefill, broadcast
-    to the batch; decode steps whose rows have all emitted EOS skipped) give the same
-    tokens, validity, weights and evidence as with the LM's own batched prefill and
-    every step run."""
+    to the batch) give the same tokens, validity, weights and evidence as with the LM's
+    own batched prefill."""
     from jaxcd import decode, gcd, smc
     from jaxcd.lm.interface import pad_prompts
     from experiments.runner import PrefilledLM
@@ -426,8 +425,7 @@ def test_prefilled_lm_same_draws_as_own_prefill(tiny_runner):
     ids1, lens1 = pad_prompts([prompt], length=width)
     st, lp = lm.prefill(params, ids1, lens1, width + budget)
     plm, pparams = PrefilledLM(lm), (params, st, lp)
-    assert plm.skip_done and hash(plm) == hash(PrefilledLM(lm)) and plm == PrefilledLM(lm)
-    assert plm != lm and plm != PrefilledLM(lm, skip_done=False)
+    assert hash(plm) == hash(PrefilledLM(lm)) and plm == PrefilledLM(lm) and plm != lm
     ids, lens = pad_prompts([prompt] * 3, length=width)
     fa = c.device
     tables = gcd.backward(fa, budget)
@@ -444,8 +442,8 @@ def test_prefilled_lm_same_draws_as_own_prefill(tiny_runner):
     for f in ("log_weights", "log_Z", "ess"):
         np.testing.assert_allclose(np.asarray(getattr(ra, f)), np.asarray(getattr(rb, f)), rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(ra.resampled), np.asarray(rb.resampled))
-    # every output ends within 11 of the 16 steps ((ab|cd){1,5} + EOS), so the skipping of
-    # all-EOS steps was exercised by the calls above
+    # every output ends within 11 of the 16 steps ((ab|cd){1,5} + EOS), so the decoders'
+    # early exit (every row done) was exercised by the calls above
     assert (np.asarray(a.tokens)[:, 11:] == 2).all() and (np.asarray(ra.tokens)[..., 11:] == 2).all()
     # a cached prefill with another cache size is refused (it would be a different program)
     with pytest.raises(ValueError, match="cache slots"):
