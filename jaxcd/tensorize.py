@@ -295,7 +295,11 @@ class _ByteTable:
             rows, byts = key
             if isinstance(byts, slice):
                 return self.ctab[rows][..., self.bc[byts]]
-            return self.ctab[rows, self.bc[byts]]
+            cls = self.bc[byts]
+            if isinstance(rows, slice) and rows == slice(None) and \
+                    np.array_equal(cls, np.arange(self.ctab.shape[1])):
+                return self.ctab                 # table[:, a byte of each class]: no copy
+            return self.ctab[rows, cls]
         return self.ctab[key][..., self.bc]
 
 
