@@ -831,7 +831,10 @@ def _trim(dfa: DFA, all_coreachable: bool = False):
     order = _bfs_order(trans, co)
     remap = np.full(Q + 1, -1, np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
-    new_trans = remap.take(trans.take(order, axis=0))     # -1 (dead) reads remap[Q] = -1
+    new_trans = trans.take(order, axis=0)
+    # renumber in place; -1 (dead) wraps to remap[Q] = -1 (``take`` with the default
+    # mode would first copy the indices to intp: a 26 MB temporary here)
+    np.take(remap, new_trans, out=new_trans, mode="wrap")
     t2, bc = _compress_columns(new_trans, dfa.byte_class)
     if pairs is not None:
         s, d = remap[pairs[0]], remap[pairs[1]]
