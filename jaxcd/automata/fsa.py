@@ -418,7 +418,16 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         return too_large("max_subset_entries", entries, "subset entries", "determinise",
                          at_least=True)
 
-    out_src, out_c, out_dst = [], [], []
+    # the DFA's rows, written level by level (capacity doubled when full)
+    out = np.full((max(n, 16), C), -1, np.int32)
+
+    def room(rows: int):
+        nonlocal out
+        if rows > len(out):
+            bigger = np.full((max(rows, 2 * len(out)), C), -1, np.int32)
+            bigger[:len(out)] = out
+            out = bigger
+
     py_src: list[int] = []
     py_c: list[int] = []
     py_dst: list[int] = []
@@ -466,8 +475,7 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         src, cl, ts = np.concatenate(srcs), np.concatenate(cls), np.concatenate(tsid)
         fresh = ts[dfa_of[ts] < 0]
         if len(fresh):
-            _, first = np.unique(fresh, return_index=True)
-            fresh = fresh[np.sort(first)]
+            fresh = fresh[np.sort(_unique_first_inverse(fresh)[0])]   # first-seen order
             if len(order) + len(fresh) > max_states:
                 raise over_states()
             big = fresh[fresh >= n]
@@ -476,17 +484,16 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                 raise over_entries()
             dfa_of[fresh] = len(order) + np.arange(len(fresh))
             order.extend(fresh.tolist())
-        out_src.append(src)
-        out_c.append(cl)
-        out_dst.append(dfa_of[ts])
-    out_src.append(np.array(py_src, np.int64))
-    out_c.append(np.array(py_c, np.int64))
-    out_dst.append(np.array(py_dst, np.int64))
-    trans = np.full((len(order), C), -1, np.int32)
-    flat = np.concatenate(out_src).astype(np.int64)          # flat positions src * C + c
-    flat *= C
-    flat += np.concatenate(out_c)
-    trans.reshape(-1)[flat] = np.concatenate(out_dst)
+        room(base + len(batch))
+        flat = src.astype(np.int64)                       # flat positions src * C + c
+        flat *= C
+        flat += cl
+        out.reshape(-1)[flat] = dfa_of[ts]
+    room(len(order))
+    out[py_src, py_c] = py_dst
+    trans = out[:len(order)]
+    if len(out) > 2 * len(order) + 1024:               # much spare room: release it
+        trans = trans.copy()
     order_a = np.array(order, np.int64)
     accepting = np.zeros(len(order), bool)
     sm = order_a < n
