@@ -46,7 +46,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .automata.fsa import DFA, _unique_ints
+from .automata.fsa import DFA, _unique_first_inverse, _unique_ints
 from .errors import EmptyLanguageError, PrefixRejectedError
 from .limits import current_limits, too_large
 from .vocab import Vocabulary
@@ -1198,8 +1198,8 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
         lookup[uniq] = np.arange(len(uniq))
         edge_of_pair = lookup[pair]
     else:
-        uniq, edge_of_pair = np.unique(pair, return_inverse=True)
-        edge_of_pair = edge_of_pair.ravel()
+        first, edge_of_pair = _unique_first_inverse(pair)
+        uniq = pair[first]
     del pair
     e_src, e_dst = uniq // S, uniq % S
     dist = _bfs_dist(S, e_src, e_dst, final)
@@ -1354,8 +1354,7 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     rh = C[:, lrow] - C[:, out_start[srow]]
     # group equal hash pairs; the empty set (hash 0, 0) first
     key0 = rh[0]
-    _, first, inv = np.unique(key0, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
+    first, inv = _unique_first_inverse(key0)
     if not (rh[1] == rh[1][first[inv]]).all():             # equal first hash only
         pairs = np.stack([rh[0], rh[1]], 1)
         _, first, inv = np.unique(pairs, axis=0, return_index=True, return_inverse=True)

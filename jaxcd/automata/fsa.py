@@ -1006,8 +1006,7 @@ def minimize(dfa: DFA) -> DFA:
         blockx[moved] = new_blk[mv]
         affected = np.unique(pred[_ranges(pstart, moved)])
     block = blockx[:Q]
-    _, block = np.unique(block, return_inverse=True)
-    block = block.reshape(-1)
+    block = _unique_first_inverse(block)[1]
     nblocks = int(block.max()) + 1
     if nblocks == Q:
         # already minimal: the quotient would be isomorphic to ``dfa`` (same byte
