@@ -39,10 +39,13 @@ import jax.numpy as jnp
 from .checkpoint import load_checkpoint
 from .hmm import HMMParams
 
-VERSION = 3  # bump when the recipe changes (invalidates cached HMMs)
+VERSION = 4  # bump when the recipe changes (invalidates cached HMMs)
 # 2: one sample shard (prompts prefilled once each), EM with early stopping (patience)
 # 3: the pooled sampler moves the cache left in the tail too (v2's long tail rows could
 #    write past the cache's last slot, which silently changed their context)
+# 4: sampling in two concurrent pools of 64 rows (threads; sequences split by prompt) so that
+#    both cores of a 2-core CPU are used; same per-sequence keys and distribution, other
+#    float rounding (cache placement, batch), so some draws differ from v3's
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,8 @@ class DefaultSettings:
     hidden_size: int = 128
     num_seqs: int = 512          #: continuations (prompt i mod 154)
     max_length: int = 128        #: hard cap of a continuation (until EOS)
-    batch_size: int = 64         #: sampling batch
+    batch_size: int = 64         #: sampling batch (rows of each pool)
+    pools: int = 2               #: concurrent sampling pools (threads), sequences split by prompt
     temperature: float = 1.0
     seed: int = 0
     epochs: int = 30             #: full-batch EM iterations at most
@@ -170,7 +174,7 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
                         progress=progress, prompt_set=builtin_prompts_path().name, until_eos=True,
-                        chat_template=True)
+                        chat_template=True, pools=s.pools)
     times["sample"], cpu["sample"] = time.perf_counter() - t0, _cpu_seconds() - c0
     say(f"sampled: EOS fraction {meta['eos_fraction']:.3f}, {meta['num_cut_off']} cut off at "
         f"{s.max_length} tokens, {meta.get('tokens_per_s', 0):.0f} tokens/s")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -290,7 +291,7 @@ def _where_keys(replace, new, old):
 def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarray, which: np.ndarray,
                 seed: int, *, length: int, temperature: float = 1.0, batch_size: int = 64,
                 chunk: int = 16, group: int = 16, prompt_bucket: int = 32, on_done=None,
-                refill: str = "rows") -> dict:
+                refill: str = "rows", on_chunk=None) -> dict:
     """Continuations of sequences ``seq_ids[j]`` (prompt ``prompts[which[j]]``, key
     ``fold_in(key(seed), seq_ids[j])``) by continuous batching with a :class:`JaxLM`.
 
@@ -307,8 +308,9 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     same contexts). A refill writes only the refilled rows of the cache, in place
     (:func:`_pool_refill`: O(one row) each); ``refill="copy"`` rebuilds the whole cache
     at every refill instead (:func:`_pool_insert_copy`, the earlier method, kept for the
-    benchmark; same draws). Returns counters (``prefill_tokens``, ``decode_row_steps``,
-    ``chunks``, ``shifts``, ``refills``: rows refilled, ``refill_calls``)."""
+    benchmark; same draws). ``on_chunk()`` (optional) is called after each chunk. Returns
+    counters (``prefill_tokens``, ``decode_row_steps``, ``chunks``, ``shifts``,
+    ``refills``: rows refilled, ``refill_calls``)."""
     if refill not in ("rows", "copy"):
         raise ConfigError(f"refill must be 'rows' or 'copy', got {refill!r}")
     n = len(seq_ids)
@@ -413,7 +415,21 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
                 if on_done is not None:
                     on_done(int(row_job[r]), tk, lq)
             row_job[fin] = -1
+        if on_chunk is not None:
+            on_chunk()
     return stats
+
+
+def split_by_prompt(which: np.ndarray, parts: int) -> list[np.ndarray]:
+    """Split sequences (``which[j]``: the prompt of sequence ``j``) into at most ``parts``
+    index arrays by prompt: the ``r``-th distinct prompt in order of first appearance goes
+    to part ``r mod parts`` (so each prompt is prefilled in one part only, and parts of
+    sequences sorted by prompt length get similar mixes). Empty parts are dropped; each
+    array keeps the original order."""
+    which = np.asarray(which)
+    rank = {u: r for r, u in enumerate(dict.fromkeys(which.tolist()))}
+    part = np.array([rank[u] % max(1, int(parts)) for u in which.tolist()], dtype=np.int64)
+    return [np.flatnonzero(part == p) for p in range(max(1, int(parts))) if (part == p).any()]
 
 
 def sample_continuations(lm, params, prompt_ids, prompt_lengths, keys, *, length: int,
@@ -536,7 +552,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                  prompt_texts: Sequence | None = None, model_name: str = "lm",
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
                  until_eos: bool = False, chat_template: bool = False,
-                 continuous: bool | None = None) -> dict:
+                 continuous: bool | None = None, pools: int = 1) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
@@ -551,6 +567,16 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     sequences wait. Otherwise rows are batched by prompt (:func:`sample_rows_shared_prefill`).
     Either way the samples are the same.
 
+    ``pools`` (continuous sampling only): the shard's sequences are split by prompt into
+    ``pools`` parts (prompt ``r`` in order of need goes to part ``r mod pools``), each
+    sampled by its own :func:`sample_pool` of ``batch_size`` rows in its own thread (the
+    other pools start after the first pool's first chunk, so its programs are compiled
+    once). XLA:CPU runs the attention loops and small fusions of a decode step one at a
+    time (one pool kept about 1.2 of two idle cores busy), so concurrent pools can keep
+    more cores busy. Each sequence is still drawn with its own key and context, so the
+    samples are those of one pool up to float rounding (other cache placements and batch
+    shapes; the tokens can differ where rounding flips a draw).
+
     With several JAX processes (:mod:`hmm_distill.distributed`) process ``I`` of ``N``
     samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
     have finished. Returns the final metadata dict.
@@ -561,6 +587,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         raise ConfigError("num_seqs, length, shard_size and batch_size must all be >= 1")
     if temperature < 0:
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if int(pools) < 1:
+        raise ConfigError(f"pools must be >= 1, got {pools}")
     out = Path(out_dir)
     main = is_main()
     out.mkdir(parents=True, exist_ok=True)
@@ -583,6 +611,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         "chat_template": bool(chat_template), "until_eos": bool(until_eos), "max_length": int(length),
         "seed": int(seed), "temperature": float(temperature),
         "shard_size": int(shard_size), "num_seqs": int(num_seqs), "shards": [],
+        "pools": int(pools),
     }
     if (out / "metadata.json").exists():
         old = read_metadata(out)
@@ -645,6 +674,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         bar = tqdm(total=sum(sizes[k] for k in todo), unit="seq",
                    desc=f"sampling {len(todo)} shard(s)" + (f" [process {I_}/{P_}]" if P_ > 1 else ""))
     t0, n_tok, n_prefill, n_rowsteps = time.perf_counter(), 0, 0, 0
+    lock = threading.Lock()
     bsz = int(min(batch_size, shard_size))
     continuous = _is_jaxlm(lm) if continuous is None else bool(continuous)
     for k in todo:
@@ -657,18 +687,40 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         arr = np.empty((n, length), np.int32)
         lp = np.empty((n, length), np.float32)
         if continuous:
-            def on_done(j, tk, lq):
-                nonlocal n_tok
-                arr[order[j]], lp[order[j]] = tk, lq
-                n_tok += int(first_eos_mask(tk[None], eos).sum())
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
+            warm = threading.Event()  # the other pools start once the first has compiled
 
-            st = sample_pool(lm, params, prompt_ids, idx[order], w_all[order], seed, length=int(length),
-                             temperature=float(temperature), batch_size=bsz, on_done=on_done)
-            n_prefill += st["prefill_tokens"]
-            n_rowsteps += st["decode_row_steps"]
+            def run_part(k_sel):
+                k_part, sel = k_sel
+                if k_part > 0:
+                    warm.wait()
+
+                def on_done(j, tk, lq):
+                    nonlocal n_tok
+                    i = order[sel[j]]
+                    arr[i], lp[i] = tk, lq
+                    with lock:
+                        n_tok += int(first_eos_mask(tk[None], eos).sum())
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
+
+                try:
+                    return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
+                                       length=int(length), temperature=float(temperature), batch_size=bsz,
+                                       on_done=on_done, on_chunk=warm.set if k_part == 0 else None)
+                finally:
+                    warm.set()
+
+            parts = split_by_prompt(w_all[order], pools)
+            if len(parts) == 1:
+                stats = [run_part((0, parts[0]))]
+            else:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(len(parts), thread_name_prefix="hmm_distill_pool") as ex:
+                    stats = list(ex.map(run_part, enumerate(parts)))
+            n_prefill += sum(st["prefill_tokens"] for st in stats)
+            n_rowsteps += sum(st["decode_row_steps"] for st in stats)
         for s in range(0, n if not continuous else 0, bsz):
             sel = order[s:s + bsz]
             bi = idx[sel]

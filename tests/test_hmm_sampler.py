@@ -16,7 +16,7 @@ from scipy.stats import chisquare
 from jaxcd.lm.interface import TableLM
 from hmm_distill import hmm as F
 from hmm_distill.data import load_samples
-from hmm_distill.errors import SampleDataError, SampleDirMismatchError
+from hmm_distill.errors import ConfigError, SampleDataError, SampleDirMismatchError
 from hmm_distill.lms import HMMLanguageModel, load_lm, table_fingerprint
 from hmm_distill.sampler import read_prompts, run_sampling, sample_continuations, sequence_keys
 
@@ -301,3 +301,28 @@ def test_continuous_batching_long_tail_stays_inside_the_cache(tmp_path):
     the draws). Every sequence still equals sample_continuations_with_logprobs."""
     st = _pool_against_reference(tmp_path, eos_boost=2.0)[7]
     assert st["tail_shifts"] > 0
+
+
+def test_two_pools_in_threads_equal_batch_sampling(tmp_path):
+    """run_sampling(pools=2): the shard's sequences split by prompt into two pools sampled
+    in two threads; every sequence still gets the tokens of the batched sampler
+    (sample_continuations_with_logprobs with its own key; log-probs to float32 noise),
+    and each prompt is prefilled in one pool only."""
+    from hmm_distill.sampler import split_by_prompt
+
+    jlm, prompts = _pool_against_reference(tmp_path, eos_boost=3.0)[:2]
+    which = np.array([0, 0, 2, 2, 1, 3, 3, 3, 1])
+    parts = split_by_prompt(which, 2)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(which)))
+    assert all(np.all(np.diff(p) > 0) for p in parts)  # original order kept
+    assert not set(which[parts[0]]) & set(which[parts[1]])  # a prompt lives in one part
+    assert [len(p) for p in split_by_prompt(which, 9)] == [2, 2, 2, 3]  # empty parts dropped
+    kw = dict(num_seqs=29, length=10, shard_size=29, batch_size=4, seed=5, prompt_ids=prompts, progress=False)
+    m2 = run_sampling(jlm, jlm.params, tmp_path / "p2", pools=2, **kw)
+    run_sampling(jlm, jlm.params, tmp_path / "b", continuous=False, **kw)
+    a, b = load_samples(tmp_path / "p2"), load_samples(tmp_path / "b")
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
+    assert m2["pools"] == 2 and 0 < m2["eos_fraction"] < 1
+    with pytest.raises(ConfigError):
+        run_sampling(jlm, jlm.params, tmp_path / "p0", pools=0, **kw)
