@@ -76,8 +76,9 @@ def outlines_vocabulary(vocab):
 
 def ours(kind, source, vocab):
     from jaxcd import compile_json_schema, compile_regex
-    from jaxcd.automata.fsa import _class_fragment
+    from jaxcd.automata.fsa import _class_fragment, _fragment_parts
     _class_fragment.cache_clear()
+    _fragment_parts.cache_clear()
     if kind == "regex":
         return compile_regex(source, vocab)
     return compile_json_schema(source, vocab, whitespace_pattern="")

@@ -88,8 +88,9 @@ class Ours:
     def compile(self, kind, source):
         from jaxcd import compile_json_schema, compile_regex
         try:
-            from jaxcd.automata.fsa import _class_fragment
+            from jaxcd.automata.fsa import _class_fragment, _fragment_parts
             _class_fragment.cache_clear()
+            _fragment_parts.cache_clear()
         except (ImportError, AttributeError):
             pass
         if kind == "regex":
