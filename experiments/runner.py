@@ -44,7 +44,8 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -81,6 +82,9 @@ def _pow2(x: int, lo: int) -> int:
     return max(int(lo), 1 << max(int(x) - 1, 0).bit_length())
 
 
+_CONSTRAINT_UIDS = itertools.count()
+
+
 @dataclass
 class Constraint:
     """A compiled constraint: ``fa`` padded (host arrays), ``dfa`` the byte DFA (for the
@@ -90,6 +94,9 @@ class Constraint:
     dfa: Any
     info: dict
     _dev: Any = None
+    #: a serial number: the runner's table cache is keyed on it (an ``id()`` can be reused
+    #: by a later constraint once this one is garbage-collected)
+    uid: int = field(default_factory=lambda: next(_CONSTRAINT_UIDS))
 
     @property
     def min_budget(self) -> int:
@@ -275,7 +282,7 @@ class Runner:
 
     def _gtables(self, c: Constraint, budget: int, kind: str):
         from jaxcd import gcd, pgcd
-        k = (id(c), budget, kind)
+        k = (c.uid, budget, kind)
         if k not in self._tables:
             if len(self._tables) > 64:
                 self._tables.clear()
@@ -290,7 +297,7 @@ class Runner:
     def release(self, c: Constraint) -> None:
         """Drop the tables cached for ``c`` (call when done with an example) and the
         cached prompt prefills."""
-        for k in [k for k in self._tables if k[0] == id(c)]:
+        for k in [k for k in self._tables if k[0] == c.uid]:
             del self._tables[k]
         self._prefills.clear()
 
@@ -418,7 +425,8 @@ class Runner:
             if np.isfinite(lw).any():
                 w = np.exp(lw - lw[np.isfinite(lw)].max())
                 w = w / w.sum()
-                chosen = int(np.random.default_rng(s).choice(len(w), p=w))
+                # its own stream ([s, 1]): AWRS's proposals use seed s
+                chosen = int(np.random.default_rng([s, 1]).choice(len(w), p=w))
             else:
                 w, chosen = np.zeros_like(lw), None
             weights = [float(x) for x in w]

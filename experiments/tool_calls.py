@@ -195,6 +195,7 @@ def run(a) -> dict:
     tok, vocab = runner.tokenizer, runner.vocab
     rows: list[dict] = []
     per_example: list[dict] = []
+    skipped: list[dict] = []        # (example, format) pairs whose budget < min_budget
     # pass 1: every example's automaton (sizes only) and prompt, so that the run pads the
     # automata of a format to one shape and the prompts of a category to one width
     t0 = time.perf_counter()
@@ -235,7 +236,8 @@ def run(a) -> dict:
 
     def flush():
         write_predictions(out / "predictions.jsonl", rows)
-        _write_summaries(a, out, rows, per_example, runner, done, t_start, n_planned=len(exs))
+        _write_summaries(a, out, rows, per_example, runner, done, t_start, n_planned=len(exs),
+                         skipped=skipped)
 
     done = 0
     for i, ex in enumerate(exs):
@@ -253,6 +255,8 @@ def run(a) -> dict:
                 P["budget"] if a.budget == "auto-max" else int(a.budget)
             if budget < c.min_budget:
                 log(f"{ex.id}: budget {budget} < min_budget {c.min_budget}; skipped")
+                skipped.append({"id": ex.id, "format": fmt, "category": ex.category,
+                                "budget": budget, "min_budget": c.min_budget})
                 continue
             per_example.append({"id": ex.id, "format": fmt, "category": ex.category,
                                 "budget": budget, "min_budget": c.min_budget,
@@ -287,11 +291,11 @@ def run(a) -> dict:
             runner.release(c)
         flush()
     return _write_summaries(a, out, rows, per_example, runner, done, t_start,
-                            n_planned=len(exs))
+                            n_planned=len(exs), skipped=skipped)
 
 
 def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
-                     n_planned: int | None = None) -> dict:
+                     n_planned: int | None = None, skipped: list | None = None) -> dict:
     keys = ("format", "method", "particles")
     summary = summarize(rows, keys, seed=a.seed)
     by_cat = summarize(rows, ("category",) + keys, seed=a.seed)
@@ -299,6 +303,8 @@ def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
             "args": {k: v for k, v in vars(a).items() if k != "argv"}, "machine": machine_info(),
             "model": Path(runner.model.path).name, "hmm": a.hmm,
             "n_examples": n_examples, "n_planned": n_planned or n_examples,
+            # (example, format) pairs not run: the budget is below the constraint's minimum
+            "skipped": list(skipped or []),
             "wall_s": round(time.perf_counter() - t_start, 1),
             "budget_rule": (f"auto: min_budget + margin ({a.margin if a.margin is not None else f'{DEFAULT_MARGIN}, {PARALLEL_MARGIN} for parallel*'}), "
                             f"rounded up to 16, capped at {a.budget_cap}")
@@ -320,7 +326,10 @@ def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
     md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
           f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "
           f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {n_examples} examples, "
-          f"budget {meta['budget_rule']}; wall {meta['wall_s']} s.", "",
+          f"budget {meta['budget_rule']}; wall {meta['wall_s']} s."
+          + (f" Skipped (budget below the constraint's minimum): {len(meta['skipped'])} "
+             f"example-formats ({', '.join(sorted({x['id'] for x in meta['skipped']}))})."
+             if meta["skipped"] else ""), "",
           summary_markdown(summary, keys)]
     if len({r["category"] for r in rows}) > 1:
         md += ["", summary_markdown(by_cat, ("category",) + keys, "per category")]
