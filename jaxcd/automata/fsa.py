@@ -418,8 +418,9 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         return too_large("max_subset_entries", entries, "subset entries", "determinise",
                          at_least=True)
 
-    # the DFA's rows, written level by level (capacity doubled when full)
-    out = np.full((max(n, 16), C), -1, np.int32)
+    # the DFA's rows, written level by level (capacity doubled when full; starts at the
+    # number of important NFA states, at most 16,384 rows)
+    out = np.full((min(max(int(important.sum()), 16), 1 << 14), C), -1, np.int32)
 
     def room(rows: int):
         nonlocal out
