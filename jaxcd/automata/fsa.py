@@ -425,7 +425,7 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     def room(rows: int):
         nonlocal out
         if rows > len(out):
-            bigger = np.full((max(rows, 2 * len(out)), C), -1, np.int32)
+            bigger = np.full((max(rows, min(2 * len(out), max_states)), C), -1, np.int32)
             bigger[:len(out)] = out
             out = bigger
 
