@@ -419,8 +419,8 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                          at_least=True)
 
     # the DFA's rows, written level by level (capacity doubled when full; starts at the
-    # number of important NFA states, at most 16,384 rows)
-    out = np.full((min(max(int(important.sum()), 16), 1 << 14), C), -1, np.int32)
+    # number of important NFA states, at most 32,768 rows)
+    out = np.full((min(max(int(important.sum()), 16), 1 << 15), C), -1, np.int32)
 
     def room(rows: int):
         nonlocal out
