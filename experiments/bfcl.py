@@ -22,8 +22,9 @@ Per example this module builds
     ones mandatory, ``)``) and per argument value a Python literal NFA
     (:func:`python_value_nfa`: strings in single quotes, numbers, ``True``/``False``,
     ``None``, lists, dicts with the declared keys, enums/consts as their ``repr``;
-    an untyped (``any``) value is a string, number, boolean, ``None`` or a flat
-    list/dict of those).
+    a value without a type is a string, number, boolean, ``None`` or a flat list/dict
+    of those). BFCL's ``any`` is a string in both formats (:func:`function_to_schema`:
+    BFCL's checker accepts only a ``str`` there).
 
   Categories with a ground truth need at least one call; the irrelevance categories
   also allow ``[]`` (no call — the right answer there).
@@ -51,10 +52,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jaxcd.automata.bfcl import function_to_schema
+from jaxcd.automata.bfcl import function_to_schema as _function_to_schema
 from jaxcd.automata.fsa import NFA
 from jaxcd.automata.pycall import value_regex
 from jaxcd.automata.regex import regex_to_nfa
+
+
+def function_to_schema(function: dict) -> dict:
+    """The arguments' JSON Schema as the experiments constrain them: ``any`` is a string,
+    because BFCL's AST checker reads ``any`` as Python ``str`` (``PYTHON_TYPE_MAPPING``)
+    and rejects any other value there."""
+    return _function_to_schema(function, any_as_string=True)
+
 
 WHEEL = "bfcl-eval"
 WHEEL_VERSION = "2026.3.23"

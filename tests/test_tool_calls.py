@@ -93,10 +93,18 @@ def test_pseudo_type_examples():
     s = bfcl.function_to_schema(f)
     assert s["type"] == "object" and s["properties"]["x"]["type"] == "number"
     assert s["properties"]["t"]["type"] == "array" and s["properties"]["d"]["type"] == "object"
-    assert "type" not in s["properties"]["a"]
-    jsonschema.validate({"x": 1.5, "t": [1, 2], "d": {"k": "v"}, "a": [None]}, s)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"x": "1.5"}, s)
+    # the experiments' `any` is BFCL's (its checker wants a str); the library's default
+    # is any JSON value
+    assert s["properties"]["a"]["type"] == "string"
+    jsonschema.validate({"x": 1.5, "t": [1, 2], "d": {"k": "v"}, "a": "[None]"}, s)
+    for bad in ({"x": "1.5"}, {"x": 1.5, "a": [None]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, s)
+    from jaxcd.automata.bfcl import function_to_schema
+    g = function_to_schema(f)
+    assert "type" not in g["properties"]["a"]
+    jsonschema.validate({"x": 1.5, "a": [None]}, g)
+    assert function_to_schema(f, any_as_string=True) == s
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ The Berkeley Function Calling Leaderboard (``bfcl-eval``) writes parameter schem
 with pseudo-types: ``dict``, ``float``, ``tuple``, ``any`` and Java/JavaScript names
 (``HashMap``, ``ArrayList``, ``long``, ...). :func:`bfcl_to_json_schema` maps them to
 JSON Schema the way BFCL's own OpenAI converter does (``GORILLA_TO_OPENAPI``), with
-one deliberate difference: ``any`` becomes "any JSON value" (the type is dropped)
-instead of BFCL's ``string``.
+one deliberate difference by default: ``any`` becomes "any JSON value" (the type is
+dropped) instead of BFCL's ``string``; ``any_as_string=True`` keeps BFCL's ``string``
+(its AST checker reads ``any`` as Python ``str``, so that is what it scores as right).
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ TYPE_MAP = {
 ANY_TYPES = {"any", "Any"}
 
 
-def bfcl_to_json_schema(parameters: Any) -> Any:
+def bfcl_to_json_schema(parameters: Any, any_as_string: bool = False) -> Any:
     """JSON Schema for a BFCL ``parameters`` object (a deep copy; input untouched).
-    Unknown type names become ``string`` (as BFCL's converter does)."""
-    return _convert(copy.deepcopy(parameters))
+    Unknown type names become ``string`` (as BFCL's converter does); ``any`` becomes
+    any JSON value, or ``string`` with ``any_as_string``."""
+    return _convert(copy.deepcopy(parameters), any_as_string)
 
 
-def _convert(s: Any) -> Any:
+def _convert(s: Any, any_as_string: bool = False) -> Any:
     if not isinstance(s, dict):
         return s
     t = s.get("type")
+    if any_as_string and isinstance(t, str) and t in ANY_TYPES:
+        t = s["type"] = "string"
+    elif any_as_string and isinstance(t, list):
+        t = s["type"] = ["string" if x in ANY_TYPES else x for x in t]
     if isinstance(t, str):
         if t in ANY_TYPES:
             del s["type"]
@@ -47,17 +53,18 @@ def _convert(s: Any) -> Any:
             del s["type"]
         else:
             s["type"] = list(dict.fromkeys(mapped))
+    sub = lambda v: _convert(v, any_as_string)                       # noqa: E731
     if isinstance(s.get("properties"), dict):
-        s["properties"] = {k: _convert(v) for k, v in s["properties"].items()}
+        s["properties"] = {k: sub(v) for k, v in s["properties"].items()}
     if isinstance(s.get("items"), dict):
-        s["items"] = _convert(s["items"])
+        s["items"] = sub(s["items"])
     elif isinstance(s.get("items"), list):
-        s["items"] = [_convert(v) for v in s["items"]]
+        s["items"] = [sub(v) for v in s["items"]]
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(s.get(key), list):
-            s[key] = [_convert(v) for v in s[key]]
+            s[key] = [sub(v) for v in s[key]]
     if isinstance(s.get("additionalProperties"), dict):
-        s["additionalProperties"] = _convert(s["additionalProperties"])
+        s["additionalProperties"] = sub(s["additionalProperties"])
     # BFCL's `optional` flag and a `required` that is not a list are not JSON Schema
     s.pop("optional", None)
     if "required" in s and not isinstance(s["required"], list):
@@ -65,7 +72,7 @@ def _convert(s: Any) -> Any:
     return s
 
 
-def function_to_schema(function: dict) -> dict:
+def function_to_schema(function: dict, any_as_string: bool = False) -> dict:
     """JSON Schema of a BFCL function's arguments object."""
     params = function.get("parameters") or {"type": "dict", "properties": {}}
-    return bfcl_to_json_schema(params)
+    return bfcl_to_json_schema(params, any_as_string)
