@@ -705,8 +705,10 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                             bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
 
                 try:
+                    # a pool of a split shard has no more rows than sequences (one pool: as before)
+                    b = bsz if len(parts) == 1 else min(bsz, len(sel))
                     return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
-                                       length=int(length), temperature=float(temperature), batch_size=bsz,
+                                       length=int(length), temperature=float(temperature), batch_size=b,
                                        on_done=on_done, on_chunk=warm.set if k_part == 0 else None)
                 finally:
                     warm.set()
