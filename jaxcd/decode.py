@@ -1,8 +1,9 @@
 """Constrained sampling from a language model: unconstrained, LCD and GCD.
 
-One jitted program per (LM, number of sequences, budget, method): a ``lax.scan``
-over exactly ``budget`` steps with fixed shapes and a ``done`` mask (a finished
-sequence keeps emitting EOS). Per step and sequence::
+One jitted program per (LM, number of sequences, budget, method): a
+``lax.while_loop`` over at most ``budget`` steps with fixed shapes and a ``done`` mask
+(a finished sequence emits EOS; the loop stops once every sequence has finished, and
+the output is EOS-padded to ``budget`` exactly as running every step would pad it). Per step and sequence::
 
     logp  = lm.step(...)                        # [V] next-token log-probabilities
     m     = mask(fa, tables, cs)                # GCD: β_{t+1}-live tokens; LCD: β_∞

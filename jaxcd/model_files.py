@@ -31,6 +31,19 @@ def cache_dir() -> Path:
 COMPILE_CACHE_MAX_BYTES = 2 << 30   #: default size bound of the compilation cache (LRU eviction)
 
 
+def _repair_compile_cache(d: Path) -> None:
+    """Give every entry an access-time file: JAX's bounded cache reads them all when it
+    evicts, and one missing (a process killed between the two writes) would make every
+    later write fail."""
+    try:
+        for entry in d.glob("*-cache"):
+            atime = entry.with_name(entry.name[: -len("-cache")] + "-atime")
+            if not atime.exists():
+                atime.write_bytes(int(entry.stat().st_mtime_ns).to_bytes(8, "little"))
+    except OSError:                                       # a speed-up only: never fatal
+        pass
+
+
 def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CACHE_MAX_BYTES,
                          path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache in ``<cache>/xla_cache`` (or ``path``).
@@ -54,6 +67,7 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
         import filelock  # noqa: F401  - the bounded cache locks its reads and writes
     except ImportError:                       # an unlocked cache is unsafe to share
         return None
+    _repair_compile_cache(d)
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

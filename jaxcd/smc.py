@@ -3,7 +3,8 @@ r"""Sequential Monte Carlo over particles — DESIGN.md §6.
 Target: the global posterior ``p(x | prompt, x ∈ L_n) ∝ p_lm(x | prompt)·1{x ∈ L_n}``
 (``p_lm`` at ``temperature``: the LM's next-token distributions ``softmax(logp / T)``;
 ``T = 1`` is the LM itself). ``K`` particles per prompt, ``B`` prompts, one jitted
-``lax.scan`` over the ``n`` budget steps. Every particle carries its tokens, LM state
+``lax.while_loop`` over at most the ``n`` budget steps (it stops once every particle
+has emitted EOS). Every particle carries its tokens, LM state
 (KV cache), automaton state, HMM predictive vector, log-weight, log-potential and a
 done flag, all in one pytree with the particle axis (``B·K``) first.
 
@@ -254,8 +255,9 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
     # A while loop over the steps that stops once every particle has emitted EOS: later
     # steps would only append EOS and keep every weight (done particles are frozen), so
     # the weighted ensemble they leave is the same, apart from resampling among finished
-    # particles, which would only add noise. Those steps report the final ESS and no
-    # resampling.
+    # particles, which would only add noise (it can only trigger with ess_threshold ~ 1,
+    # where float rounding puts the ESS of equal weights just below K). Those steps
+    # report the final ESS and no resampling.
     keys = jax.random.split(key, n)
 
     def cond(carry):

@@ -41,3 +41,23 @@ def test_switched_off(tmp_path):
     d = tmp_path / "cc"
     r = _run(d, JAXCD_COMPILE_CACHE="0")
     assert r["dir"] is None and not d.exists()
+
+
+def test_entry_without_access_time_is_repaired(tmp_path):
+    """A process killed between JAX's two writes leaves an entry without its -atime file;
+    JAX's eviction would then fail every later write. enable_compile_cache restores it,
+    and new entries are written again."""
+    d = tmp_path / "cc"
+    _run(d, JAXCD_COMPILE_CACHE="1")
+    entries = sorted(d.glob("*-cache"))
+    assert entries
+    for e in entries:
+        e.with_name(e.name[:-len("-cache")] + "-atime").unlink()
+    (d / "orphan-cache").write_bytes(b"x")                 # and a foreign entry, too
+    other = PROG.replace("+ 3.0", "+ 4.0")                # a new program: needs a write
+    out = subprocess.run([sys.executable, "-c", other, str(d)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "JAXCD_COMPILE_CACHE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Error writing persistent compilation cache" not in out.stderr
+    assert len(list(d.glob("*-cache"))) == len(entries) + 2
+    assert all(e.with_name(e.name[:-len("-cache")] + "-atime").exists() for e in d.glob("*-cache"))
