@@ -420,6 +420,10 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     return stats
 
 
+class _PoolStopped(Exception):
+    """Raised inside a sampling pool when another pool failed or the run was interrupted."""
+
+
 def split_by_prompt(which: np.ndarray, parts: int) -> list[np.ndarray]:
     """Split sequences (``which[j]``: the prompt of sequence ``j``) into at most ``parts``
     index arrays by prompt: the ``r``-th distinct prompt in order of first appearance goes
@@ -688,11 +692,22 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         lp = np.empty((n, length), np.float32)
         if continuous:
             warm = threading.Event()  # the other pools start once the first has compiled
+            stop = threading.Event()  # an error or Ctrl-C: every pool stops after its chunk
+
+            def check_stop():
+                if stop.is_set():
+                    raise _PoolStopped()
 
             def run_part(k_sel):
                 k_part, sel = k_sel
                 if k_part > 0:
                     warm.wait()
+                    check_stop()
+
+                def on_chunk():
+                    if k_part == 0:
+                        warm.set()
+                    check_stop()
 
                 def on_done(j, tk, lq):
                     nonlocal n_tok
@@ -709,7 +724,10 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                     b = bsz if len(parts) == 1 else min(bsz, len(sel))
                     return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
                                        length=int(length), temperature=float(temperature), batch_size=b,
-                                       on_done=on_done, on_chunk=warm.set if k_part == 0 else None)
+                                       on_done=on_done, on_chunk=on_chunk)
+                except BaseException:
+                    stop.set()
+                    raise
                 finally:
                     warm.set()
 
@@ -720,7 +738,14 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                 from concurrent.futures import ThreadPoolExecutor
 
                 with ThreadPoolExecutor(len(parts), thread_name_prefix="hmm_distill_pool") as ex:
-                    stats = list(ex.map(run_part, enumerate(parts)))
+                    futs = [ex.submit(run_part, kp) for kp in enumerate(parts)]
+                    try:
+                        stats = [f.result() for f in futs]
+                    except BaseException as e:   # a pool failed, or Ctrl-C in this thread
+                        stop.set()
+                        errs = [f.exception() for f in futs]   # the others stop at a chunk end
+                        raise next((x for x in errs if x is not None
+                                    and not isinstance(x, _PoolStopped)), e) from None
             n_prefill += sum(st["prefill_tokens"] for st in stats)
             n_rowsteps += sum(st["decode_row_steps"] for st in stats)
         for s in range(0, n if not continuous else 0, bsz):

@@ -326,3 +326,30 @@ def test_two_pools_in_threads_equal_batch_sampling(tmp_path):
     assert m2["pools"] == 2 and 0 < m2["eos_fraction"] < 1
     with pytest.raises(ConfigError):
         run_sampling(jlm, jlm.params, tmp_path / "p0", pools=0, **kw)
+
+
+def test_pools_stop_when_one_fails(tmp_path, monkeypatch):
+    """With pools=2, a pool that raises stops the other at its next chunk (instead of
+    letting it finish its whole part), and the caller gets the real error."""
+    import time
+    import types
+
+    import hmm_distill.sampler as S
+
+    chunks = []
+
+    def fake_pool(lm, params, prompt_ids, idx, which, seed, *, on_chunk=None, **kw):
+        if 1 in set(np.asarray(which).tolist()):          # the pool holding prompt 1 fails
+            raise ValueError("boom")
+        for _ in range(2000):                              # the other "decodes" 2000 chunks
+            time.sleep(0.001)
+            chunks.append(1)
+            on_chunk()
+        return {"prefill_tokens": 0, "decode_row_steps": 0}
+
+    monkeypatch.setattr(S, "sample_pool", fake_pool)
+    lm = types.SimpleNamespace(vocab_size=10, eos_token_id=2)
+    with pytest.raises(ValueError, match="boom"):
+        S.run_sampling(lm, None, tmp_path / "x", num_seqs=8, length=4, shard_size=8, batch_size=4,
+                       prompt_ids=[[1], [3], [4], [5]], progress=False, continuous=True, pools=2)
+    assert 1 <= len(chunks) < 100
