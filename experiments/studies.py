@@ -1139,7 +1139,7 @@ def main(argv=None):
         if n not in STUDIES:
             ap.error(f"unknown study {n!r} (choose from {', '.join(STUDIES)}, or all)")
     mode = "smoke" if a.smoke else "full" if a.full else "default"
-    from experiments.study_bias import enable_compile_cache
+    from jaxcd.model_files import enable_compile_cache
     enable_compile_cache()
     # smoke runs: a random 2-layer model with the default model's tokenizer (cheap compiles);
     # study 8 keeps its meaning (a second model only when --model names one)

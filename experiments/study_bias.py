@@ -522,13 +522,6 @@ SETTINGS = {"default": dict(ks=list(KS), seeds=5, runs=4000, problems="regex,key
                          methods=",".join(METHODS))}
 
 
-def enable_compile_cache():
-    """JAX's persistent compilation cache under the jaxcd cache dir: every (method, k)
-    is one compile of several seconds on a CPU; reruns reuse them."""
-    from jaxcd.model_files import enable_compile_cache as enable
-    enable()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny settings (CI)")
@@ -558,6 +551,7 @@ def main(argv=None):
     for m in methods:
         if m not in METHODS:
             ap.error(f"unknown method {m!r} (choose from {', '.join(METHODS)})")
+    from jaxcd.model_files import enable_compile_cache
     enable_compile_cache()
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,6 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
     _repair_compile_cache(d)
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
     return d
 
