@@ -615,7 +615,9 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         "chat_template": bool(chat_template), "until_eos": bool(until_eos), "max_length": int(length),
         "seed": int(seed), "temperature": float(temperature),
         "shard_size": int(shard_size), "num_seqs": int(num_seqs), "shards": [],
-        "pools": int(pools),
+        # pools only apply to continuous sampling; a resume may use another count (the
+        # shards are draws of the same distribution, only float rounding differs)
+        "pools": int(pools) if (_is_jaxlm(lm) if continuous is None else bool(continuous)) else 1,
     }
     if (out / "metadata.json").exists():
         old = read_metadata(out)
