@@ -21,8 +21,11 @@ NAME               #    what
                         the record of the search for one
 =================  ===  =====================================================================
 
-Modes: the default is a small CPU run (minutes on an idle 2-core CPU; the examples are a
-seeded, category-balanced subset of BFCL's main categories), ``--full`` the GPU settings,
+Modes: the default is a small CPU run (the examples are a seeded, category-balanced subset
+of BFCL's main categories; on a 2-core CPU a BFCL example costs 1–15 minutes per method
+and k list, so the default runs take from minutes (bias) to hours (accuracy: 8 examples
+× 40 SMC runs); ``--time-limit`` bounds them, and each run's wall and CPU time is in
+RESULTS.md), ``--full`` the GPU settings,
 ``--smoke`` tiny settings for CI (1 example, k ≤ 2, a random 4-state HMM instead of the
 distilled one; one example shared by the studies; the model is :func:`smoke_model`, a
 random 2-layer Llama with the default model's tokenizer, so that compiles are cheap).
@@ -872,7 +875,8 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: 
         ids = [bfcl.prompt_ids(ex, tok, ("json", "python")[j % 2]) for j, ex in enumerate(exs)]
         t0 = time.perf_counter()
         meta = run_sampling(loaded.lm, loaded.params, samples, num_seqs=st["num_seqs"],
-                            length=st["max_length"], shard_size=256, batch_size=16, seed=seed,
+                            length=st["max_length"], shard_size=256, batch_size=64, seed=seed,
+                            pools=2,  # as the default HMM's recipe: two concurrent pools
                             prompt_ids=ids, prompt_texts=[ex.id for ex in exs],
                             model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
                             progress=False, prompt_set="bfcl-study4", until_eos=True,
