@@ -875,8 +875,10 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: 
         ids = [bfcl.prompt_ids(ex, tok, ("json", "python")[j % 2]) for j, ex in enumerate(exs)]
         t0 = time.perf_counter()
         meta = run_sampling(loaded.lm, loaded.params, samples, num_seqs=st["num_seqs"],
-                            length=st["max_length"], shard_size=256, batch_size=64, seed=seed,
-                            pools=2,  # as the default HMM's recipe: two concurrent pools
+                            # one pool of 16 rows: BFCL prompts are long (up to ~2,400
+                            # tokens: ~120 MB of KV cache per row), 2 pools x 64 rows ran
+                            # out of 24 GiB; the prefill (134k prompt tokens) dominates
+                            length=st["max_length"], shard_size=256, batch_size=16, seed=seed,
                             prompt_ids=ids, prompt_texts=[ex.id for ex in exs],
                             model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
                             progress=False, prompt_set="bfcl-study4", until_eos=True,
