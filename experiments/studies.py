@@ -123,7 +123,10 @@ SETTINGS = {
     "hmm_size": {
         "smoke": dict(_SMOKE, hidden=[4], num_seqs=8, max_length=16, epochs=1,
                       methods=["smc-lookahead"], baselines=["smc-gcd"]),
-        "default": dict(hidden=[64, 256], num_seqs=256, max_length=96, epochs=20, limit=8,
+        # CPU: the HMMs are trained on the default HMM's samples (512 continuations of the
+        # built-in tool-call / JSON / keyword prompts, already sampled for it); sampling
+        # 256 continuations of BFCL's long prompts (134k prompt tokens) takes about an hour
+        "default": dict(hidden=[64, 256], samples="default", epochs=20, limit=8,
                         particles=[1, 4, 16], methods=["smc-lookahead"],
                         baselines=["smc-lcd", "smc-gcd"], formats=["json"]),
         "full": dict(hidden=[256, 1024, 4096], num_seqs=4096, max_length=128, epochs=30, limit=0,
@@ -840,13 +843,17 @@ def plot_runtime(rt: list[dict], path: Path) -> bool:
 def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: str | None = None) -> dict:
     """Task-distilled HMMs: continuations of BFCL prompts *not* in the evaluation subset
     (both formats' system prompts), sampled from the model and fitted by EM at each H.
-    Cached under ``<jaxcd cache>/hmm/study4-<key>/`` (samples and checkpoints)."""
+    Cached under ``<jaxcd cache>/hmm/study4-<key>/`` (samples and checkpoints).
+    With ``st["samples"] == "default"`` the continuations are instead those of the default
+    HMM (:mod:`hmm_distill.default`: the built-in task prompts; built first if missing)."""
     import hashlib
+
+    if st.get("samples") == "default":
+        return _default_sample_hmms(st, seed, log, model)
 
     from experiments import bfcl
     from hmm_distill.lms import load_lm
     from hmm_distill.sampler import run_sampling
-    from hmm_distill.train import TrainConfig, train
     from jaxcd.model_files import cache_dir, resolve_gguf
 
     model_file = resolve_gguf(model)
@@ -888,6 +895,13 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: 
                                     "prompts": [ex.id for ex in exs]}))
         del loaded
     info.update({k: v for k, v in json.loads(done.read_text()).items() if k != "prompts"})
+    return _train_hmms(root, samples, st, seed, info, log)
+
+
+def _train_hmms(root: Path, samples: Path, st: dict, seed: int, info: dict, log) -> dict:
+    """EM at each ``st["hidden"]`` on ``samples`` into ``root/h<H>/`` (cached)."""
+    from hmm_distill.train import TrainConfig, train
+
     for H in st["hidden"]:
         run_dir = root / f"h{H}"
         ck = run_dir / "hmm.safetensors"
@@ -909,6 +923,21 @@ def distill_task_hmms(out: Path, st: dict, seed: int, exclude: set, log, model: 
     return info
 
 
+def _default_sample_hmms(st: dict, seed: int, log, model: str | None = None) -> dict:
+    """HMMs at each H trained on the default HMM's samples (built-in task prompts)."""
+    from hmm_distill.default import default_hmm, default_hmm_dir
+    from jaxcd.model_files import cache_dir
+
+    default_hmm(model, progress=False)                     # builds the samples if missing
+    src = default_hmm_dir(model)
+    meta = json.loads((src / "samples" / "metadata.json").read_text())
+    root = cache_dir() / "hmm" / f"study4-{src.name}-e{st['epochs']}-s{seed}"
+    info = {"cache_dir": str(root), "source": "default", "samples_dir": str(src / "samples"),
+            "num_seqs": meta["num_seqs"], "max_length": meta["length"], "epochs": st["epochs"],
+            "eos_fraction": meta.get("eos_fraction"), "prompt_set": meta.get("prompt_set"), "hmms": {}}
+    return _train_hmms(root, src / "samples", st, seed, info, log)
+
+
 def study_hmm_size(out, mode, st, seed, log, model=None):
     data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
     hmms = distill_task_hmms(out, st, seed, set(subset["ids"]), log, model)
@@ -927,7 +956,10 @@ def study_hmm_size(out, mode, st, seed, log, model=None):
                     "accuracy % (bootstrap 95% CI)")
     body = (f"BFCL subset: {subset_text(subset)} (seed {seed}). "
             f"HMMs distilled from {hmms['num_seqs']} continuations (≤ {hmms['max_length']} tokens) of "
-            f"BFCL prompts outside the subset, {hmms['epochs']} EM iterations:\n\n"
+            + ("the built-in tool-call / JSON / keyword prompts (the default HMM's samples, "
+               f"`{hmms['prompt_set']}`; EOS fraction {_f(hmms.get('eos_fraction'), 3)})"
+               if hmms.get("source") == "default" else "BFCL prompts outside the subset")
+            + f", at most {hmms['epochs']} EM iterations:\n\n"
             "| H | held-out nats/token | unigram | LM | gap share |\n|---|---|---|---|---|\n"
             + "".join(f"| {H} | {_f(h.get('heldout_ll'), 3)} | {_f(h.get('unigram_heldout_ll'), 3)} | "
                       f"{_f(h.get('lm_heldout_ll'), 3)} | {_f(h.get('gap_share'), 3)} |\n"
