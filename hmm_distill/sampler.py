@@ -420,6 +420,27 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     return stats
 
 
+def pool_memory_bytes(lm, params, *, batch_size: int, max_prompt_len: int, length: int,
+                      chunk: int = 16, group: int = 16) -> int:
+    """Estimated peak bytes of one :func:`sample_pool` (shapes from ``jax.eval_shape``, no
+    allocation): the pool's LM state (KV cache of ``batch_size`` rows for prompt +
+    ``length`` + ``chunk`` slots) twice (a refill or a shift writes a new copy before the
+    old one is freed), the two prefill groups kept (``group`` prompts each), and the float32
+    attention scores of a group's prefill (``[group, n_heads, P, P]``)."""
+    B, P = int(batch_size), int(max_prompt_len)
+    S = lm.cache_slots(P + int(length) + int(chunk))
+
+    def nbytes(tree):
+        return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+    def state(rows, slots):
+        return nbytes(jax.eval_shape(lambda: lm.prefill(params, jnp.zeros((rows, P), jnp.int32),
+                                                         jnp.full((rows,), P, jnp.int32), slots)))
+
+    heads = int(getattr(getattr(lm, "config", None), "num_heads", 0) or 0)
+    return 2 * state(B, S) + 2 * state(group, P) + 4 * group * heads * P * P
+
+
 class _PoolStopped(Exception):
     """Raised inside a sampling pool when another pool failed or the run was interrupted."""
 
@@ -550,13 +571,35 @@ _COMPAT_KEYS = ("vocab_size", "eos_token_id", "length", "vocab_fingerprint", "mo
                 "seed", "temperature", "shard_size")
 
 
+def _check_pool_memory(lm, params, parts, which, plen, batch_size: int, length: int) -> None:
+    """Raise :class:`MemoryEstimateError` when the pools (:func:`pool_memory_bytes`, summed)
+    need more than the available memory (:func:`hmm_distill.em.available_memory_bytes`)."""
+    from .em import available_memory_bytes
+    from .errors import MemoryEstimateError
+
+    need, longest = 0, 0
+    for sel in parts:
+        p = int(plen[which[sel]].max())
+        b = batch_size if len(parts) == 1 else min(batch_size, len(sel))
+        need += pool_memory_bytes(lm, params, batch_size=b, max_prompt_len=p, length=length)
+        longest = max(longest, p)
+    avail = available_memory_bytes()
+    if avail is not None and need > avail:
+        gib = 1 << 30
+        raise MemoryEstimateError(
+            f"sampling in {len(parts)} pool(s) of up to {batch_size} rows, prompts of up to "
+            f"{longest} tokens + {length} new, needs about {need / gib:.2f} GiB (KV caches, "
+            f"prefill groups and their attention scores) but {avail / gib:.2f} GiB are "
+            "available: lower --batch-size or --pools, or use shorter prompts")
+
+
 def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size: int = 1024,
                  batch_size: int = 64, seed: int = 0, temperature: float = 1.0,
                  prompt_ids: Sequence[Sequence[int]] | None = None,
                  prompt_texts: Sequence | None = None, model_name: str = "lm",
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
                  until_eos: bool = False, chat_template: bool = False,
-                 continuous: bool | None = None, pools: int = 1) -> dict:
+                 continuous: bool | None = None, pools: int = 1, check_memory: bool = True) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
@@ -580,6 +623,10 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     more cores busy. Each sequence is still drawn with its own key and context, so the
     samples are those of one pool up to float rounding (other cache placements and batch
     shapes; the tokens can differ where rounding flips a draw).
+
+    ``check_memory`` (continuous sampling): before sampling a shard, the pools' peak memory
+    is estimated (:func:`pool_memory_bytes`) and :class:`MemoryEstimateError` is raised when
+    it exceeds the available memory, instead of the process being killed.
 
     With several JAX processes (:mod:`hmm_distill.distributed`) process ``I`` of ``N``
     samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
@@ -734,6 +781,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                     warm.set()
 
             parts = split_by_prompt(w_all[order], pools)
+            if check_memory and hasattr(lm, "cache_slots"):
+                _check_pool_memory(lm, params, parts, w_all[order], plen, bsz, int(length))
             if len(parts) == 1:
                 stats = [run_part((0, parts[0]))]
             else:

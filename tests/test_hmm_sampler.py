@@ -9,6 +9,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import chisquare
@@ -353,3 +354,31 @@ def test_pools_stop_when_one_fails(tmp_path, monkeypatch):
         S.run_sampling(lm, None, tmp_path / "x", num_seqs=8, length=4, shard_size=8, batch_size=4,
                        prompt_ids=[[1], [3], [4], [5]], progress=False, continuous=True, pools=2)
     assert 1 <= len(chunks) < 100
+
+
+def test_pool_memory_is_estimated_before_sampling(tmp_path, monkeypatch):
+    """run_sampling estimates the pools' peak memory from the LM state's shapes before it
+    samples (the KV cache of every row: its real size, measured here by a real prefill);
+    when the estimate exceeds the available memory it raises MemoryEstimateError naming
+    both, instead of the process being killed, and writes no shard."""
+    from hmm_distill import em
+    from hmm_distill.errors import MemoryEstimateError
+    from hmm_distill.sampler import pool_memory_bytes
+
+    jlm, prompts = _pool_against_reference(tmp_path, eos_boost=3.0)[:2]
+    P, T, B = max(len(p) for p in prompts), 10, 4
+    S = jlm.cache_slots(P + T + 16)
+    st, lp = jlm.prefill(jlm.params, jnp.zeros((B, P), jnp.int32), jnp.full((B,), P, jnp.int32), S)
+    real = sum(x.nbytes for x in jax.tree.leaves((st, lp)))
+    est = pool_memory_bytes(jlm, jlm.params, batch_size=B, max_prompt_len=P, length=T)
+    assert est >= 2 * real
+    assert pool_memory_bytes(jlm, jlm.params, batch_size=2 * B, max_prompt_len=P, length=T) > est
+
+    kw = dict(num_seqs=8, length=T, shard_size=8, batch_size=B, seed=5, prompt_ids=prompts, progress=False)
+    monkeypatch.setattr(em, "available_memory_bytes", lambda device=None: est // 2)
+    with pytest.raises(MemoryEstimateError, match=r"GiB are available: lower --batch-size"):
+        run_sampling(jlm, jlm.params, tmp_path / "small", **kw)
+    assert not list((tmp_path / "small").glob("*.npy"))
+    monkeypatch.setattr(em, "available_memory_bytes", lambda device=None: 4 * est)
+    meta = run_sampling(jlm, jlm.params, tmp_path / "ok", **kw)
+    assert meta["complete"] and load_samples(tmp_path / "ok").tokens.shape == (8, T)
