@@ -571,24 +571,21 @@ _COMPAT_KEYS = ("vocab_size", "eos_token_id", "length", "vocab_fingerprint", "mo
                 "seed", "temperature", "shard_size")
 
 
-def _check_pool_memory(lm, params, parts, which, plen, batch_size: int, length: int) -> None:
-    """Raise :class:`MemoryEstimateError` when the pools (:func:`pool_memory_bytes`, summed)
-    need more than the available memory (:func:`hmm_distill.em.available_memory_bytes`)."""
+def _check_pool_memory(lm, params, prompt_lens: Sequence[int], rows: Sequence[int], length: int) -> None:
+    """Raise :class:`MemoryEstimateError` when the pools (``rows[i]`` rows, prompts of up to
+    ``prompt_lens[i]`` tokens; :func:`pool_memory_bytes`, summed) need more than the
+    available memory (:func:`hmm_distill.em.available_memory_bytes`)."""
     from .em import available_memory_bytes
     from .errors import MemoryEstimateError
 
-    need, longest = 0, 0
-    for sel in parts:
-        p = int(plen[which[sel]].max())
-        b = batch_size if len(parts) == 1 else min(batch_size, len(sel))
-        need += pool_memory_bytes(lm, params, batch_size=b, max_prompt_len=p, length=length)
-        longest = max(longest, p)
+    need = sum(pool_memory_bytes(lm, params, batch_size=b, max_prompt_len=p, length=length)
+               for p, b in zip(prompt_lens, rows))
     avail = available_memory_bytes()
     if avail is not None and need > avail:
         gib = 1 << 30
         raise MemoryEstimateError(
-            f"sampling in {len(parts)} pool(s) of up to {batch_size} rows, prompts of up to "
-            f"{longest} tokens + {length} new, needs about {need / gib:.2f} GiB (KV caches, "
+            f"sampling in {len(rows)} pool(s) of up to {max(rows)} rows, prompts of up to "
+            f"{max(prompt_lens)} tokens + {length} new, needs about {need / gib:.2f} GiB (KV caches, "
             f"prefill groups and their attention scores) but {avail / gib:.2f} GiB are "
             "available: lower --batch-size or --pools, or use shorter prompts")
 
@@ -654,6 +651,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             raise SampleDataError(f"prompt {j} is empty")
         if min(p) < 0 or max(p) >= V:
             raise SampleDataError(f"prompt {j} has token ids outside the vocabulary [0, {V})")
+    continuous = _is_jaxlm(lm) if continuous is None else bool(continuous)
     meta = {
         "format": SAMPLES_FORMAT, "vocab_size": V, "eos_token_id": eos, "length": int(length),
         "vocab_fingerprint": fingerprint, "model": model_name,
@@ -664,7 +662,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         "shard_size": int(shard_size), "num_seqs": int(num_seqs), "shards": [],
         # pools only apply to continuous sampling; a resume may use another count (the
         # shards are draws of the same distribution, only float rounding differs)
-        "pools": int(pools) if (_is_jaxlm(lm) if continuous is None else bool(continuous)) else 1,
+        "pools": int(pools) if continuous else 1,
     }
     if (out / "metadata.json").exists():
         old = read_metadata(out)
@@ -729,7 +727,6 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     t0, n_tok, n_prefill, n_rowsteps = time.perf_counter(), 0, 0, 0
     lock = threading.Lock()
     bsz = int(min(batch_size, shard_size))
-    continuous = _is_jaxlm(lm) if continuous is None else bool(continuous)
     for k in todo:
         n = sizes[k]
         idx = k * shard_size + np.arange(n)
@@ -769,10 +766,9 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                             bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
 
                 try:
-                    # a pool of a split shard has no more rows than sequences (one pool: as before)
-                    b = bsz if len(parts) == 1 else min(bsz, len(sel))
                     return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
-                                       length=int(length), temperature=float(temperature), batch_size=b,
+                                       length=int(length), temperature=float(temperature),
+                                       batch_size=rows[k_part],
                                        on_done=on_done, on_chunk=on_chunk)
                 except BaseException:
                     stop.set()
@@ -781,8 +777,11 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                     warm.set()
 
             parts = split_by_prompt(w_all[order], pools)
+            # a pool of a split shard has no more rows than sequences (one pool: as before)
+            rows = [bsz if len(parts) == 1 else min(bsz, len(sel)) for sel in parts]
             if check_memory and hasattr(lm, "cache_slots"):
-                _check_pool_memory(lm, params, parts, w_all[order], plen, bsz, int(length))
+                _check_pool_memory(lm, params, [int(plen[w_all[order[sel]]].max()) for sel in parts],
+                                   rows, int(length))
             if len(parts) == 1:
                 stats = [run_part((0, parts[0]))]
             else:
