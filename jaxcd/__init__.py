@@ -5,7 +5,7 @@ automata) compile on the host to tensorized automata over the LM's vocabulary;
 GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.gcd`).
 """
 
-from . import errors, gcd, pgcd
+from . import buckets, decode, errors, gcd, pgcd, smc
 from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
                   compile_regex, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA
@@ -13,7 +13,8 @@ from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageE
                      PrefixRejectedError, RegexSyntaxError, SchemaError, UnsupportedRegexError,
                      UnsupportedSchemaError)
 from .limits import DEFAULT_LIMITS, CompileLimits
-from .generation import GenerationResult, generate
+from .buckets import bucket_automaton, stack_automata
+from .generation import GenerationResult, Model, generate, load_model
 from .tensorize import TensorizedAutomaton
 from .vocab import Vocabulary
 
@@ -26,4 +27,6 @@ __all__ = [
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
     "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
     "AutomatonTooLargeError", "CompileLimits", "DEFAULT_LIMITS",
+    "smc", "decode", "pgcd", "buckets", "load_model", "Model", "stack_automata",
+    "bucket_automaton",
 ]

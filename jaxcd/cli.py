@@ -80,8 +80,79 @@ def _validate(kind: str, spec, text: str) -> bool:
     return True
 
 
+def _read_requests(path: str, strict: bool) -> list[dict]:
+    """``--requests FILE.jsonl``: one ``{"prompt": ..., "schema"|"regex"|"keywords"|"tool": ...}``
+    object per line (``"id"`` optional, echoed back)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read requests file {path}: {e.strerror}")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{i}: not valid JSON: {e}")
+        if not isinstance(r, dict) or not isinstance(r.get("prompt"), str):
+            raise UsageError(f"{path}:{i}: each line must be an object with a string 'prompt'")
+        kinds = [k for k in ("schema", "regex", "keywords", "tool") if k in r]
+        if len(kinds) > 1:
+            raise UsageError(f"{path}:{i}: give at most one of schema, regex, keywords, tool")
+        extra = set(r) - {"prompt", "id", "schema", "regex", "keywords", "tool"}
+        if extra:
+            raise UsageError(f"{path}:{i}: unknown keys {sorted(extra)}")
+        c = {k: r[k] for k in kinds}
+        if "keywords" in c and isinstance(c["keywords"], str):
+            c["keywords"] = _parse_keywords(c["keywords"])
+        if "schema" in c and not strict:
+            from .automata.json_schema import strip_unenforced
+            c["schema"] = strip_unenforced(c["schema"])
+        out.append({"prompt": r["prompt"], "id": r.get("id", len(out)), "constraint": c})
+    if not out:
+        raise UsageError(f"requests file {path} has no requests")
+    return out
+
+
+def cmd_requests(args) -> int:
+    """``--requests FILE.jsonl``: every request decoded in mixed batches (one constraint
+    per row); one JSON line out per request, in input order."""
+    from . import generation as G
+    if any(getattr(args, k) for k in ("schema", "regex", "keywords", "tool")) or args.prompt:
+        raise UsageError("--requests carries the prompts and constraints: no --prompt, "
+                         "--schema, --regex, --keywords or --tool beside it")
+    if args.method == "awrs":
+        raise UsageError("--requests is for --method none|lcd|gcd|smc")
+    reqs = _read_requests(args.requests, args.strict)
+    extra = {}
+    if args.method == "smc":
+        extra = dict(proposal=args.proposal, particles=args.particles, hmm=args.hmm,
+                     resample=args.resample, ess=args.ess)
+    res = G.generate([r["prompt"] for r in reqs], constraints=[r["constraint"] for r in reqs],
+                     method=args.method, budget=args.budget, temperature=args.temperature,
+                     seed=args.seed, num_samples=args.num_samples, model=args.model,
+                     chat=not args.no_chat, whitespace_pattern=args.whitespace,
+                     batch_size=args.batch_size, **extra)
+    n_valid = 0
+    for r, out in zip(reqs, res):
+        line = {"id": r["id"], "texts": out.texts, "valid": out.valid}
+        if out.chosen is not None:
+            line.update(text=out.text, weights=out.weights, log_Z=out.log_Z)
+        n_valid += sum(out.valid)
+        print(json.dumps(line))
+    sys.stdout.flush()
+    s = res[0].stats
+    print(f"[jaxcd] requests={len(reqs)} method={args.method} budget={args.budget} "
+          f"valid={n_valid} batches={s.get('batches', '-')} xla_compiles={s['xla_compiles']} "
+          f"decode={s['decode_s']:.2f}s steps={s['steps']}", file=sys.stderr)
+    return 0
+
+
 def cmd_generate(args) -> int:
     from . import generation as G
+    if args.requests:
+        return cmd_requests(args)
     constraint = {}
     if args.schema:
         constraint["schema"] = _read_json_file(args.schema, "schema")
@@ -119,7 +190,8 @@ def cmd_generate(args) -> int:
     res = G.generate(args.prompt, method=args.method, budget=args.budget,
                      temperature=args.temperature, seed=args.seed,
                      num_samples=args.num_samples, model=args.model, chat=not args.no_chat,
-                     whitespace_pattern=args.whitespace, **constraint, **extra)
+                     whitespace_pattern=args.whitespace, batch_size=args.batch_size,
+                     **constraint, **extra)
     if particle:
         if args.json:
             for text, valid, w, lw in zip(res.texts, res.valid, res.weights, res.log_weights):
@@ -145,8 +217,9 @@ def cmd_generate(args) -> int:
         return 0 if res.chosen is not None else 1
     print(f"[jaxcd] method={s['method']} budget={s['budget']} samples={s['num_samples']} "
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
-          f"compile={s['compile_s']:.2f}s decode(incl. jit)={s['decode_s']:.2f}s "
-          f"({s['ms_per_step']:.1f} ms/step for the batch)", file=sys.stderr)
+          f"compile={s['compile_s']:.2f}s xla_compiles={s['xla_compiles']} "
+          f"decode(incl. jit)={s['decode_s']:.2f}s "
+          f"({s['ms_per_step']:.1f} ms per step run, {s['steps']} steps)", file=sys.stderr)
     return 0
 
 
@@ -237,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated keywords; '|' separates surface forms of one keyword")
     c.add_argument("--tool", metavar="FILE", help="tool JSON schema -> Python-style call")
     g.add_argument("--prompt", default="", help="user message (chat template applied)")
+    g.add_argument("--requests", metavar="FILE.jsonl", default=None,
+                   help="many requests, one JSON object per line: {\"prompt\": ..., "
+                        "\"schema\"|\"regex\"|\"keywords\"|\"tool\": ...}; decoded in mixed "
+                        "batches, one JSON line out per request")
+    g.add_argument("--batch-size", type=int, default=16,
+                   help="rows decoded together in one compiled program")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--budget", type=int, default=128, help="max new tokens, EOS included")
     g.add_argument("--method", choices=["none", "lcd", "gcd", "smc", "awrs"], default="gcd",

@@ -45,6 +45,8 @@ class SampleOutput(NamedTuple):
     logprob: jax.Array          # float32 [B]  Σ log p_lm of the sampled tokens up to EOS
     proposal_logprob: jax.Array  # float32 [B] Σ log q of the same tokens (q: the
     #                              distribution actually sampled; NaN if greedy: no density)
+    steps: jax.Array | None = None  # int32 []  decoding steps actually run (LM steps + 1);
+    #                              divide timings by this, not by the budget
 
 
 def masked_logits(fa: TensorizedAutomaton, tables: gcd.BudgetTables, cs: gcd.ConstraintState,
@@ -141,23 +143,94 @@ def _check_eos(lm, fa, constrained, tables=None, budget=None):
 
 def _init_cs(fa, B: int, constrained: bool) -> gcd.ConstraintState:
     if constrained:
-        return jax.vmap(lambda _: gcd.init_state(fa))(jnp.arange(B))
+        return gcd.init_states(fa, B)
     return gcd.ConstraintState(jnp.zeros(B, jnp.int32), jnp.zeros(B, jnp.int32))
 
 
-@partial(jax.jit, static_argnames=("lm", "budget", "constrained", "greedy"))
+class Prefilled(NamedTuple):
+    """A prompt batch run through the LM once (:func:`prefill`), to start several decodes
+    from: :func:`sample` and :func:`jaxcd.smc.run` take it as ``prefilled=`` and skip
+    their own prefill (methods, particle counts and seeds then share one prefill).
+
+    ``state``: the LM state (KV cache with ``max_len`` slots); ``logp``: float32
+    ``[B, V]`` next-token log-probabilities after each prompt; ``width``: the prompt
+    batch's width ``P``; ``max_len``: the cache length (``P`` + the longest decode)."""
+
+    state: Any
+    logp: jax.Array
+    width: int
+    max_len: int
+
+
+def prefill(lm, params: Any, prompt_ids, prompt_lengths, max_len: int) -> Prefilled:
+    """Prefill left-padded prompts ``[B, P]`` once, with room for ``max_len - P`` decode
+    steps. Example (two methods, one prefill)::
+
+        pre = decode.prefill(lm, params, ids, lens, ids.shape[1] + 64)
+        a = decode.sample(k1, lm, params, ids, lens, fa, gcd_tables, budget=64,
+                          constrained=True, prefilled=pre)
+        b = smc.run(k2, lm, params, ids, lens, fa, budget=64, num_particles=8,
+                    prefilled=pre)
+    """
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    state, logp = lm.prefill(params, prompt_ids, jnp.asarray(prompt_lengths, jnp.int32),
+                             int(max_len))
+    return Prefilled(state, logp, int(prompt_ids.shape[1]), int(max_len))
+
+
+def check_prefilled(pre: Prefilled, prompt_ids, steps: int) -> None:
+    if pre.width != prompt_ids.shape[1] or pre.logp.shape[0] != prompt_ids.shape[0]:
+        raise ValueError(f"prefilled= is for prompts [{pre.logp.shape[0]}, {pre.width}], not "
+                         f"{list(prompt_ids.shape)}")
+    if pre.max_len < pre.width + steps:
+        raise ValueError(f"prefilled= has a cache of {pre.max_len} slots, fewer than the prompt "
+                         f"width {pre.width} + {steps} steps: prefill with a larger max_len")
+
+
 def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_lengths: jax.Array,
            fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *, budget: int,
-           constrained: bool, temperature: float = 1.0, greedy: bool = False) -> SampleOutput:
-    """Sample ``budget`` tokens for every prompt (left-padded ``[B, P]``)."""
+           constrained: bool, temperature: float = 1.0, greedy: bool = False,
+           limit=None, prefilled: Prefilled | None = None) -> SampleOutput:
+    """Sample up to ``budget`` tokens for every prompt (left-padded ``[B, P]``).
+
+    ``budget`` (static) is the length of the loop and of ``tokens``; ``limit`` (int,
+    possibly traced; default ``budget``, or the tables' own budget ``tables.n``) the
+    budget actually enforced, so that one compiled program (per LM, batch shape, budget
+    bucket and automaton bucket) serves every budget ``≤ budget`` and every constraint
+    of the bucket: tokens past ``limit`` are EOS. ``fa`` may be one automaton for every
+    row or a stack with one per row (:func:`jaxcd.buckets.stack_automata`; ``tables``
+    then from :func:`jaxcd.gcd.backward` of that stack). ``steps`` in the output counts
+    the decoding steps actually run. ``prefilled``: the prompts already run through the
+    LM (:func:`prefill`), for several decodes from one prefill."""
+    if limit is None:
+        limit = tables.limit() if (constrained and tables is not None) else budget
+    pre = None
+    if prefilled is not None:
+        check_prefilled(prefilled, prompt_ids, int(budget))
+        pre = (prefilled.state, prefilled.logp)
+    return _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables,
+                   jnp.asarray(limit, jnp.int32), jnp.asarray(temperature, jnp.float32), pre,
+                   budget=int(budget), constrained=constrained, greedy=greedy)
+
+
+@partial(jax.jit, static_argnames=("lm", "budget", "constrained", "greedy"))
+def _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables, limit, temperature, pre, *,
+            budget: int, constrained: bool, greedy: bool) -> SampleOutput:
+    if constrained:
+        from .buckets import flatten
+        fa = flatten(fa)
     _check_eos(lm, fa, constrained, tables, budget)
     B = prompt_ids.shape[0]
     max_len = prompt_ids.shape[1] + budget
-    lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)
+    if pre is None:
+        lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)
+    else:
+        lm_state, logp = pre
     eos = lm.eos_token_id
     cs = _init_cs(fa, B, constrained)
 
-    keys = jax.random.split(key, budget)
+    # step t draws with fold_in(key, t): the same draws whatever the static length, so a
+    # budget bucket N >= n gives the tokens that budget=n would
 
     # A while loop, not a scan: it stops once every row has emitted EOS. The steps it
     # leaves out would only append EOS to finished rows (``draw``), add nothing to the
@@ -165,11 +238,12 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
     # the same as running all ``budget`` steps, without the LM work of the padding.
     def cond(carry):
         t, _, _, _, done, _, _ = carry
-        return (t < budget) & ~jnp.all(done)
+        return (t < limit) & ~jnp.all(done)
 
     def step(carry):
         t, lm_state, logp, cs, done, total, toks = carry
-        tok, cs, done, total = _select(keys[t], logp, fa, tables, cs, done, total, temperature,
+        tok, cs, done, total = _select(jax.random.fold_in(key, t), logp, fa, tables, cs, done,
+                                       total, temperature,
                                        eos, constrained=constrained, greedy=greedy)
         lm_state, logp = lm.step(params, lm_state, tok)
         return t + 1, lm_state, logp, cs, done, total, toks.at[:, t].set(tok)
@@ -177,20 +251,22 @@ def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_length
     zero = jnp.zeros(B, jnp.float32)
     init = (jnp.int32(0), lm_state, logp, cs, jnp.zeros(B, bool), (zero, zero),
             jnp.full((B, budget), eos, jnp.int32))
-    _, _, _, cs, done, total, toks = jax.lax.while_loop(cond, step, init)
-    valid = (cs.state == fa.final_state) if constrained else done
-    return SampleOutput(toks, valid, done, *total)
+    steps, _, _, cs, done, total, toks = jax.lax.while_loop(cond, step, init)
+    valid = gcd.is_final(fa, cs.state) if constrained else done
+    return SampleOutput(toks, valid, done, *total, steps)
 
 
-def tables_for(fa: TensorizedAutomaton, method: str, budget: int) -> gcd.BudgetTables | None:
-    """β tables for ``method`` ('gcd' checks the budget first and names the minimum)."""
+def tables_for(fa: TensorizedAutomaton, method: str, budget: int,
+               steps: int | None = None) -> gcd.BudgetTables | None:
+    """β tables for ``method`` ('gcd' checks the budget first and names the minimum);
+    ``steps``: their static length (a budget bucket, default ``budget``)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "gcd":
         gcd.check_budget(fa, budget)
-        return gcd.backward(fa, budget)
+        return gcd.backward(fa, budget, steps)
     if method == "lcd":
-        return gcd.lcd_tables(fa, budget)
+        return gcd.lcd_tables(fa, budget, steps)
     return None
 
 
@@ -200,7 +276,7 @@ def tables_for(fa: TensorizedAutomaton, method: str, budget: int) -> gcd.BudgetT
 @partial(jax.jit, static_argnames=("constrained", "greedy"))
 def _select_jit(keys, t, logp, fa, tables, cs, done, total, temperature, eos, *,
                 constrained: bool, greedy: bool):
-    return _select(keys[t], logp, fa, tables, cs, done, total, temperature, eos,
+    return _select(jax.random.fold_in(keys, t), logp, fa, tables, cs, done, total, temperature, eos,
                    constrained=constrained, greedy=greedy)
 
 
@@ -225,8 +301,8 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
     :func:`~jaxcd.lm.interface.pad_prompts` and ``length=``) and ``max_len`` fixed
     across calls to avoid recompiling the LM.
 
-    Same randomness as :func:`sample`: ``keys = split(key, budget)`` and step ``t``
-    draws the whole batch with ``keys[t]``, so given the same log-probabilities the
+    Same randomness as :func:`sample`: step ``t`` draws the whole batch with
+    ``fold_in(key, t)``, so given the same log-probabilities the
     tokens are the same (bit-identical for :class:`~jaxcd.lm.interface.TableLM`; for a
     real LM, XLA may round the scanned program's logits differently from the stand-alone
     step's, so a rare near-tie draw can differ — the distribution is the same). ``max_len`` (static for the LM) must be at least ``prompt_len + budget - 1``
@@ -256,8 +332,11 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
                              f"fewer than budget={budget}")
     eos = jnp.int32(lm.eos_token_id)
     temperature = jnp.float32(temperature)
-    keys = jax.random.split(key, budget)
+    keys = key
     lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, int(max_len))
+    if constrained:
+        from .buckets import flatten
+        fa = flatten(fa)
     cs = _init_cs(fa, B, constrained)
     done = jnp.zeros(B, bool)
     total = (jnp.zeros(B, jnp.float32), jnp.zeros(B, jnp.float32))
@@ -273,8 +352,9 @@ def sample_stepwise(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths,
             break
         lm_state, logp = step_fn(lm_state, tok)
     tokens = jnp.stack(toks, axis=1)
+    steps = tokens.shape[1]
     if tokens.shape[1] < budget:
         tokens = jnp.pad(tokens, ((0, 0), (0, budget - tokens.shape[1])),
                          constant_values=lm.eos_token_id)
-    valid = (cs.state == fa.final_state) if constrained else done
-    return SampleOutput(tokens, valid, done, *total)
+    valid = gcd.is_final(fa, cs.state) if constrained else done
+    return SampleOutput(tokens, valid, done, *total, jnp.int32(steps))

@@ -39,8 +39,11 @@ from .tensorize import TensorizedAutomaton
 
 
 class BudgetTables(NamedTuple):
-    """``beta``: bool ``[n + 1, num_states]``; ``beta[t]`` is ``β_t`` for budget ``n``
-    (for LCD, every row is ``β_∞``).
+    """``beta``: bool ``[N + 1, num_states]``; ``beta[t]`` is ``β_t`` for budget ``n``
+    (for LCD, every row is ``β_∞``). ``N ≥ n`` is the tables' static length (a budget
+    *bucket*, so that one compiled program serves every budget up to ``N``); ``n`` (int32
+    scalar, possibly traced) is the budget itself, ``None`` meaning ``N``. Rows past ``n``
+    are never read as masks (the budget is spent there).
 
     ``live_out``: int32 ``[n + 1, num_states]``, ``live_out[t, s] = Σ_{e: src(e)=s}
     β_t(dst e)`` — the number of live out-edges, i.e. ``Σ_e w_t[e]`` of DESIGN.md §3 for
@@ -52,10 +55,21 @@ class BudgetTables(NamedTuple):
 
     beta: jax.Array
     live_out: jax.Array | None = None
+    n: jax.Array | None = None
 
     @property
-    def budget(self) -> int:
+    def steps(self) -> int:
+        """Static length ``N`` (rows ``0..N``)."""
         return self.beta.shape[0] - 1
+
+    @property
+    def budget(self):
+        """The budget ``n`` (host side: an int)."""
+        return self.steps if self.n is None else int(self.n)
+
+    def limit(self):
+        """The budget as a (possibly traced) scalar, for jitted code."""
+        return self.steps if self.n is None else self.n
 
 
 class ConstraintState(NamedTuple):
@@ -68,29 +82,67 @@ class ConstraintState(NamedTuple):
 
 def check_budget(fa: TensorizedAutomaton, budget: int) -> None:
     """Raise :class:`BudgetTooSmallError` (naming the smallest budget that works) if
-    ``β_0(s_0) = 0``. Host-side, before any decoding."""
+    ``β_0(s_0) = 0`` (for a stack of automata: for any row). Host-side, before any
+    decoding."""
     if not isinstance(budget, (int, np.integer)) or budget < 1:
         raise ValueError(f"budget must be a positive integer (tokens, EOS included), got {budget!r}")
-    need = int(np.asarray(fa.dist)[fa.initial_state])
+    dist, init = np.asarray(fa.dist), np.asarray(fa.initial_state)
+    if dist.ndim == 1:
+        need, which = int(dist[init]), None
+    else:
+        needs = dist[np.arange(dist.shape[0]), init]
+        which = int(np.argmax(needs))
+        need = int(needs[which])
     if need > budget:
-        raise BudgetTooSmallError(int(budget), need, f"constraint {fa.key!r}" if fa.key else
-                                  "the constraint")
+        what = f"constraint {fa.key!r}" if fa.key else "the constraint"
+        if which is not None:
+            what = f"the constraint of row {which}"
+        raise BudgetTooSmallError(int(budget), need, what)
 
 
-@partial(jax.jit, static_argnames=("budget",))
-def backward(fa: TensorizedAutomaton, budget: int) -> BudgetTables:
-    """β tables for budget ``n`` by the backward recursion (a ``lax.scan``)."""
+def check_steps(budget, steps: int) -> None:
+    """The budget must fit the tables' static length (host side, when concrete)."""
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not isinstance(budget, jax.core.Tracer) and int(budget) > int(steps):
+        raise ValueError(f"budget {int(budget)} exceeds the tables' length steps={steps}")
+
+
+def is_final(fa: TensorizedAutomaton, state: jax.Array) -> jax.Array:
+    """True where ``state`` is ``⊥`` (the only state at distance 0 from ``⊥``; works
+    for a flattened stack too, which has one ``⊥`` per row)."""
+    return jnp.take(fa.dist, state, mode="clip") == 0
+
+
+def backward(fa: TensorizedAutomaton, budget, steps: int | None = None) -> BudgetTables:
+    """β tables for budget ``n`` by the backward recursion (a ``lax.scan`` of ``steps``
+    steps; default ``steps = budget``). ``budget`` may be traced: one compiled program
+    per automaton bucket and ``steps`` serves every budget ``n ≤ steps``. ``fa`` may be a
+    stack (:func:`jaxcd.buckets.stack_automata`): the tables are then those of its
+    flattened form (:func:`jaxcd.buckets.flatten`), which every decoder uses."""
+    if steps is None:
+        steps = int(budget)
+    check_steps(budget, steps)
+    return _backward(fa, jnp.asarray(budget, jnp.int32), steps=int(steps))
+
+
+@partial(jax.jit, static_argnames=("steps",))
+def _backward(fa: TensorizedAutomaton, n: jax.Array, *, steps: int) -> BudgetTables:
+    from .buckets import flatten
+    fa = flatten(fa)
     S = fa.num_states
-    beta_n = jnp.arange(S) == fa.final_state
+    rem0 = fa.dist == 0            # paths of exactly r tokens to ⊥, r = 0 ... steps
 
     def step(b_next, _):
         b = jax.ops.segment_max(b_next[fa.edge_dst].astype(jnp.int32), fa.edge_src,
                                 num_segments=S) > 0
         return b, b
 
-    _, betas = jax.lax.scan(step, beta_n, None, length=budget)
-    beta = jnp.concatenate([betas[::-1], beta_n[None]], axis=0)
-    return BudgetTables(beta, live_out_counts(fa, beta))
+    _, rems = jax.lax.scan(step, rem0, None, length=steps)
+    rem = jnp.concatenate([rem0[None], rems], axis=0)                  # [steps + 1, S]
+    # β_t for budget n needs a path of n - t tokens (rows past n: ⊥ only, never read)
+    beta = rem[jnp.clip(n - jnp.arange(steps + 1), 0, steps)]
+    return BudgetTables(beta, live_out_counts(fa, beta), n)
 
 
 def live_out_counts(fa: TensorizedAutomaton, beta: jax.Array) -> jax.Array:
@@ -99,15 +151,42 @@ def live_out_counts(fa: TensorizedAutomaton, beta: jax.Array) -> jax.Array:
     return jax.ops.segment_sum(per_edge, fa.edge_src, num_segments=fa.num_states).T
 
 
-def lcd_tables(fa: TensorizedAutomaton, max_len: int) -> BudgetTables:
-    """Tables that make :func:`mask` compute the LCD mask for ``max_len`` steps."""
+def lcd_tables(fa: TensorizedAutomaton, max_len, steps: int | None = None) -> BudgetTables:
+    """Tables that make :func:`mask` compute the LCD mask for ``max_len`` steps (the
+    budget; may be traced when ``steps``, the static length, is given)."""
+    if steps is None:
+        steps = int(max_len)
+    check_steps(max_len, steps)
+    return _lcd_tables(fa, jnp.asarray(max_len, jnp.int32), steps=int(steps))
+
+
+@partial(jax.jit, static_argnames=("steps",))
+def _lcd_tables(fa, n, *, steps):
+    from .buckets import flatten
+    fa = flatten(fa)
     live = jnp.asarray(fa.dist) < (1 << 30)
-    beta = jnp.broadcast_to(live, (max_len + 1, fa.num_states))
-    return BudgetTables(beta, live_out_counts(fa, beta))
+    beta = jnp.broadcast_to(live, (steps + 1, fa.num_states))
+    return BudgetTables(beta, live_out_counts(fa, beta), n)
 
 
 def init_state(fa: TensorizedAutomaton) -> ConstraintState:
-    return ConstraintState(jnp.int32(fa.initial_state), jnp.int32(0))
+    """Start state of one automaton (for a flattened stack, see :func:`init_states`)."""
+    return ConstraintState(jnp.asarray(fa.initial_state, jnp.int32).reshape(()), jnp.int32(0))
+
+
+def init_states(fa: TensorizedAutomaton, num_rows: int, per_row: int = 1) -> ConstraintState:
+    """Start states ``[num_rows · per_row]``: ``fa.initial_state`` broadcast, or, for a
+    flattened stack (``initial_state [num_rows]``), each row's own start state repeated
+    ``per_row`` times (e.g. ``K`` particles per prompt)."""
+    init = jnp.asarray(fa.initial_state, jnp.int32)
+    if init.ndim == 0:
+        state = jnp.full((num_rows * per_row,), init, jnp.int32)
+    else:
+        if init.shape[0] != num_rows:
+            raise ValueError(f"{init.shape[0]} stacked automata for {num_rows} prompt rows: "
+                             "give one automaton per row")
+        state = jnp.repeat(init, per_row)
+    return ConstraintState(state, jnp.zeros(num_rows * per_row, jnp.int32))
 
 
 def _num_live_edges(fa, beta_next, state):
@@ -120,7 +199,7 @@ def mask_words(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintStat
     Also works on a batch as it is: ``cs`` with leading axes ``[...]`` gives
     ``[..., W]`` (one gather for the whole batch; what :data:`batched_mask_words`
     does). ``vmap`` gives the same result."""
-    n = tables.beta.shape[0] - 1
+    n = tables.limit()
     t_next = jnp.minimum(cs.t + 1, n)
     if tables.live_out is not None:
         k = tables.live_out[t_next, cs.state]
@@ -169,7 +248,7 @@ def advance(fa: TensorizedAutomaton, cs: ConstraintState, token: jax.Array) -> C
 
 def is_accepting(fa: TensorizedAutomaton, cs: ConstraintState) -> jax.Array:
     """True once the sequence has ended in ``⊥`` (a valid output followed by EOS)."""
-    return cs.state == fa.final_state
+    return is_final(fa, cs.state)
 
 
 # Jitted entry points for single sequences; vmap them (or jit(vmap(...))) for particles.

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from . import compile_stats as _compile_stats
 from .api import compile_json_schema, compile_keywords, compile_regex, compile_tool_call
 from .decode import METHODS, sample, tables_for
 from .errors import JaxcdError
@@ -196,13 +197,57 @@ def _walk_valid(fa, rows, ended) -> list[bool]:
     return out
 
 
-def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=None, tool=None,
+_KINDS = ("schema", "regex", "keywords", "tool")
+
+
+def _row_constraints(n: int, constraints, **given) -> list[dict]:
+    """One ``{kind: spec}`` dict (possibly empty) per prompt, from ``constraints=``
+    (a list of dicts) or the keyword arguments (a list with one entry per prompt, or one
+    spec for all; ``keywords`` is always per prompt in batch mode)."""
+    given = {k: v for k, v in given.items() if v is not None}
+    if constraints is not None:
+        if given:
+            raise ValueError(f"give constraints= or {', '.join(given)}, not both")
+        rows = list(constraints)
+        if len(rows) != n:
+            raise ValueError(f"constraints= has {len(rows)} entries for {n} prompts")
+        out = []
+        for i, c in enumerate(rows):
+            c = dict(c or {})
+            bad = set(c) - set(_KINDS)
+            if bad or len(c) > 1:
+                raise ValueError(f"constraints[{i}]: give at most one of {', '.join(_KINDS)}, "
+                                 f"got {sorted(c)}")
+            out.append(c)
+        return out
+    out = [dict() for _ in range(n)]
+    for kind, spec in given.items():
+        if kind == "keywords" or isinstance(spec, (list, tuple)):
+            if not isinstance(spec, (list, tuple)) or len(spec) != n:
+                raise ValueError(f"{kind}= needs one entry per prompt ({n}) when prompts is a list"
+                                 + (" (keywords are per prompt in batch mode)" if kind == "keywords"
+                                    else ""))
+            vals = list(spec)
+        else:
+            vals = [spec] * n
+        for i, v in enumerate(vals):
+            if v is None:
+                continue
+            if out[i]:
+                raise ValueError(f"prompt {i}: give at most one constraint, got "
+                                 f"{next(iter(out[i]))} and {kind}")
+            out[i][kind] = v
+    return out
+
+
+def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=None,
+             keywords=None, tool=None, constraints: Sequence[dict] | None = None,
              method: str = "gcd", budget: int = 128, temperature: float = 1.0, seed: int = 0,
              num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
              whitespace_pattern: str | None = None, batch_size: int = 16,
              progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
              resample: str = "systematic", ess: float = 0.5,
-             predicate=None, strict: bool = True) -> GenerationResult:
+             predicate=None, strict: bool = True):
     """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
@@ -216,14 +261,32 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
     final: bool) -> bool`` (a callable or ``"module:function"``) instead of a compiled
     constraint. ``strict`` (schemas): ``True`` refuses JSON Schema keywords that would not
     be enforced, ``False`` ignores them (``docs/json_schema.md``; the CLI's
-    ``--strict/--no-strict``). ``temperature=0`` is greedy. Samples are decoded ``batch_size`` at a
-    time (one compiled program; a progress bar on stderr when there are several batches). A budget too small for the constraint
-    raises :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
+    ``--strict/--no-strict``). ``temperature=0`` is greedy. Rows are decoded
+    ``batch_size`` at a time (a progress bar on stderr when there are several batches).
+    A budget too small for the constraint raises
+    :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
+
+    **Many prompts, one constraint each.** With ``prompt`` a list of prompts, give the
+    constraints as lists with one entry per prompt (``regex=[...]``, ``schema=[...]``,
+    ``tool=[...]``, ``keywords=[...]``; a single regex/schema/tool applies to every
+    prompt) or as ``constraints=[{"regex": ...}, {"schema": ...}, ...]`` (kinds may
+    mix). The prompts are decoded together, each row under its own constraint (stacked
+    automata, :func:`jaxcd.buckets.stack_automata`), and a list of
+    :class:`GenerationResult` comes back, one per prompt.
+
+    **Compiles.** Constraints are data: automata are padded to shape buckets, budgets
+    and prompt widths rounded up to buckets (:mod:`jaxcd.buckets`), so a new constraint,
+    budget or prompt in a warm bucket runs without any XLA compile. ``stats`` reports
+    ``automaton_s`` (building the automaton), ``xla_compiles`` / ``xla_compile_s``,
+    ``decode_s``, ``steps`` (decoding steps actually run) and ``ms_per_step`` (per step
+    run), and the ``bucket``.
 
     Example::
 
         out = jaxcd.generate("Give me an integer.", regex=r"-?[0-9]+", budget=8)
         print(out.texts[0])
+        outs = jaxcd.generate(["A year?", "A colour?"], regex=[r"[12][0-9]{3}", "red|blue"],
+                              budget=8)
     """
     if method not in METHODS + ("smc", "awrs"):
         raise ValueError(f"method must be one of {METHODS + ('smc', 'awrs')}, got {method!r}")
@@ -233,8 +296,16 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
         raise ValueError(f"num_samples must be >= 1, got {num_samples}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    batch = isinstance(prompt, (list, tuple))
+    prompts = list(prompt) if batch else [prompt]
+    if batch and not prompts:
+        raise ValueError("prompt= is an empty list")
+    if not batch and constraints is not None:
+        raise ValueError("constraints= is for a list of prompts")
     m = model if isinstance(model, Model) else load_model(model)
-    if method in ("smc", "awrs"):
+    if method == "awrs":
+        if batch:
+            raise ValueError("method='awrs' takes one prompt")
         return _generate_particles(m, prompt, method=method, budget=budget,
                                    temperature=temperature, seed=seed, num_samples=num_samples,
                                    chat=chat, proposal=proposal, particles=particles, hmm=hmm,
@@ -244,65 +315,226 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
                                    whitespace_pattern=whitespace_pattern, strict=strict)
     if predicate is not None:
         raise ValueError("predicate= is for method='awrs'")
+    if batch:
+        rows = _row_constraints(len(prompts), constraints, schema=schema, regex=regex,
+                                keywords=keywords, tool=tool)
+    else:
+        rows = [{k: v for k, v in dict(schema=schema, regex=regex, keywords=keywords,
+                                       tool=tool).items() if v is not None}]
+        if len(rows[0]) > 1:
+            raise ValueError(f"give at most one constraint, got {', '.join(rows[0])}")
+    c0 = _compile_stats.snapshot()
     t0 = time.perf_counter()
-    fa = build_constraint(m.vocab, schema=schema, regex=regex, keywords=keywords, tool=tool,
-                          whitespace_pattern=whitespace_pattern, strict=strict)
-    if fa is None and method != "none":
-        method = "none"
-    t_compile = time.perf_counter() - t0
-    prompt_ids = _encode_within_context(m, prompt, chat, budget)
-    fa_dev = fa.to_device() if fa is not None else None
-    tables = tables_for(fa_dev, method, budget) if fa is not None else None
-    # Rows are decoded in chunks of at most `batch_size` (one compiled program: the last
-    # chunk is padded to the same shape); a progress bar on stderr when there are several.
-    bs = max(1, min(int(batch_size), num_samples))
-    n_chunks = -(-num_samples // bs)
-    ids, lens = pad_prompts([prompt_ids] * bs, pad_id=getattr(m.lm, "pad_token_id", 0))
-    t1 = time.perf_counter()
-    key = jax.random.PRNGKey(seed)
-    chunks = []
-    bar = None
-    if n_chunks > 1 and progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=num_samples, desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
-    for c in range(n_chunks):
-        k = key if n_chunks == 1 else jax.random.fold_in(key, c)
-        out = sample(k, m.lm, m.params, ids, lens, fa_dev, tables,
-                     budget=budget, constrained=method != "none",
-                     temperature=float(max(temperature, 1e-6)), greedy=temperature == 0)
-        chunks.append(jax.device_get(out))
-        if bar is not None:
-            bar.update(min(bs, num_samples - c * bs))
-    if bar is not None:
-        bar.close()
-    out = type(chunks[0])(*(np.concatenate(f)[:num_samples] for f in zip(*chunks)))
-    toks = np.asarray(out.tokens)
-    dt = time.perf_counter() - t1
+    fas, auto_s, built = [], [], {}
+    for c in rows:
+        t = time.perf_counter()
+        ck = json.dumps(c, sort_keys=True, default=str)
+        if ck not in built:                  # the same constraint twice: one automaton
+            built[ck] = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern,
+                                         strict=strict, **c) if c else None
+        fas.append(built[ck])
+        auto_s.append(time.perf_counter() - t)
+    n_con = sum(fa is not None for fa in fas)
+    if method == "smc":
+        if n_con < len(fas):
+            raise ValueError("method='smc' needs a constraint (schema, regex, keywords or tool)"
+                             + (" for every prompt" if batch else ""))
+        results = _generate_smc(m, prompts, fas, auto_s, budget=budget, temperature=temperature,
+                                seed=seed, num_samples=num_samples, chat=chat, proposal=proposal,
+                                particles=particles, hmm=hmm, resample=resample, ess=ess,
+                                batch_size=batch_size, c0=c0, t0=t0)
+    else:
+        if 0 < n_con < len(fas) and method != "none":
+            raise ValueError("every prompt needs a constraint in a constrained batch (or use "
+                             "method='none')")
+        if n_con == 0:
+            method = "none"
+        results = _generate_masked(m, prompts, fas, auto_s, method=method, budget=budget,
+                                   temperature=temperature, seed=seed, num_samples=num_samples,
+                                   chat=chat, batch_size=batch_size, progress=progress, c0=c0,
+                                   t0=t0)
+    return results if batch else results[0]
+
+
+def _bucket_of(fas) -> tuple | None:
+    from .buckets import common_bucket
+    real = [fa for fa in fas if fa is not None]
+    return common_bucket(real) if real else None
+
+
+def _decode_texts(m: Model, rows) -> tuple[list[list[int]], list[str]]:
     eos = m.lm.eos_token_id
-    texts, token_ids = [], []
-    for row in toks.tolist():
+    token_ids, texts = [], []
+    for row in rows:
+        row = list(row)
         row = row[: row.index(eos)] if eos in row else row
         token_ids.append(row)
         texts.append(m.vocab.decode_bytes(row).decode("utf-8", errors="replace"))
-    ended = [bool(v) for v in np.asarray(out.ended)]
-    # `valid` means "constraint met": for method "none" the sampler does not track the
-    # automaton, so walk it here
-    valid = (_walk_valid(fa, token_ids, ended) if fa is not None and method == "none"
-             else [bool(v) for v in np.asarray(out.valid)])
-    n_tokens = int(sum(len(r) + (1 if e else 0) for r, e in zip(token_ids, np.asarray(out.ended))))
-    stats = {"method": method, "budget": budget, "num_samples": num_samples,
-             "prompt_tokens": len(prompt_ids), "generated_tokens": n_tokens,
-             "compile_s": round(t_compile, 4), "decode_s": round(dt, 4),
-             "ms_per_step": round(1e3 * dt / budget, 3),
-             "valid": int(sum(valid)),
-             "min_budget": fa.min_budget if fa is not None else None}
-    return GenerationResult(texts, token_ids, valid, ended, stats)
+    return token_ids, texts
+
+
+def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperature, seed,
+                     num_samples, chat, batch_size, progress, c0, t0) -> list[GenerationResult]:
+    """Methods none/lcd/gcd: ``len(prompts) · num_samples`` rows, decoded ``batch_size``
+    rows at a time in one compiled program (bucketed shapes; per-row automata when the
+    prompts' constraints differ)."""
+    from .buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
+    prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
+    N = budget_bucket(budget)
+    bucket = _bucket_of(fas) if method != "none" else None
+    shared = method == "none" or all(fa is fas[0] for fa in fas) or len(fas) == 1
+    row_of = [i for i in range(len(prompts)) for _ in range(num_samples)]
+    total = len(row_of)
+    bs = max(1, min(int(batch_size), 1 << (total - 1).bit_length()))
+    n_chunks = -(-total // bs)
+    width = prompt_bucket(max(len(p) for p in prompt_ids))
+    pad_id = getattr(m.lm, "pad_token_id", 0)
+    fa_shared = tables_shared = None
+    if method != "none" and shared:
+        fa_shared = bucket_automaton(fas[0], bucket).to_device()
+        tables_shared = tables_for(fa_shared, method, budget, N)
+    elif method != "none":
+        from .gcd import check_budget
+        for fa in fas:                       # name the first row whose budget is too small
+            if method == "gcd":
+                check_budget(fa, budget)
+    t_setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    key = jax.random.PRNGKey(seed)
+    bar = None
+    if n_chunks > 1 and progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
+    chunks, steps = [], 0
+    for c in range(n_chunks):
+        rows = row_of[c * bs:(c + 1) * bs]
+        rows = rows + [rows[-1]] * (bs - len(rows))          # the last chunk: same shape
+        ids, lens = pad_prompts([prompt_ids[i] for i in rows], pad_id=pad_id, length=width)
+        fa, tables = fa_shared, tables_shared
+        if method != "none" and not shared:
+            fa = stack_automata([fas[i] for i in rows], bucket).to_device()
+            tables = tables_for(fa, method, budget, N)
+        k = key if n_chunks == 1 else jax.random.fold_in(key, c)
+        out = sample(k, m.lm, m.params, ids, lens, fa, tables, budget=N, limit=budget,
+                     constrained=method != "none",
+                     temperature=float(max(temperature, 1e-6)), greedy=temperature == 0)
+        out = jax.device_get(out)
+        steps += int(out.steps)
+        chunks.append(out)
+        if bar is not None:
+            bar.update(min(bs, total - c * bs))
+    if bar is not None:
+        bar.close()
+    fields = [np.concatenate([getattr(o, f) for o in chunks])[:total]
+              for f in ("tokens", "valid", "ended")]
+    toks, valid_all, ended_all = fields[0][:, :budget], fields[1], fields[2]
+    dt = time.perf_counter() - t1
+    comp = (_compile_stats.snapshot() - c0).as_dict()
+    token_ids, texts = _decode_texts(m, toks.tolist())
+    results = []
+    for i, fa in enumerate(fas):
+        sel = [j for j, r in enumerate(row_of) if r == i]
+        ids_i = [token_ids[j] for j in sel]
+        ended = [bool(ended_all[j]) for j in sel]
+        # `valid` means "constraint met": for method "none" the sampler does not track
+        # the automaton, so walk it here
+        valid = (_walk_valid(fa, ids_i, ended) if fa is not None and method == "none"
+                 else [bool(valid_all[j]) for j in sel])
+        n_tokens = int(sum(len(r) + (1 if e else 0) for r, e in zip(ids_i, ended)))
+        stats = {"method": method, "budget": budget, "num_samples": num_samples,
+                 "prompt_tokens": len(prompt_ids[i]), "generated_tokens": n_tokens,
+                 "automaton_s": round(auto_s[i], 4), "compile_s": round(auto_s[i], 4),
+                 "setup_s": round(t_setup, 4), "decode_s": round(dt, 4), "steps": steps,
+                 "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
+                 "batch_rows": bs, "batches": n_chunks, "prompts": len(prompts),
+                 "budget_bucket": N, "prompt_bucket": width,
+                 "bucket": list(bucket) if bucket else None, **comp,
+                 "valid": int(sum(valid)),
+                 "min_budget": fa.min_budget if fa is not None else None}
+        results.append(GenerationResult([texts[j] for j in sel], ids_i, valid, ended, stats))
+    return results
+
+
+def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, num_samples,
+                  chat, proposal, particles, hmm, resample, ess, batch_size, c0, t0
+                  ) -> list[GenerationResult]:
+    """``method="smc"``: one particle system per prompt, ``batch_size`` prompts per run
+    (stacked automata when their constraints differ)."""
+    from . import smc
+    from .buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
+    if num_samples != 1:
+        raise ValueError(f"method='smc' runs one particle system per prompt: set particles= "
+                         f"instead of num_samples={num_samples}")
+    if temperature <= 0:
+        raise ValueError(f"method='smc' needs temperature > 0, got {temperature}")
+    hmm_params = load_hmm(hmm, m) if (proposal in ("lookahead", "product")
+                                      and hmm is not None) else None
+    prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
+    N = budget_bucket(budget)
+    bucket = _bucket_of(fas)
+    width = prompt_bucket(max(len(p) for p in prompt_ids))
+    pad_id = getattr(m.lm, "pad_token_id", 0)
+    P = len(prompts)
+    bs = max(1, min(int(batch_size), 1 << (P - 1).bit_length()))
+    shared = P == 1 or all(fa is fas[0] for fa in fas)
+    fa_shared = bucket_automaton(fas[0], bucket) if shared else None
+    t_setup = time.perf_counter() - t0
+    key = jax.random.PRNGKey(seed)
+    t1 = time.perf_counter()
+    outs, steps = [], 0
+    for c in range(-(-P // bs)):
+        rows = list(range(c * bs, min(P, (c + 1) * bs)))
+        rows = rows + [rows[-1]] * (bs - len(rows))
+        ids, lens = pad_prompts([prompt_ids[i] for i in rows], pad_id=pad_id, length=width)
+        fa = fa_shared if shared else stack_automata([fas[i] for i in rows], bucket)
+        k = key if c == 0 else jax.random.fold_in(key, c)
+        res = smc.run(k, m.lm, m.params, ids, lens, fa, budget=budget, steps=N,
+                      num_particles=particles, proposal=proposal, hmm=hmm_params,
+                      resample=resample, ess_threshold=ess, temperature=temperature)
+        res = jax.device_get(res)
+        steps += int(res.steps)
+        outs.append((rows, res))
+    dt = time.perf_counter() - t1
+    comp = (_compile_stats.snapshot() - c0).as_dict()
+    results = []
+    for c, (rows, res) in enumerate(outs):
+        for r, i in enumerate(rows):
+            if i != c * bs + r:          # padding rows of the last run
+                continue
+            token_ids, texts = _decode_texts(m, np.asarray(res.tokens)[r][:, :budget].tolist())
+            lw = np.asarray(res.log_weights, np.float64)[r]
+            if np.isfinite(lw).any():
+                w = np.exp(lw - lw[np.isfinite(lw)].max())
+                w = w / w.sum()
+                chosen = int(np.random.default_rng(seed + i).choice(len(w), p=w))
+            else:
+                w, chosen = np.zeros_like(lw), None
+            valid = [bool(v) for v in np.asarray(res.valid)[r]]
+            eos = m.lm.eos_token_id
+            ended = [eos in np.asarray(t).tolist() for t in np.asarray(res.tokens)[r][:, :budget]]
+            stats = {"method": "smc", "proposal": proposal, "budget": budget,
+                     "num_samples": particles, "particles": particles,
+                     "prompt_tokens": len(prompt_ids[i]),
+                     "generated_tokens": int(sum(len(t) + e for t, e in zip(token_ids, ended))),
+                     "automaton_s": round(auto_s[i], 4), "compile_s": round(auto_s[i], 4),
+                     "setup_s": round(t_setup, 4), "decode_s": round(dt, 4), "steps": steps,
+                     "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
+                     "budget_bucket": N, "prompt_bucket": width, "bucket": list(bucket),
+                     "prompts": P, **comp, "valid": int(sum(valid)),
+                     "log_Z": float(np.asarray(res.log_Z)[r]),
+                     "resampling_steps": int(np.asarray(res.resampled)[r].sum()),
+                     "min_budget": fas[i].min_budget}
+            results.append(GenerationResult(texts, token_ids, valid, ended, stats,
+                                            weights=[float(x) for x in w],
+                                            log_weights=[float(x) for x in lw],
+                                            log_Z=stats["log_Z"], chosen=chosen))
+    return results
 
 
 def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, num_samples,
                         chat, proposal, particles, hmm, resample, ess, predicate, constraint,
                         whitespace_pattern, strict=True) -> GenerationResult:
-    """``method="smc"`` / ``"awrs"``: one particle system for the prompt."""
+    """``method="awrs"``: one particle system for the prompt."""
     from . import smc
     if num_samples != 1:
         raise ValueError(f"method={method!r} runs one particle system: set particles= "
@@ -312,34 +544,21 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
     t0 = time.perf_counter()
     given = {k: v for k, v in constraint.items() if v is not None}
     fa = None
-    if method == "awrs":
-        if predicate is None:
-            raise ValueError("method='awrs' needs predicate= (a callable or 'module:function')")
-        if given:
-            raise ValueError("method='awrs' takes a predicate, not a compiled constraint "
-                             f"({', '.join(given)}); use method='smc' for those")
-        pred = resolve_predicate(predicate)
-    else:
-        if not given:
-            raise ValueError("method='smc' needs a constraint (schema, regex, keywords or tool)")
-        fa = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern, strict=strict,
-                              **constraint)
-    hmm_params = load_hmm(hmm, m) if (method == "smc" and proposal in ("lookahead", "product")
-                                       and hmm is not None) else None
+    if predicate is None:
+        raise ValueError("method='awrs' needs predicate= (a callable or 'module:function')")
+    if given:
+        raise ValueError("method='awrs' takes a predicate, not a compiled constraint "
+                         f"({', '.join(given)}); use method='smc' for those")
+    pred = resolve_predicate(predicate)
     t_compile = time.perf_counter() - t0
     prompt_ids = _encode_within_context(m, prompt, chat, budget)
     ids, lens = pad_prompts([prompt_ids], pad_id=getattr(m.lm, "pad_token_id", 0))
     key = jax.random.PRNGKey(seed)
     t1 = time.perf_counter()
-    if method == "smc":
-        res = smc.run(key, m.lm, m.params, ids, lens, fa, budget=budget,
-                      num_particles=particles, proposal=proposal, hmm=hmm_params,
-                      resample=resample, ess_threshold=ess, temperature=temperature)
-    else:
-        res = smc.run_blackbox(key, m.lm, m.params, ids, lens, predicate=pred,
-                               token_bytes=m.vocab, eos_id=m.lm.eos_token_id,
-                               budget=budget, num_particles=particles, resample=resample,
-                               ess_threshold=ess, temperature=temperature, seed=seed)
+    res = smc.run_blackbox(key, m.lm, m.params, ids, lens, predicate=pred,
+                           token_bytes=m.vocab, eos_id=m.lm.eos_token_id,
+                           budget=budget, num_particles=particles, resample=resample,
+                           ess_threshold=ess, temperature=temperature, seed=seed)
     res = jax.device_get(res)
     dt = time.perf_counter() - t1
     eos = m.lm.eos_token_id
@@ -357,12 +576,13 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
         w, chosen = np.zeros_like(lw), None
     valid = [bool(v) for v in np.asarray(res.valid)[0]]
     ended = [eos in np.asarray(r).tolist() for r in np.asarray(res.tokens)[0]]
+    steps = max(len(r) + e for r, e in zip(token_ids, ended))   # the host loop's steps
     stats = {"method": method, "proposal": proposal if method == "smc" else "awrs",
              "budget": budget, "num_samples": particles, "particles": particles,
              "prompt_tokens": len(prompt_ids),
              "generated_tokens": int(sum(len(r) + e for r, e in zip(token_ids, ended))),
-             "compile_s": round(t_compile, 4), "decode_s": round(dt, 4),
-             "ms_per_step": round(1e3 * dt / budget, 3), "valid": int(sum(valid)),
+             "compile_s": round(t_compile, 4), "decode_s": round(dt, 4), "steps": int(steps),
+             "ms_per_step": round(1e3 * dt / max(steps, 1), 3), "valid": int(sum(valid)),
              "log_Z": float(np.asarray(res.log_Z)[0]),
              "resampling_steps": int(np.asarray(res.resampled)[0].sum()),
              "min_budget": fa.min_budget if fa is not None else None}

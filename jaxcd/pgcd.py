@@ -83,10 +83,19 @@ class PGCDTables(NamedTuple):
     mant: jax.Array
     log_scale: jax.Array
     B: jax.Array
+    n: jax.Array | None = None      # the budget (int32, may be traced); None: N = rows - 1
+
+    @property
+    def steps(self) -> int:
+        """Static length ``N`` (a budget bucket; rows ``0..N``)."""
+        return int(self.mant.shape[0]) - 1
 
     @property
     def budget(self) -> int:
-        return int(self.mant.shape[0]) - 1
+        return self.steps if self.n is None else int(self.n)
+
+    def limit(self):
+        return self.steps if self.n is None else self.n
 
     def beta(self) -> jax.Array:
         """Dense ``β^P`` as ``[n+1, S, H]`` (tests; may underflow in float32)."""
@@ -126,10 +135,12 @@ def check_hmm(fa: TensorizedAutomaton, hmm, *, lm=None) -> None:
 
 def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
                   table_dtype=jnp.float32) -> int:
-    """Bytes of :class:`PGCDTables` for these sizes (for memory reports)."""
+    """Bytes of :class:`PGCDTables` for these sizes (for memory reports; ``budget``: the
+    tables' length, i.e. the budget bucket when one is used)."""
     item = jnp.dtype(table_dtype).itemsize
-    return ((budget + 1) * fa.num_states * hidden_size * item
-            + (budget + 1) * fa.num_states * 4 + hidden_size * fa.vocab_size * item)
+    S = int(np.prod(np.shape(fa.dist)))
+    return ((budget + 1) * S * hidden_size * item
+            + (budget + 1) * S * 4 + hidden_size * fa.vocab_size * item)
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,7 +241,7 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
         Cu = Cu.at[jnp.asarray(idx)].set(m)
     C = Cu[jnp.asarray(label_of_pair[pair_inv])].T                     # [H, E]
     src, dst = np.asarray(fa.edge_src), np.asarray(fa.edge_dst)
-    loop = np.nonzero((src == fa.final_state) & (dst == fa.final_state))[0]
+    loop = np.nonzero((src == dst) & (np.asarray(fa.dist)[src] == 0))[0]   # ⊥'s self-loop(s)
     if len(loop):
         C = C.at[:, jnp.asarray(loop)].set(1.0)
     return C
@@ -250,12 +261,12 @@ def _normalise_rows(Z, L):
 
 
 @partial(jax.jit, static_argnames=("budget", "table_dtype"))
-def _backward(fa, A, C, B, *, budget: int, table_dtype):
+def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
     S = fa.num_states
     H = A.shape[0]
     dt = C.dtype
     src, dst = fa.edge_src, fa.edge_dst
-    final = jnp.arange(S) == fa.final_state
+    final = fa.dist == 0
     mant_n = jnp.where(final[:, None], jnp.ones((S, H), dt), 0.0)
     ls_n = jnp.where(final, 0.0, -jnp.inf).astype(dt)
 
@@ -275,27 +286,37 @@ def _backward(fa, A, C, B, *, budget: int, table_dtype):
         ls2 = jnp.where(final, 0.0, ls2)
         return (mant2, ls2), (mant2.astype(table_dtype), ls2)
 
+    # rows by remaining steps r = n - t (r = 0: ⊥ only), then indexed by t for budget n
     _, (mants, lss) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget)
-    mant = jnp.concatenate([mants[::-1], mant_n[None].astype(table_dtype)], axis=0)
-    ls = jnp.concatenate([lss[::-1], ls_n[None]], axis=0)
-    return PGCDTables(mant, ls, B.astype(table_dtype))
+    mant = jnp.concatenate([mant_n[None].astype(table_dtype), mants], axis=0)
+    ls = jnp.concatenate([ls_n[None], lss], axis=0)
+    idx = jnp.clip(n - jnp.arange(budget + 1), 0, budget)
+    return PGCDTables(mant[idx], ls[idx], B.astype(table_dtype), n)
 
 
-def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None) -> PGCDTables:
-    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``n`` steps).
+def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
+             steps: int | None = None) -> PGCDTables:
+    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``steps`` steps,
+    default ``n``; with a larger ``steps`` — a budget bucket — the compiled program
+    serves every budget up to it). ``fa`` may be a stack of automata (one per prompt
+    row; the tables are those of :func:`jaxcd.buckets.flatten` of it).
 
     Checks first (host side): the HMM's vocabulary equals the automaton's, and the budget
     can be met (:class:`~jaxcd.errors.BudgetTooSmallError` naming the smallest budget).
     ``table_dtype``: storage dtype of the tables (default: the HMM's dtype;
     ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`)."""
+    from .buckets import flatten
     check_hmm(fa, hmm)
     gcd.check_budget(fa, budget)
+    steps = int(budget) if steps is None else int(steps)
+    gcd.check_steps(budget, steps)
+    fa = flatten(jax.device_get(fa))
     A = jnp.asarray(hmm.A)
     B = jnp.asarray(hmm.B)
     dt = jnp.result_type(A.dtype, B.dtype, jnp.asarray(hmm.pi).dtype)
     A, B = A.astype(dt), B.astype(dt)
     C = edge_masses(fa, B)
-    return _backward(fa, A, C, B, budget=int(budget),
+    return _backward(fa, A, C, B, jnp.asarray(budget, jnp.int32), budget=steps,
                      table_dtype=jnp.dtype(table_dtype or dt))
 
 
@@ -303,7 +324,8 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None) -> 
 # forward: state, scores
 # ---------------------------------------------------------------------------------------
 def init_state(fa: TensorizedAutomaton, hmm) -> PGCDState:
-    """Start state: automaton at ``s_0``, ``t = 0``, ``u = π``."""
+    """Start state: automaton at ``s_0``, ``t = 0``, ``u = π`` (one automaton; for a
+    stack, see :func:`jaxcd.gcd.init_states`)."""
     pi = jnp.asarray(hmm.pi)
     return PGCDState(gcd.init_state(fa), pi / jnp.sum(pi))
 
@@ -347,10 +369,11 @@ def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
 def check_tables(fa: TensorizedAutomaton, tables: PGCDTables) -> None:
     """Raise :class:`HMMMismatchError` if ``tables`` were not built for ``fa`` (shapes are
     static, so this also works while tracing)."""
-    if tables.mant.shape[1] != fa.num_states or tables.B.shape[1] != fa.vocab_size:
+    S = int(np.prod(np.shape(fa.dist)))              # a stack's flattened size
+    if tables.mant.shape[1] != S or tables.B.shape[1] != fa.vocab_size:
         raise HMMMismatchError(
             f"P-GCD tables for {tables.mant.shape[1]} states and {tables.B.shape[1]} tokens "
-            f"do not fit this automaton ({fa.num_states} states, {fa.vocab_size} tokens): "
+            f"do not fit this automaton ({S} states, {fa.vocab_size} tokens): "
             "build them with pgcd.backward(fa, hmm, budget)")
 
 
@@ -360,7 +383,7 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     see :func:`live_degree`)."""
     check_tables(fa, tables)
     D = fa.out_dst.shape[1] if D is None else D
-    n = tables.mant.shape[0] - 1
+    n = tables.limit()
     s, t = st.cs.state, st.cs.t
     tn = jnp.minimum(t + 1, n)
     dsts = fa.out_dst[s, :D]                                             # [D]
@@ -385,7 +408,7 @@ def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> j
     ``β^P_{t+1} > 0`` (0 if none): the out-edges past it contribute nothing. Edges are
     sorted by their destination's distance to ``⊥``, so these are usually the first
     few."""
-    n = tables.mant.shape[0] - 1
+    n = tables.limit()
     tn = jnp.minimum(st.cs.t + 1, n)
     D = fa.out_dst.shape[1]
     deg = fa.out_start[st.cs.state + 1] - fa.out_start[st.cs.state]

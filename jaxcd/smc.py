@@ -103,7 +103,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         *, budget: int, num_particles: int, proposal: str = "gcd", hmm=None,
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
         table_dtype=None, tables: gcd.BudgetTables | None = None,
-        ptables: pgcd.PGCDTables | None = None) -> SMCResult:
+        ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
+        prefilled: decode.Prefilled | None = None) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
     left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
     :class:`~jaxcd.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
@@ -113,6 +114,15 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     and ``ptables`` (:func:`jaxcd.pgcd.backward`) may be passed to reuse tables across
     calls with the same constraint, HMM and budget; they are built otherwise.
 
+    ``fa`` may be one automaton for every prompt or a stack with one per prompt row
+    (:func:`jaxcd.buckets.stack_automata`). ``steps`` (static; default ``budget``) is the
+    length of the loop and of the outputs (``tokens [B, K, steps]``, ``ess``,
+    ``resampled``): pass a budget bucket (:func:`jaxcd.buckets.budget_bucket`) so that
+    one compiled program serves every budget up to it; the budget itself is traced, and
+    tokens past it are EOS. ``result.steps`` counts the steps actually run.
+    ``prefilled`` (:func:`jaxcd.decode.prefill` of the same prompts): start from that
+    prefill instead of running the prompts again (one prefill, several runs).
+
     Example::
 
         res = smc.run(jax.random.key(0), lm, params, ids, lens, fa, budget=32,
@@ -121,29 +131,43 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     """
     _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold)
     budget, K = int(budget), int(num_particles)
+    steps = budget if steps is None else int(steps)
+    gcd.check_steps(budget, steps)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    if fa.batch_shape and fa.batch_shape != (prompt_ids.shape[0],):
+        raise ValueError(f"{fa.batch_shape[0]} stacked automata for {prompt_ids.shape[0]} "
+                         "prompt rows: give one automaton per row")
+    S_flat = int(np.prod(np.shape(fa.dist)))
     fa_d = fa.to_device() if isinstance(fa.cum_masks, np.ndarray) else fa
     if tables is None:
-        gtables = gcd.lcd_tables(fa_d, budget) if proposal == "lcd" else gcd.backward(fa_d, budget)
+        gtables = (gcd.lcd_tables(fa_d, budget, steps) if proposal == "lcd"
+                   else gcd.backward(fa_d, budget, steps))
     else:
         gtables = tables
-        if tables.beta.shape != (budget + 1, fa.num_states):
-            raise ValueError(f"tables= has shape {tables.beta.shape}, expected "
-                             f"{(budget + 1, fa.num_states)} (budget + 1, num_states)")
+        if tables.beta.shape != (steps + 1, S_flat) or tables.budget != budget:
+            raise ValueError(f"tables= has shape {tables.beta.shape} and budget "
+                             f"{tables.budget}, expected {(steps + 1, S_flat)} (steps + 1, "
+                             f"num_states) and budget {budget}")
     if proposal in ("lookahead", "product"):
         if ptables is None:
-            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype)
+            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype, steps=steps)
         else:
             pgcd.check_tables(fa, ptables)
-            if ptables.budget != budget:
-                raise ValueError(f"ptables= were built for budget {ptables.budget}, not {budget}")
+            if ptables.budget != budget or ptables.steps != steps:
+                raise ValueError(f"ptables= were built for budget {ptables.budget} "
+                                 f"({ptables.steps} steps), not {budget} ({steps} steps)")
         hpi, hA, hB = (jnp.asarray(a) for a in (hmm.pi, hmm.A, hmm.B))
     else:
         ptables, hpi, hA, hB = None, None, None, None
+    pre = None
+    if prefilled is not None:
+        decode.check_prefilled(prefilled, prompt_ids, steps)
+        pre = (prefilled.state, prefilled.logp)
     return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
                 jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
-                budget=budget, K=K, proposal=proposal, resample=resample)
+                jnp.asarray(budget, jnp.int32), pre, budget=steps, K=K, proposal=proposal,
+                resample=resample)
 
 
 def _particle_sharding(N: int):
@@ -162,32 +186,39 @@ def _shard(tree, sharding, N):
 
 @partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
 def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
-         ess_threshold, *, budget, K, proposal, resample):
+         ess_threshold, limit, pre, *, budget, K, proposal, resample):
+    from .buckets import flatten
+    fa = flatten(fa)
     B = prompt_ids.shape[0]
     N = B * K
-    n = budget
+    n = budget                # static length (a bucket); `limit` is the budget enforced
     eos = lm.eos_token_id
     sharding = _particle_sharding(N)
     use_hmm = ptables is not None
     resampler = resampling.get(resample)
 
     # prefill once per prompt, broadcast to the K particles of each prompt
-    lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + n)
+    if pre is None:
+        lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + n)
+    else:
+        lm_state, logp = pre
     rep = lambda x: jnp.repeat(x, K, axis=0)                            # noqa: E731
     lm_state, logp = jax.tree.map(rep, lm_state), rep(logp)
     wdt = jnp.result_type(logp.dtype, ptables.mant.dtype if use_hmm else logp.dtype,
                           jnp.float32)
     if use_hmm:
         wdt = jnp.result_type(wdt, hpi.dtype)
-    cs = jax.vmap(lambda _: gcd.init_state(fa))(jnp.arange(N))
+    cs = gcd.init_states(fa, B, K)
     if use_hmm:
         u = jnp.broadcast_to((hpi / jnp.sum(hpi)).astype(wdt), (N,) + hpi.shape)
-        st0 = pgcd.PGCDState(gcd.init_state(fa), u[0])
-        log_phi0 = pgcd.prefix_logpsi(fa, None, ptables, st0).astype(wdt)
+        cs0 = gcd.init_states(fa, B)                                    # one per prompt
+        st0 = pgcd.PGCDState(cs0, u[:B])
+        log_phi0 = jax.vmap(pgcd.prefix_logpsi, in_axes=(None, None, None, 0))(
+            fa, None, ptables, st0).astype(wdt)
+        log_phi = jnp.repeat(log_phi0, K)
     else:
         u = jnp.zeros((N, 1), wdt)
-        log_phi0 = jnp.zeros((), wdt)
-    log_phi = jnp.full((N,), log_phi0, wdt)
+        log_phi = jnp.zeros((N,), wdt)
     parts = Particles(jnp.full((N, n), eos, jnp.int32), lm_state, logp, cs, u,
                       log_phi, log_phi, jnp.zeros((N,), bool))
     parts = _shard(parts, sharding, N)
@@ -238,7 +269,7 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         lw = log_w.reshape(B, K)
         ess = jax.vmap(resampling.ess)(lw)
         any_live = jnp.any(jnp.isfinite(lw), axis=1)
-        need = (ess < ess_threshold * K) & any_live & (t < n - 1)
+        need = (ess < ess_threshold * K) & any_live & (t < limit - 1)
 
         def do_resample(parts):
             anc = jax.vmap(resampler)(jax.random.split(k_res, B), lw)          # [B, K]
@@ -258,26 +289,26 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
     # particles, which would only add noise (it can only trigger with ess_threshold ~ 1,
     # where float rounding puts the ESS of equal weights just below K). Those steps
     # report the final ESS and no resampling.
-    keys = jax.random.split(key, n)
+    # step t draws with fold_in(key, t): the same whatever the static length n
 
     def cond(carry):
         t, parts, _, _ = carry
-        return (t < n) & ~jnp.all(parts.done)
+        return (t < limit) & ~jnp.all(parts.done)
 
     def body(carry):
         t, parts, ess_a, res_a = carry
-        parts, (ess, need) = step(parts, (t, keys[t]))
+        parts, (ess, need) = step(parts, (t, jax.random.fold_in(key, t)))
         return t + 1, parts, ess_a.at[t].set(ess), res_a.at[t].set(need)
 
     init = (jnp.int32(0), parts, jnp.zeros((n, B), wdt), jnp.zeros((n, B), bool))
     t_end, parts, ess, resampled = jax.lax.while_loop(cond, body, init)
     ess_end = jax.vmap(resampling.ess)(parts.log_w.reshape(B, K)).astype(ess.dtype)
     ess = jnp.where((jnp.arange(n) < t_end)[:, None], ess, ess_end[None])
-    valid = parts.cs.state == fa.final_state
+    valid = gcd.is_final(fa, parts.cs.state)
     log_w = jnp.where(valid, parts.log_w, -jnp.inf).reshape(B, K)
     log_Z = jax.vmap(resampling.log_mean_exp)(log_w)
     return SMCResult(parts.tokens.reshape(B, K, n), log_w, log_Z, valid.reshape(B, K),
-                     ess.T, resampled.T)
+                     ess.T, resampled.T, steps=t_end)
 
 
 def run_blackbox(*args, **kwargs) -> SMCResult:

@@ -23,6 +23,8 @@ class SMCResult(NamedTuple):
     - ``resampled``: bool ``[B, n]``, whether that prompt's particles were resampled
       after step ``t``.
     - ``num_checks``: int ``[B, K]`` constraint checks spent (AWRS; ``None`` otherwise).
+    - ``steps``: int ``[]``, decoding steps actually run (the loop stops once every
+      particle has emitted EOS): divide timings by this, not by the budget.
     """
 
     tokens: jax.Array
@@ -32,3 +34,4 @@ class SMCResult(NamedTuple):
     ess: jax.Array
     resampled: jax.Array
     num_checks: jax.Array | None = None
+    steps: jax.Array | None = None

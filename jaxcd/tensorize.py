@@ -52,19 +52,31 @@ from .limits import current_limits, too_large
 from .vocab import Vocabulary
 
 INF_DIST = 1 << 30
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 _DATA_FIELDS = ("edge_src", "edge_dst", "out_start", "out_dst", "cum_masks", "row_index",
-                "dist")
-_META_FIELDS = ("num_states", "vocab_size", "initial_state", "final_state", "dead_state",
-                "eos_id", "key")
+                "dist", "initial_state", "final_state", "dead_state")
+_ARRAY_FIELDS = _DATA_FIELDS[:7]
+_ID_FIELDS = ("initial_state", "final_state", "dead_state")
+_META_FIELDS = ("vocab_size", "eos_id")
 
 
 @dataclass(frozen=True)
 class TensorizedAutomaton:
     """A token-level DFA over a real vocabulary, stored as (sparse) ``T_out``, ``T_in``,
-    ``B_f`` plus per-state tables (see the module docstring). A JAX pytree: the
-    arrays are leaves, the sizes and ids are static.
+    ``B_f`` plus per-state tables (see the module docstring).
+
+    A JAX pytree whose leaves are **all** the arrays, the state ids included
+    (``initial_state``, ``final_state``, ``dead_state``: int32 scalars); only
+    ``vocab_size`` and ``eos_id`` (the vocabulary's) are static. So a jitted function
+    compiles once per *shape* of automaton, not once per constraint: pad automata to a
+    shared bucket (:func:`jaxcd.buckets.bucket_automaton`) and every constraint in that
+    bucket reuses the compiled program. ``key`` (a label for error messages) is host-side
+    only: it does not travel through ``jit`` (an unflattened copy has ``key = ""``).
+
+    Automata stacked with :func:`jaxcd.buckets.stack_automata` have a leading batch axis
+    on every leaf (``dist [B, S]``, ``initial_state [B]``, ...): one constraint per
+    prompt row.
 
     Arrays are NumPy when built; ``fa.to_device()`` gives a copy with ``jax.Array``
     leaves for the jitted functions in :mod:`jaxcd.gcd` (do it once, not per step).
@@ -76,27 +88,51 @@ class TensorizedAutomaton:
     out_dst: np.ndarray     # int32 [S, D]    out-edge destinations, padded with dead_state
     cum_masks: np.ndarray   # uint32 [R, W]   distinct cumulative masks (row 0 empty)
     row_index: np.ndarray   # int32 [E + S]   logical row base[s] + k -> row of cum_masks
-    dist: np.ndarray        # int32 [S]       tokens to ⊥ (INF_DIST if none)
-    num_states: int
+    dist: np.ndarray        # int32 [S]       tokens to ⊥ (INF_DIST if none; 0 only at ⊥)
+    initial_state: np.ndarray  # int32 []
+    final_state: np.ndarray    # int32 []     ⊥
+    dead_state: np.ndarray     # int32 []
     vocab_size: int
-    initial_state: int
-    final_state: int
-    dead_state: int
     eos_id: int
     key: str = ""
+
+    def __post_init__(self):
+        # host-built ids become int32 scalars (hashable, usable as indices); tracers and
+        # device arrays are left as they are
+        for f in _ID_FIELDS:
+            v = getattr(self, f)
+            if isinstance(v, (int, np.integer)) or (isinstance(v, np.ndarray) and v.ndim == 0):
+                object.__setattr__(self, f, np.int32(v))
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def num_states(self) -> int:
+        return int(np.shape(self.dist)[-1])
+
+    @property
+    def batch_shape(self) -> tuple:
+        """``()`` for one automaton, ``(B,)`` for a stack (:func:`~jaxcd.buckets.stack_automata`)."""
+        return tuple(np.shape(self.dist)[:-1])
+
+    @property
+    def bucket(self) -> tuple[int, int, int, int]:
+        """``(states, edges, max out-degree, mask rows)``: the shapes a jitted function
+        compiles for."""
+        return (self.num_states, int(np.shape(self.edge_src)[-1]),
+                int(np.shape(self.out_dst)[-1]), int(np.shape(self.cum_masks)[-2]))
 
     # -- sizes -------------------------------------------------------------------------
     @property
     def num_edges(self) -> int:
-        return int(self.edge_src.shape[0])
+        return int(np.shape(self.edge_src)[-1])
 
     @property
     def num_words(self) -> int:
-        return int(self.cum_masks.shape[1])
+        return int(np.shape(self.cum_masks)[-1])
 
     @property
     def nbytes(self) -> int:
-        return int(sum(np.asarray(getattr(self, f)).nbytes for f in _DATA_FIELDS))
+        return int(sum(np.asarray(getattr(self, f)).nbytes for f in _ARRAY_FIELDS))
 
     @property
     def min_budget(self) -> int:
@@ -173,7 +209,10 @@ class TensorizedAutomaton:
     # -- persistence ---------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        meta = {f: getattr(self, f) for f in _META_FIELDS}
+        if self.batch_shape:
+            raise ValueError("save: a stacked automaton; save each constraint on its own")
+        meta = {f: int(getattr(self, f)) for f in _META_FIELDS + _ID_FIELDS}
+        meta["key"] = self.key
         meta["format_version"] = FORMAT_VERSION
         # a private temporary file, renamed atomically: concurrent saves of one cache key
         # (e.g. parallel test workers) never interleave their bytes
@@ -181,7 +220,7 @@ class TensorizedAutomaton:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8),
-                         **{f_: np.asarray(getattr(self, f_)) for f_ in _DATA_FIELDS})
+                         **{f_: np.asarray(getattr(self, f_)) for f_ in _ARRAY_FIELDS})
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -193,11 +232,30 @@ class TensorizedAutomaton:
             meta = json.loads(bytes(z["meta"]).decode())
             if meta.pop("format_version", None) != FORMAT_VERSION:
                 raise ValueError(f"{path}: cached automaton has an old format")
-            return cls(**{f: z[f] for f in _DATA_FIELDS}, **meta)
+            return cls(**{f: z[f] for f in _ARRAY_FIELDS}, **meta)
 
 
-jax.tree_util.register_dataclass(TensorizedAutomaton, data_fields=list(_DATA_FIELDS),
-                                 meta_fields=list(_META_FIELDS))
+def _flatten(fa: TensorizedAutomaton):
+    return tuple(getattr(fa, f) for f in _DATA_FIELDS), (fa.vocab_size, fa.eos_id)
+
+
+def _flatten_with_keys(fa: TensorizedAutomaton):
+    return (tuple((jax.tree_util.GetAttrKey(f), getattr(fa, f)) for f in _DATA_FIELDS),
+            (fa.vocab_size, fa.eos_id))
+
+
+def _unflatten(aux, children) -> TensorizedAutomaton:
+    fa = object.__new__(TensorizedAutomaton)       # no __post_init__: leaves may be anything
+    for f, v in zip(_DATA_FIELDS, children):
+        object.__setattr__(fa, f, v)
+    object.__setattr__(fa, "vocab_size", aux[0])
+    object.__setattr__(fa, "eos_id", aux[1])
+    object.__setattr__(fa, "key", "")
+    return fa
+
+
+jax.tree_util.register_pytree_with_keys(TensorizedAutomaton, _flatten_with_keys, _unflatten,
+                                        _flatten)
 
 
 def unpack_bits(words: np.ndarray, vocab_size: int) -> np.ndarray:
@@ -1267,7 +1325,7 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
         edge_src=e_src2.astype(np.int32), edge_dst=e_dst2.astype(np.int32),
         out_start=out_start, out_dst=out_dst, cum_masks=cum, row_index=row_index,
         dist=np.minimum(dist2, INF_DIST).astype(np.int32),
-        num_states=S2, vocab_size=V, initial_state=int(new_id[0]),
+        vocab_size=V, initial_state=int(new_id[0]),
         final_state=int(new_id[final]), dead_state=dead2, eos_id=int(eos), key=key)
 
 
@@ -1504,5 +1562,5 @@ def pad_automaton(fa: TensorizedAutomaton, num_states: int | None = None,
         edge_src=n_src.astype(np.int32), edge_dst=n_dst.astype(np.int32),
         out_start=n_start.astype(np.int32), out_dst=n_out, cum_masks=n_cum, row_index=n_index,
         dist=dist,
-        num_states=S2, vocab_size=fa.vocab_size, initial_state=0, final_state=S2 - 2,
+        vocab_size=fa.vocab_size, initial_state=0, final_state=S2 - 2,
         dead_state=S2 - 1, eos_id=fa.eos_id, key=key), new_id
