@@ -219,7 +219,7 @@ def cmd_generate(args) -> int:
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
           f"compile={s['compile_s']:.2f}s xla_compiles={s['xla_compiles']} "
           f"decode(incl. jit)={s['decode_s']:.2f}s "
-          f"({s['ms_per_step']:.1f} ms per step run, {s['steps']} steps)", file=sys.stderr)
+          f"({s['ms_per_step']:.1f} ms/step over the {s['steps']} steps run)", file=sys.stderr)
     return 0
 
 

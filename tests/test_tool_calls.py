@@ -287,12 +287,12 @@ def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
     assert np.array_equal(b1[:, new_id], b0)
     assert not b1[:, np.setdiff1d(np.arange(1024), new_id)].any()
     # several examples' automata padded to one shape: gcd.backward compiles once
-    n0 = gcd.backward._cache_size()
+    n0 = gcd._backward._cache_size()
     for e in main_examples[:4]:
         c = build_constraint(bfcl.constraint_nfa(e, "python")[0], vocab, shapes)
         assert c.fa.num_states == 1024 and c.fa.key == "padded"
         jax.block_until_ready(gcd.backward(c.device, 48))
-    assert gcd.backward._cache_size() == n0 + 1
+    assert gcd._backward._cache_size() == n0 + 1
 
 
 def test_pad_automaton_pgcd_tables_unchanged(vocab):
