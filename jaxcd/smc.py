@@ -36,7 +36,9 @@ KV cache is gathered only on steps where some prompt resamples. After resampling
 prompt's weights all become the log-mean-exp of its weights, so ``log_Z`` — the
 log-mean-exp of the final weights — is the usual product-of-averages estimator, unbiased
 for ``Z = p_lm(x ∈ L_n | prompt)``. A prompt whose weights are all 0 is never
-resampled and gets ``log_Z = −inf``.
+resampled and gets ``log_Z = −inf``; nor is a prompt whose particles have all emitted
+EOS (its ensemble is final), even while other prompts of the batch are still decoding —
+the same rule as :func:`jaxcd.smc_blackbox.run_blackbox`.
 
 When several devices are visible, the particle axis is sharded across them
 (``B·K`` must be divisible by the device count; otherwise it runs on one device).
@@ -269,7 +271,10 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         lw = log_w.reshape(B, K)
         ess = jax.vmap(resampling.ess)(lw)
         any_live = jnp.any(jnp.isfinite(lw), axis=1)
-        need = (ess < ess_threshold * K) & any_live & (t < limit - 1)
+        # a prompt whose particles have all emitted EOS is never resampled (its ensemble
+        # is final; resampling would only add noise) — the rule of run_blackbox too
+        all_done = jnp.all(done.reshape(B, K), axis=1)
+        need = (ess < ess_threshold * K) & any_live & ~all_done & (t < limit - 1)
 
         def do_resample(parts):
             anc = jax.vmap(resampler)(jax.random.split(k_res, B), lw)          # [B, K]
@@ -284,11 +289,9 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         return parts, (ess, need)
 
     # A while loop over the steps that stops once every particle has emitted EOS: later
-    # steps would only append EOS and keep every weight (done particles are frozen), so
-    # the weighted ensemble they leave is the same, apart from resampling among finished
-    # particles, which would only add noise (it can only trigger with ess_threshold ~ 1,
-    # where float rounding puts the ESS of equal weights just below K). Those steps
-    # report the final ESS and no resampling.
+    # steps would only append EOS and keep every weight (done particles are frozen, and
+    # a finished prompt is never resampled), so the weighted ensemble they leave is the
+    # same. Those steps report the final ESS and no resampling.
     # step t draws with fold_in(key, t): the same whatever the static length n
 
     def cond(carry):

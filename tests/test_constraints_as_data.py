@@ -226,3 +226,24 @@ def test_stack_errors(fas):
     with pytest.raises(ValueError, match="one automaton per row"):
         smc.run(jax.random.key(0), lm, lm.params, ids, lens, stack_automata(fas), budget=9,
                 num_particles=2)
+
+
+def test_smc_never_resamples_a_finished_prompt():
+    """The jitted SMC's rule is run_blackbox's: once every particle of a prompt has
+    emitted EOS, that prompt is not resampled, even while another prompt decodes."""
+    lm = toy_lm()
+    # one token of four, then EOS: done after 2 steps, with unequal weights (the GCD
+    # increment at EOS is log p(EOS | prefix)), so its ESS is below K from then on
+    fa_short = compile_regex("a|b|x|-", VOCAB)
+    fa_long = compile_regex(r"[01ab]{6,9}", VOCAB)
+    ids, lens = pad_prompts([[1]] * 2)
+    res = smc.run(jax.random.key(0), lm, lm.params, ids, lens,
+                  stack_automata([fa_short, fa_long]), budget=12, num_particles=16,
+                  ess_threshold=1.0)
+    rs = np.asarray(res.resampled)
+    assert not rs[0].any()
+    assert rs[1].any()                                   # the live prompt does resample
+    assert int(res.steps) > 2
+    assert float(np.asarray(res.ess)[0, -1]) < 16 - 1e-3
+    for row in np.asarray(res.tokens)[0]:
+        assert text_of(row) in {"a", "b", "x", "-"}
