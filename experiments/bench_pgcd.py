@@ -21,7 +21,8 @@ Setup (paper: Llama-3.1-8B on an H100, batch 16; P-GCD slowdown 3.11x at H=1024,
   beforehand (exactly what ``smc.run`` runs after building them); the table build is
   timed separately (``tables_s``), as is the ``β^P`` precompute at budget 128 on the
   largest workload constraint.
-- per step: ``ms/step`` = call time / budget steps (prefill included); ``decode
+- per step: ``ms/step`` = call time / the steps the call actually ran (the loops stop
+  once every row has emitted EOS; prefill included); ``decode
   ms/step`` subtracts the prefill of the same call shape (batch 16 for ``decode.sample``;
   batch 1 for SMC, which prefills its one prompt once and broadcasts it), measured in the
   same round. Slowdowns are ratios to ``none`` (mean over rounds; the configurations are
@@ -337,18 +338,20 @@ def main(argv=None):
                   fa=fa_d, gtables=dtables["gcd"], ptables=None, hpi=None, hA=None, hB=None,
                   temperature=jnp.asarray(1.0, jnp.float32), budget=budget, K=K,
                   proposal=proposal, resample="systematic")
+        if "limit" in run_params:
+            kw.update(limit=jnp.asarray(budget, jnp.int32), pre=None)
         if H is not None:
             h = hmms[H]
             kw.update(ptables=ptables[H], hpi=h.pi, hA=h.A, hB=h.B)
         if "ess_threshold" in run_params:
             kw["ess_threshold"] = jnp.asarray(ess, jnp.float32)
-        return smc._run(**kw).tokens
+        return smc._run(**kw)
 
     def dec_call(key, method):
         c = method != "none"
         return sample(key, lm, params, ids16, lens16, fa_d if c else None,
                       dtables.get(method), budget=budget, constrained=c,
-                      temperature=1.0).tokens
+                      temperature=1.0)
 
     prefill16 = jax.jit(lambda p, i, l: lm.prefill(p, i, l, i.shape[1] + budget)[1])
     configs = {"none": lambda k: dec_call(k, "none"), "lcd": lambda k: dec_call(k, "lcd"),
@@ -370,18 +373,21 @@ def main(argv=None):
         print(f"  warm-up {m}: {compile_s[m]} s", flush=True)
 
     times = {m: [] for m in names}
+    steps = {m: [] for m in names}      # decoding steps each call actually ran
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for m in order:
             key = jax.random.key(100 + r)
             t0 = time.perf_counter()
-            jax.block_until_ready(configs[m](key))
+            out = jax.block_until_ready(configs[m](key))
             times[m].append(time.perf_counter() - t0)
-        print(f"round {r}: " + ", ".join(f"{m} {1e3 * times[m][-1] / budget:.1f}"
-                                         for m in names) + " ms/step", flush=True)
+            steps[m].append(int(out.steps) if hasattr(out, "steps") else budget)
+        print(f"round {r}: " + ", ".join(f"{m} {1e3 * times[m][-1] / steps[m][-1]:.1f}"
+                                         for m in names) + " ms/step run", flush=True)
         partial_out.write_text(json.dumps({"floors": floors, "tables_s": tables_s,
                                            "components": comps, "precompute": pre_rows,
-                                           "compile_s": compile_s, "raw_s": times},
+                                           "compile_s": compile_s, "raw_s": times,
+                                           "raw_steps": steps},
                                           indent=1, default=float))
 
     # --- rows -----------------------------------------------------------------------------
@@ -389,7 +395,8 @@ def main(argv=None):
         return "prefill1" if m.startswith(("smc", "lookahead")) else "prefill16"
 
     def per_round(m, decode):
-        return [1e3 * (t - (times[pre(m)][i] if decode else 0.0)) / budget
+        # per step actually run: the decoders stop once every row has emitted EOS
+        return [1e3 * (t - (times[pre(m)][i] if decode else 0.0)) / steps[m][i]
                 for i, t in enumerate(times[m])]
 
     rows = {}
@@ -414,7 +421,7 @@ def main(argv=None):
             est = base + c["scores_ms"] + c["hmm_update_ms"]
             none_dec = rows["none"]["decode_ms_per_step"][0]
             none_e2e = rows["none"]["ms_per_step"][0]
-            pre1 = 1e3 * statistics.fmean(times["prefill1"]) / budget
+            pre1 = 1e3 * statistics.fmean(times["prefill1"]) / statistics.fmean(steps["smc-gcd"])
             rows[name] = {"ms_per_step": (est + pre1, 0.0), "decode_ms_per_step": (est, 0.0),
                           "slowdown": ((est + pre1) / none_e2e, 0.0),
                           "decode_slowdown": (est / none_dec, 0.0), "estimate": True}
@@ -444,7 +451,8 @@ def main(argv=None):
         "precompute": {"constraint": big_name, "num_states": big.num_states,
                        "num_edges": big.num_edges, "budget": args.precompute_budget,
                        "rows": pre_rows},
-        "raw_s": times,
+        "raw_s": times, "raw_steps": steps,
+        "mean_steps_run": {m: statistics.fmean(v) for m, v in steps.items()},
     }
     results["setup"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     goal = rows.get("lookahead H=256")
@@ -480,7 +488,7 @@ def to_markdown(res):
         "",
         "Timed: `none`/`lcd`/`gcd` = `decode.sample` on the prompt repeated 16 times; "
         "`smc-*` and `lookahead` = the SMC program of `smc.run` (`smc._run`, tables built "
-        "beforehand). ms/step = call / budget (prefill included); decode = prefill of the "
+        "beforehand). ms/step = call / steps actually run (prefill included); decode = prefill of the "
         "same call shape subtracted (batch 16 for `decode.sample`, batch 1 for SMC). "
         "Rows marked *estimate* were not run end to end: `smc-gcd ess=0` decode step + "
         "`pgcd.scores` + HMM update, measured separately — an upper bound: `pgcd.scores` "

@@ -15,8 +15,10 @@ Setup (paper: Llama-3.1-8B on an H100, xLAM, batch 16, 100 examples, 3 seeds):
 - interleaving: for every (prompt or batch, seed) the configurations run back to back
   in a rotating order, so machine noise hits them alike.
 
-``ms/token`` = wall time of one ``sample`` call / 48 steps (end to end, prefill
-included); ``decode ms/token`` subtracts the prefill time measured in the same round.
+``ms/token`` = wall time of one ``sample`` call / the steps it actually ran (the loop
+stops once every row has emitted EOS, so dividing by the budget would make a method that
+finishes early look cheaper; end to end, prefill included); ``decode ms/token``
+subtracts the prefill time measured in the same round.
 Mean ± sd across the 3 seeds (each seed: the mean over prompts); the slowdown is the
 ratio of means to "none" (± sd across seeds), plus the median of per-round paired
 ratios. A component breakdown (LM step, mask, sampling, automaton advance; each a
@@ -85,6 +87,11 @@ def timeit(fn, repeats: int, inner: int):
         jax.block_until_ready(r)
         best.append((time.perf_counter() - t0) / inner * 1e3)
     return float(np.median(best))
+
+
+def per_step(times, steps, prefill: float = 0.0) -> float:
+    """Mean over calls of (call time - prefill) / steps actually run."""
+    return statistics.fmean([(t - prefill) / max(n, 1) for t, n in zip(times, steps)])
 
 
 def components(model, fa, tables, ids, lens, budget):
@@ -195,6 +202,7 @@ def main(argv=None):
         print(f"batch {B}: warm-up (compile + 1 run) s: {compile_s}", flush=True)
 
         times = {m: [[] for _ in range(args.seeds)] for m in METHODS}
+        steps = {m: [[] for _ in range(args.seeds)] for m in METHODS}   # steps run per call
         prefill = [[] for _ in range(args.seeds)]
         valid = {m: 0 for m in METHODS if m != "none"}
         ended = {m: 0 for m in METHODS}
@@ -215,24 +223,27 @@ def main(argv=None):
                     out = run(m, ids, lens, key)
                     jax.block_until_ready(out.tokens)
                     times[m][seed].append(time.perf_counter() - t0)
+                    steps[m][seed].append(int(out.steps))
                     ended[m] += int(np.asarray(out.ended).sum())
                     if m != "none":
                         valid[m] += int(np.asarray(out.valid).sum())
             print(f"batch {B} seed {seed}: " + ", ".join(
-                f"{m} {1e3 * statistics.fmean(times[m][seed]) / budget:.2f}" for m in METHODS)
+                f"{m} {1e3 * per_step(times[m][seed], steps[m][seed]):.2f}" for m in METHODS)
                 + f" ms/token; prefill {1e3 * statistics.fmean(prefill[seed]):.1f} ms", flush=True)
 
         n_runs = args.seeds * len(groups)
         rows = {}
         for m in METHODS:
-            per_seed = [1e3 * statistics.fmean(t) / budget for t in times[m]]
-            dec_seed = [1e3 * (statistics.fmean(t) - statistics.fmean(p)) / budget
-                        for t, p in zip(times[m], prefill)]
-            base = [1e3 * statistics.fmean(t) / budget for t in times["none"]]
-            base_dec = [1e3 * (statistics.fmean(t) - statistics.fmean(p)) / budget
-                        for t, p in zip(times["none"], prefill)]
-            paired = [a / b for s in range(args.seeds)
-                      for a, b in zip(times[m][s], times["none"][s])]
+            # per step actually run (the decoders stop once every row has emitted EOS)
+            per_seed = [1e3 * per_step(t, n) for t, n in zip(times[m], steps[m])]
+            dec_seed = [1e3 * per_step(t, n, statistics.fmean(p))
+                        for t, n, p in zip(times[m], steps[m], prefill)]
+            base = [1e3 * per_step(t, n) for t, n in zip(times["none"], steps["none"])]
+            base_dec = [1e3 * per_step(t, n, statistics.fmean(p))
+                        for t, n, p in zip(times["none"], steps["none"], prefill)]
+            paired = [(a / na) / (b / nb) for s in range(args.seeds)
+                      for a, na, b, nb in zip(times[m][s], steps[m][s], times["none"][s],
+                                              steps["none"][s])]
             rows[m] = {
                 "ms_per_token": mean_sd(per_seed),
                 "ms_per_token_per_seq": mean_sd([x / B for x in per_seed]),
@@ -240,15 +251,17 @@ def main(argv=None):
                 "slowdown": mean_sd([a / b for a, b in zip(per_seed, base)]),
                 "decode_slowdown": mean_sd([a / b for a, b in zip(dec_seed, base_dec)]),
                 "paired_ratio_median": float(np.median(paired)),
-                "sd_across_runs_ms": statistics.stdev([1e3 * x / budget for t in times[m]
-                                                       for x in t]) if n_runs > 1 else 0.0,
+                "sd_across_runs_ms": statistics.stdev([1e3 * x / k for t, n in zip(times[m], steps[m])
+                                                       for x, k in zip(t, n)]) if n_runs > 1 else 0.0,
                 "ended": ended[m], "valid": valid.get(m), "sequences": n_runs * B,
+                "mean_steps_run": statistics.fmean([k for n in steps[m] for k in n]),
             }
         results["batches"][str(B)] = {
             "prompts": len(groups) * B, "runs_per_method": n_runs, "compile_s": compile_s,
             "prefill_ms": mean_sd([1e3 * statistics.fmean(p) for p in prefill]),
             "methods": rows,
-            "raw_s": {m: times[m] for m in METHODS} | {"prefill": prefill}}
+            "raw_s": {m: times[m] for m in METHODS} | {"prefill": prefill},
+            "raw_steps": {m: steps[m] for m in METHODS}}
         if not args.no_components:
             ids0, lens0 = (jnp.asarray(a) for a in groups[0])
             results["batches"][str(B)]["components_ms"] = components(
@@ -290,7 +303,7 @@ def to_markdown(results):
              f"{where}{load}), "
              f"constraint {s['constraint']}, {s['budget']} steps per call, temperature "
              f"{s['temperature']}, {s['seeds']} seeds; jitted one-program `sample`. "
-             "ms/token = call time / steps (prefill included; per step of the whole batch); "
+             "ms/token = call time / steps actually run (prefill included; per step of the whole batch); "
              "/seq = divided by the batch size (the seed paper's per-token view); decode = "
              "prefill subtracted. mean ± sd across seeds; slowdown = ratio to `none` (the "
              "configurations are interleaved within one run).", ""]

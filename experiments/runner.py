@@ -11,7 +11,8 @@
   bucket instead of once per example. :class:`RunResult` says whether a call compiled
   (a jit cache grew) so that compile and run time can be reported apart.
 - Work saved per example without changing any output's distribution: the prompt is
-  prefilled once and shared by every method and K (:class:`PrefilledLM`), the decoders
+  prefilled once and shared by every method and K (:func:`jaxcd.decode.prefill`, passed
+  as ``prefilled=``), the decoders
   stop once every row has emitted EOS (:func:`jaxcd.decode.sample`, :func:`jaxcd.smc.run`),
   and
   :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
@@ -162,7 +163,7 @@ class RunResult:
 def _jit_cache_sizes() -> dict:
     from jaxcd import decode, gcd, pgcd, smc
     out = {}
-    for name, f in (("smc", smc._run), ("sample", decode.sample), ("beta", gcd.backward),
+    for name, f in (("smc", smc._run), ("sample", decode._sample), ("beta", gcd._backward),
                     ("beta_p", pgcd._backward)):
         try:
             out[name] = f._cache_size()
@@ -195,60 +196,14 @@ def stable_seed(*parts) -> int:
     return zlib.crc32("|".join(map(str, parts)).encode()) & 0x7FFFFFFF
 
 
-class PrefilledLM:
-    """``lm`` with its prompt prefill taken from ``params``: the parameters passed to the
-    decoders are ``(lm_params, state, logp)``, where ``(state, logp)`` is
-    ``lm.prefill`` of ONE prompt (batch 1, cache for ``max_len`` slots), and
-    :meth:`prefill` returns that state broadcast to the decoder's batch, whatever
-    ``prompt_ids`` it is given (only their shape is used). So one prefill of an
-    example's prompt serves every method and particle count; :meth:`step` is ``lm``'s.
-
-    Every row of a batched prefill of ``B`` copies of one prompt equals the prefill of
-    that prompt alone (same model, same tokens: up to float rounding of a different
-    batch size), so the decoders sample from the same distributions as with
-    ``lm``. :class:`Runner` keys the cached prefill on the prompt, its width and
-    ``max_len``. Hashable and comparable like ``lm`` (a static jit argument)."""
-
-    def __init__(self, lm):
-        self.lm = lm
-
-    def __getattr__(self, name):            # eos_token_id, vocab_size, config, ...
-        if name == "lm":
-            raise AttributeError(name)
-        return getattr(self.lm, name)
-
-    def __hash__(self):
-        return hash(("prefilled", self.lm))
-
-    def __eq__(self, other):
-        return isinstance(other, PrefilledLM) and other.lm == self.lm
-
-    def prefill(self, params, prompt_ids, prompt_lengths, max_len):
-        _, state, logp = params
-        B = prompt_ids.shape[0]
-        slots = getattr(self.lm, "cache_slots", None)
-        if slots is not None and isinstance(state, dict) and "v" in state:
-            S = state["v"][0].shape[2]
-            if S != slots(int(max_len)):
-                raise ValueError(f"PrefilledLM: the cached prefill has {S} cache slots, the "
-                                 f"decoder asks for max_len={max_len} ({slots(int(max_len))})")
-        if logp.shape[0] != 1:
-            raise ValueError(f"PrefilledLM: the cached prefill must have batch 1, got {logp.shape[0]}")
-        rep = lambda x: jax.numpy.broadcast_to(x, (B,) + x.shape[1:])     # noqa: E731
-        return jax.tree.map(rep, state), rep(logp)
-
-    def step(self, params, state, tokens):
-        """``lm.step`` (the decoders themselves stop once every row has emitted EOS)."""
-        return self.lm.step(params[0], state, tokens)
-
-
 class Runner:
     """The model (and HMM) loaded once; :meth:`run` one method × K on one prompt,
     :meth:`run_ks` one method at several K.
 
-    The prompt is prefilled once per (prompt, width, budget) and reused by every call
-    (:class:`PrefilledLM`; ``prefill=False`` turns this off: every call prefills its own
-    batch, as :func:`jaxcd.decode.sample` / :func:`jaxcd.smc.run` do)."""
+    The prompt is prefilled once per (prompt, width, budget) with
+    :func:`jaxcd.decode.prefill` and every call starts from it (``prefilled=``; a batch-1
+    prefill serves the K rows of the same prompt); ``prefill=False`` turns this off:
+    every call prefills its own batch."""
 
     def __init__(self, model=None, hmm=None, temperature: float = 1.0,
                  resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes()):
@@ -264,7 +219,6 @@ class Runner:
         self.shapes = shapes
         self._tables: dict = {}
         self.prefill = True
-        self._plm = PrefilledLM(self.model.lm)
         self._prefills: dict = {}
         self.prefill_s = 0.0                # wall seconds of the prefill of the last new prompt
         self.prefill_cpu_s = 0.0            # and its process CPU seconds
@@ -301,13 +255,14 @@ class Runner:
             del self._tables[k]
         self._prefills.clear()
 
-    def _lm_params(self, prompt_ids, width: int, budget: int):
-        """``(lm, params)`` for the decoders: the model's own, or the prefilled wrapper
-        with the cached prefill of this prompt (computed on first use, timed)."""
+    def _prefilled(self, prompt_ids, width: int, budget: int):
+        """The cached :func:`jaxcd.decode.prefill` of this prompt (batch 1, computed on
+        first use, timed), or ``None`` when prefill reuse is off."""
+        from jaxcd import decode
         from jaxcd.lm.interface import pad_prompts
         m = self.model
         if not self.prefill or not hasattr(m.lm, "cache_slots"):
-            return m.lm, m.params
+            return None
         k = (tuple(int(t) for t in prompt_ids), int(width), int(budget))
         if k not in self._prefills:
             if len(self._prefills) > 8:
@@ -316,11 +271,11 @@ class Runner:
             ids, lens = pad_prompts([list(prompt_ids)], pad_id=getattr(m.lm, "pad_token_id", 0),
                                     length=width)
             p0 = time.process_time()
-            st, lp = jax.block_until_ready(m.lm.prefill(m.params, ids, lens, width + budget))
+            pre = jax.block_until_ready(decode.prefill(m.lm, m.params, ids, lens, width + budget))
             self.prefill_s = round(time.perf_counter() - t0, 4)
             self.prefill_cpu_s = round(time.process_time() - p0, 3)
-            self._prefills[k] = (m.params, st, lp)
-        return self._plm, self._prefills[k]
+            self._prefills[k] = pre
+        return self._prefills[k]
 
     def _width(self, prompt_ids, budget: int) -> int:
         ctx = getattr(self.model.lm.config, "context_length", None)
@@ -376,8 +331,8 @@ class Runner:
         key = jax.random.PRNGKey(s)
         eos = m.lm.eos_token_id
         pad = getattr(m.lm, "pad_token_id", 0)
-        lm, params = (m.lm, m.params) if method == "awrs" else \
-            self._lm_params(prompt_ids, width, budget)
+        lm, params = m.lm, m.params
+        pre = None if method == "awrs" else self._prefilled(prompt_ids, width, budget)
         n0 = _jit_cache_sizes()
         c0 = compile_seconds()
         t0 = time.perf_counter()
@@ -391,7 +346,7 @@ class Runner:
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
             out = jax.device_get(decode.sample(key, lm, params, ids, lens, c.device, tables,
                                                budget=budget, constrained=True,
-                                               temperature=self.temperature))
+                                               temperature=self.temperature, prefilled=pre))
             toks = np.asarray(out.tokens)
             valid = [bool(v) for v in np.asarray(out.valid)]
             chosen = next((i for i, v in enumerate(valid) if v), 0)
@@ -414,7 +369,8 @@ class Runner:
                               num_particles=K, proposal=proposal,
                               hmm=self._hmm if method in HMM_METHODS else None,
                               resample=self.resample, ess_threshold=self.ess,
-                              temperature=self.temperature, tables=tables, ptables=ptables)
+                              temperature=self.temperature, tables=tables, ptables=ptables,
+                              prefilled=pre)
             res = jax.device_get(res)
             toks = np.asarray(res.tokens)[0]
             valid = [bool(v) for v in np.asarray(res.valid)[0]]
@@ -545,6 +501,6 @@ def machine_info() -> dict:
 
 
 __all__ = ["METHODS", "HMM_METHODS", "Shapes", "Constraint", "build_constraint",
-           "dfa_predicate", "RunResult", "Runner", "PrefilledLM", "bootstrap_ci", "summarize",
+           "dfa_predicate", "RunResult", "Runner", "bootstrap_ci", "summarize",
            "write_predictions", "summary_markdown", "write_summary", "machine_info",
            "stable_seed"]

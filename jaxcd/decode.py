@@ -154,7 +154,10 @@ class Prefilled(NamedTuple):
 
     ``state``: the LM state (KV cache with ``max_len`` slots); ``logp``: float32
     ``[B, V]`` next-token log-probabilities after each prompt; ``width``: the prompt
-    batch's width ``P``; ``max_len``: the cache length (``P`` + the longest decode)."""
+    batch's width ``P``; ``max_len``: the cache length (``P`` + the longest decode).
+
+    A prefill of ONE prompt (``B = 1``) serves a decode of any number of rows of that
+    same prompt (e.g. ``K`` samples): it is broadcast to the decoder's rows."""
 
     state: Any
     logp: jax.Array
@@ -179,12 +182,23 @@ def prefill(lm, params: Any, prompt_ids, prompt_lengths, max_len: int) -> Prefil
 
 
 def check_prefilled(pre: Prefilled, prompt_ids, steps: int) -> None:
-    if pre.width != prompt_ids.shape[1] or pre.logp.shape[0] != prompt_ids.shape[0]:
+    if pre.width != prompt_ids.shape[1] or pre.logp.shape[0] not in (1, prompt_ids.shape[0]):
         raise ValueError(f"prefilled= is for prompts [{pre.logp.shape[0]}, {pre.width}], not "
                          f"{list(prompt_ids.shape)}")
     if pre.max_len < pre.width + steps:
         raise ValueError(f"prefilled= has a cache of {pre.max_len} slots, fewer than the prompt "
                          f"width {pre.width} + {steps} steps: prefill with a larger max_len")
+
+
+def broadcast_prefill(pre, B: int):
+    """``(state, logp)`` of a prefill with 1 or ``B`` rows, as ``B`` rows (traceable)."""
+    state, logp = pre
+    if logp.shape[0] == B:
+        return state, logp
+    rows = logp.shape[0]
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (B,) + x.shape[1:])
+                        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == rows else x,
+                        (state, logp))
 
 
 def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_lengths: jax.Array,
@@ -225,7 +239,7 @@ def _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables, limit, temp
     if pre is None:
         lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, max_len)
     else:
-        lm_state, logp = pre
+        lm_state, logp = broadcast_prefill(pre, B)
     eos = lm.eos_token_id
     cs = _init_cs(fa, B, constrained)
 

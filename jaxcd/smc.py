@@ -203,7 +203,7 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
     if pre is None:
         lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + n)
     else:
-        lm_state, logp = pre
+        lm_state, logp = decode.broadcast_prefill(pre, B)
     rep = lambda x: jnp.repeat(x, K, axis=0)                            # noqa: E731
     lm_state, logp = jax.tree.map(rep, lm_state), rep(logp)
     wdt = jnp.result_type(logp.dtype, ptables.mant.dtype if use_hmm else logp.dtype,

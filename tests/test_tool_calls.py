@@ -420,32 +420,31 @@ def _regex_nfa(pattern):
     return regex_to_nfa(pattern)
 
 
-def test_prefilled_lm_same_draws_as_own_prefill(tiny_runner):
-    """decode.sample and smc.run with PrefilledLM (one cached batch-1 prefill, broadcast
-    to the batch) give the same tokens, validity, weights and evidence as with the LM's
-    own batched prefill."""
+def test_prefilled_same_draws_as_own_prefill(tiny_runner):
+    """decode.sample and smc.run with prefilled= (one batch-1 prefill from
+    decode.prefill, broadcast to the batch) give the same tokens, validity, weights and
+    evidence as with the LM's own batched prefill."""
     from jaxcd import decode, gcd, smc
     from jaxcd.lm.interface import pad_prompts
-    from experiments.runner import PrefilledLM
     runner, c = tiny_runner
     lm, params = runner.model.lm, runner.model.params
     prompt, budget, width = [5, 17, 99, 3, 250, 7, 40], 16, 16
     ids1, lens1 = pad_prompts([prompt], length=width)
-    st, lp = lm.prefill(params, ids1, lens1, width + budget)
-    plm, pparams = PrefilledLM(lm), (params, st, lp)
-    assert hash(plm) == hash(PrefilledLM(lm)) and plm == PrefilledLM(lm) and plm != lm
+    pre = decode.prefill(lm, params, ids1, lens1, width + budget)
     ids, lens = pad_prompts([prompt] * 3, length=width)
     fa = c.device
     tables = gcd.backward(fa, budget)
     key = jax.random.PRNGKey(7)
     a = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True)
-    b = decode.sample(key, plm, pparams, ids, lens, fa, tables, budget=budget, constrained=True)
+    b = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True,
+                      prefilled=pre)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     assert np.asarray(a.valid).all() and np.array_equal(np.asarray(a.valid), np.asarray(b.valid))
     for f in ("logprob", "proposal_logprob"):
         np.testing.assert_allclose(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), rtol=1e-5)
     ra = smc.run(key, lm, params, ids1, lens1, fa, budget=budget, num_particles=3, tables=tables)
-    rb = smc.run(key, plm, pparams, ids1, lens1, fa, budget=budget, num_particles=3, tables=tables)
+    rb = smc.run(key, lm, params, ids1, lens1, fa, budget=budget, num_particles=3, tables=tables,
+                 prefilled=pre)
     np.testing.assert_array_equal(np.asarray(ra.tokens), np.asarray(rb.tokens))
     for f in ("log_weights", "log_Z", "ess"):
         np.testing.assert_allclose(np.asarray(getattr(ra, f)), np.asarray(getattr(rb, f)), rtol=1e-5)
@@ -453,10 +452,11 @@ def test_prefilled_lm_same_draws_as_own_prefill(tiny_runner):
     # every output ends within 11 of the 16 steps ((ab|cd){1,5} + EOS), so the decoders'
     # early exit (every row done) was exercised by the calls above
     assert (np.asarray(a.tokens)[:, 11:] == 2).all() and (np.asarray(ra.tokens)[..., 11:] == 2).all()
-    # a cached prefill with another cache size is refused (it would be a different program)
-    with pytest.raises(ValueError, match="cache slots"):
-        decode.sample(key, plm, pparams, ids, lens, fa, gcd.backward(fa, budget + 4),
-                      budget=budget + 4, constrained=True)
+    assert int(a.steps) <= 11 and int(ra.steps) <= 11
+    # a prefill whose cache cannot hold the decode is refused, naming the sizes
+    with pytest.raises(ValueError, match="cache of"):
+        decode.sample(key, lm, params, ids, lens, fa, gcd.backward(fa, budget + 4),
+                      budget=budget + 4, constrained=True, prefilled=pre)
 
 
 def test_runner_prefill_cache_and_shared_draw(tiny_runner):
