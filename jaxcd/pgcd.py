@@ -162,6 +162,29 @@ def _edge_label_rows(fa: TensorizedAutomaton) -> tuple[np.ndarray, np.ndarray]:
     return ri[rows], ri[rows - 1]
 
 
+def _pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+@jax.jit
+def _small_sums(Cu, B, v, seg, idx):
+    s = jax.ops.segment_sum(jnp.take(B, v, axis=1).T, seg, num_segments=idx.shape[0])
+    return Cu.at[idx].set(s, mode="drop")
+
+
+@jax.jit
+def _large_sums(Cu, B, ind, comp, idx):
+    m = ind.astype(B.dtype) @ B.T                                          # [chunk, H]
+    m = jnp.where(comp[:, None], 1.0 - m, m)
+    return Cu.at[idx].set(m, mode="drop")
+
+
+@jax.jit
+def _gather_edges(Cu, label, loop):
+    C = Cu[label].T                                                        # [H, E]
+    return jnp.where(loop[None, :], jnp.ones((), C.dtype), C)
+
+
 def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
     """``C [H, E]``: ``C[h, e] = Σ_{v ∈ L_e} B[h, v]``, except the ``⊥`` self-loop, which
     gets 1 (padding is free). Host-side planning (NumPy on the packed labels), device
@@ -217,17 +240,27 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
         del bits, words
     first.clear()
     U = len(sizes)
-    Cu = jnp.zeros((U, H), B.dtype)
-    if small_r:
+    # Device work in fixed-size pieces, so that constraints of one bucket reuse the
+    # compiled programs: the distinct labels are at most the edges E (a bucket size), the
+    # (label, token) pairs of small labels are padded to max(4E, a power of two), large
+    # labels go in whole chunks; padding entries add 0 or write out of range (dropped).
+    E_all = int(np.shape(fa.edge_src)[-1])
+    U2 = max(E_all, U)
+    Cu = jnp.zeros((U2, H), B.dtype)
+    small = np.nonzero(np.array(sizes, np.int64) <= _SPARSE_MAX)[0]
+    if small_r and len(small):
         r = np.concatenate(small_r)
         v = np.concatenate(small_v)
-        small = np.nonzero(np.array(sizes) <= _SPARSE_MAX)[0]
         pos = np.full(U, -1, np.int64)
         pos[small] = np.arange(len(small))
-        if len(r):
-            seg = jax.ops.segment_sum(jnp.take(B, jnp.asarray(v), axis=1).T,
-                                      jnp.asarray(pos[r]), num_segments=len(small))
-            Cu = Cu.at[jnp.asarray(small)].set(seg)
+        n2, m2 = max(_pow2(len(r)), 4 * E_all), max(E_all, len(small)) + 1
+        v_pad = np.zeros(n2, np.int32)
+        v_pad[:len(v)] = v
+        seg_pad = np.full(n2, m2 - 1, np.int32)              # padding -> a spare segment
+        seg_pad[:len(r)] = pos[r]
+        idx_pad = np.full(m2, U2, np.int32)                  # spare rows -> dropped
+        idx_pad[:len(small)] = small
+        Cu = _small_sums(Cu, B, jnp.asarray(v_pad), jnp.asarray(seg_pad), jnp.asarray(idx_pad))
     # large sets: indicator matmuls; over half the vocabulary: 1 − B·1_{V∖L}
     large = sorted(large_bits)
     for i in range(0, len(large), _DENSE_CHUNK):
@@ -235,15 +268,17 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
         packed = np.stack([large_bits[j] for j in idx.tolist()])
         bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :V]
         comp = np.array([sizes[j] for j in idx.tolist()]) * 2 > V
-        ind = np.where(comp[:, None], 1 - bits, bits)
-        m = jnp.asarray(ind, B.dtype) @ B.T                           # [chunk, H]
-        m = jnp.where(jnp.asarray(comp)[:, None], 1.0 - m, m)
-        Cu = Cu.at[jnp.asarray(idx)].set(m)
-    C = Cu[jnp.asarray(label_of_pair[pair_inv])].T                     # [H, E]
+        ind = np.zeros((_DENSE_CHUNK, V), np.uint8)
+        ind[:len(idx)] = np.where(comp[:, None], 1 - bits, bits)
+        comp_pad = np.zeros(_DENSE_CHUNK, bool)
+        comp_pad[:len(idx)] = comp
+        idx_pad = np.full(_DENSE_CHUNK, U2, np.int32)
+        idx_pad[:len(idx)] = idx
+        Cu = _large_sums(Cu, B, jnp.asarray(ind), jnp.asarray(comp_pad), jnp.asarray(idx_pad))
     src, dst = np.asarray(fa.edge_src), np.asarray(fa.edge_dst)
-    loop = np.nonzero((src == dst) & (np.asarray(fa.dist)[src] == 0))[0]   # ⊥'s self-loop(s)
-    if len(loop):
-        C = C.at[:, jnp.asarray(loop)].set(1.0)
+    loop = (src == dst) & (np.asarray(fa.dist)[src] == 0)      # ⊥'s self-loop(s)
+    C = _gather_edges(Cu, jnp.asarray(label_of_pair[pair_inv].astype(np.int32)),
+                      jnp.asarray(loop))
     return C
 
 

@@ -247,3 +247,21 @@ def test_smc_never_resamples_a_finished_prompt():
     assert float(np.asarray(res.ess)[0, -1]) < 16 - 1e-3
     for row in np.asarray(res.tokens)[0]:
         assert text_of(row) in {"a", "b", "x", "-"}
+
+
+def test_pgcd_second_constraint_in_a_bucket_compiles_nothing(fas):
+    """The P-GCD path (edge masses, β^P tables, the SMC program) is shape-stable too."""
+    lm = toy_lm()
+    hmm = _random_hmm(4)
+    ids, lens = pad_prompts([[1]] * 2)
+    bucket = (64, 256, 16, 64)
+    kw = dict(budget=9, steps=16, num_particles=4, proposal="lookahead", hmm=hmm)
+    jax.block_until_ready(smc.run(jax.random.key(0), lm, lm.params, ids, lens,
+                                  bucket_automaton(fas[0], bucket), **kw))
+    c0 = compile_stats.snapshot()
+    res = jax.block_until_ready(smc.run(jax.random.key(1), lm, lm.params, ids, lens,
+                                        bucket_automaton(fas[2], bucket), **kw))
+    d = compile_stats.snapshot() - c0
+    assert (d.traces, d.backend_compiles) == (0, 0), d
+    for row in np.asarray(res.tokens).reshape(-1, 16):
+        assert re.fullmatch(PATTERNS[2], text_of(row))
