@@ -9,6 +9,12 @@ the built-in task prompts (:mod:`hmm_distill.prompts`), the default HMM
 (:func:`hmm_distill.default.default_hmm`) and several processes
 (:mod:`hmm_distill.distributed`). CLI: ``python -m hmm_distill`` /
 ``hmm-distill`` (:mod:`hmm_distill.cli`).
+
+The parameter type (:class:`HMMParams`), checkpoint reading (:func:`load_checkpoint`,
+:class:`Checkpoint`) and the checkpoint errors are :mod:`jaxcd.hmm`'s, re-exported here
+(the same objects): jaxcd uses them without importing hmm_distill. hmm_distill builds the
+default and the demo HMMs for jaxcd through the ``jaxcd.hmm_builders`` entry points
+(:func:`hmm_distill.default.default_hmm`, :func:`hmm_distill.default.demo_hmm`).
 """
 
 from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint

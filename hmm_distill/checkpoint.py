@@ -16,6 +16,10 @@ metadata (safetensors' ``str -> str`` header)
 The file is written to ``<path>.tmp`` and renamed, so a crash never leaves a
 truncated checkpoint. :func:`load_checkpoint` refuses a file whose vocabulary size,
 fingerprint or hidden size differs from what the caller expects.
+
+Reading (:func:`load_checkpoint`, :class:`Checkpoint`, :data:`FORMAT`) lives in
+:mod:`jaxcd.hmm`, so that jaxcd reads checkpoints without importing hmm_distill; the
+names here are the same objects. Writing and run directories are hmm_distill's.
 """
 
 from __future__ import annotations
@@ -23,31 +27,18 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError, CheckpointMismatchError, VocabularyMismatchError
+from jaxcd.hmm import FORMAT, Checkpoint, load_checkpoint
+
 from .hmm import HMMParams
 
-FORMAT = "hmm_distill/1"
+__all__ = ["FORMAT", "Checkpoint", "save_checkpoint", "load_checkpoint", "epoch_checkpoint_path",
+           "list_epoch_checkpoints", "find_latest_checkpoint"]
+
 _EPOCH_RE = re.compile(r"^ckpt_epoch(\d+)\.safetensors$")
-
-
-@dataclass
-class Checkpoint:
-    params: HMMParams  # numpy arrays
-    vocab_size: int
-    hidden_size: int
-    fingerprint: str
-    eos_token_id: int | None = None
-    epoch: int = 0
-    step: int = 0
-    rng_key: np.ndarray | None = None
-    config: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
-    path: Path | None = None
 
 
 def save_checkpoint(path, params: HMMParams, *, fingerprint: str, eos_token_id: int | None = None,
@@ -77,64 +68,6 @@ def save_checkpoint(path, params: HMMParams, *, fingerprint: str, eos_token_id: 
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
     return path
-
-
-def load_checkpoint(path, *, expect_vocab_size: int | None = None,
-                    expect_fingerprint: str | None = None,
-                    expect_hidden_size: int | None = None) -> Checkpoint:
-    """Read a checkpoint, checking it against what the caller expects.
-
-    Raises:
-      CheckpointError: missing file, not safetensors, not an hmm_distill checkpoint,
-        or inconsistent tensors.
-      VocabularyMismatchError: vocabulary size or fingerprint differ.
-      CheckpointMismatchError: hidden size differs.
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        with safe_open(str(path), framework="np") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors raises its own error types
-        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {e}") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an hmm_distill checkpoint "
-                              f"(format {meta.get('format')!r}, expected {FORMAT!r})")
-    missing = [k for k in ("pi", "A", "B") if k not in tensors]
-    if missing:
-        raise CheckpointError(f"{path} lacks tensors {missing}")
-    try:
-        V, H = int(meta["vocab_size"]), int(meta["hidden_size"])
-        config = json.loads(meta.get("config", "{}"))
-        extra = json.loads(meta.get("extra", "{}"))
-        epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: corrupt metadata ({e})") from e
-    pi, A, B = tensors["pi"], tensors["A"], tensors["B"]
-    if pi.shape != (H,) or A.shape != (H, H) or B.shape != (H, V):
-        raise CheckpointError(f"{path}: tensor shapes pi {pi.shape}, A {A.shape}, B {B.shape} "
-                              f"disagree with hidden_size={H}, vocab_size={V}")
-    fp = meta.get("vocab_fingerprint", "")
-    if expect_vocab_size is not None and V != int(expect_vocab_size):
-        raise VocabularyMismatchError(
-            f"checkpoint {path} has vocabulary size {V}, expected {expect_vocab_size} "
-            f"(it was distilled for another tokenizer/model)")
-    if expect_fingerprint is not None and fp != expect_fingerprint:
-        raise VocabularyMismatchError(
-            f"checkpoint {path} was made for vocabulary {fp!r}, expected {expect_fingerprint!r} "
-            f"(it belongs to another tokenizer/model)")
-    if expect_hidden_size is not None and H != int(expect_hidden_size):
-        raise CheckpointMismatchError(
-            f"checkpoint {path} has hidden size {H}, expected {expect_hidden_size}")
-    eos = meta.get("eos_token_id", "")
-    return Checkpoint(
-        params=HMMParams(pi, A, B), vocab_size=V, hidden_size=H, fingerprint=fp,
-        eos_token_id=int(eos) if eos != "" else None, epoch=epoch, step=step,
-        rng_key=tensors.get("rng_key"), config=config, extra=extra, path=path)
 
 
 def epoch_checkpoint_path(run_dir, epoch: int) -> Path:

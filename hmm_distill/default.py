@@ -19,6 +19,11 @@ Example::
     from hmm_distill.default import default_hmm
     params, info = default_hmm()          # HMMParams(pi [H], A [H,H], B [H,V]) as jax arrays
     info["eos_token_id"], info["path"], info["heldout"]["gap_share"]
+
+jaxcd reaches :func:`default_hmm` (``--hmm default``) and :func:`demo_hmm` (``jaxcd demo``'s
+small HMM) through the entry points ``default`` and ``demo`` of the group
+``jaxcd.hmm_builders`` (declared in ``pyproject.toml``; :func:`jaxcd.hmm.build_hmm`), so
+jaxcd never imports hmm_distill.
 """
 
 from __future__ import annotations
@@ -141,6 +146,16 @@ def default_hmm(model_path: str | os.PathLike | None = None, *, hidden_size: int
     info.update(path=str(final), cached=cached)
     params = HMMParams(*(jnp.asarray(x) for x in ck.params))
     return params, info
+
+
+DEMO_SETTINGS = DefaultSettings(hidden_size=32, num_seqs=64, max_length=32, batch_size=64, epochs=10)
+"""The recipe of ``jaxcd demo``'s small HMM (64 short continuations: a minute or two on a CPU)."""
+
+
+def demo_hmm(model_path: str | os.PathLike | None = None, **kwargs) -> tuple[HMMParams, dict]:
+    """The small HMM of ``jaxcd demo`` (:data:`DEMO_SETTINGS`), built on first use and
+    cached like :func:`default_hmm` (whose keyword arguments ``kwargs`` are)."""
+    return default_hmm(model_path, settings=DEMO_SETTINGS, **kwargs)
 
 
 def _cpu_seconds() -> float:

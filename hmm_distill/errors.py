@@ -1,20 +1,20 @@
 """Exceptions raised by :mod:`hmm_distill`.
 
-All are ``ValueError`` subclasses (through :class:`jaxcd.errors.JaxcdError` where
-jaxcd is importable) and their messages name the file or quantity that is wrong.
+All are ``ValueError`` subclasses of :class:`jaxcd.errors.JaxcdError` and their
+messages name the file or quantity that is wrong. The checkpoint errors
+(:class:`CheckpointError`, :class:`CheckpointMismatchError`) and
+:class:`VocabularyMismatchError` are :mod:`jaxcd.hmm`'s, which reads checkpoints (they
+are not :class:`HMMDistillError` subclasses).
 """
 
 from __future__ import annotations
 
-try:  # share the project's base class when available
-    from jaxcd.errors import JaxcdError as _Base
-    from jaxcd.errors import VocabularyError as _VocabBase
-except Exception:  # pragma: no cover - hmm_distill used standalone
-    class _Base(Exception):
-        pass
+from jaxcd.errors import JaxcdError as _Base
+from jaxcd.hmm import CheckpointError, CheckpointMismatchError, VocabularyMismatchError
 
-    class _VocabBase(_Base, ValueError):
-        pass
+__all__ = ["HMMDistillError", "InvalidParamsError", "SampleDataError", "SampleDirMismatchError",
+           "VocabularyMismatchError", "CheckpointError", "CheckpointMismatchError",
+           "NonFiniteStatisticsError", "ConfigError", "MemoryEstimateError"]
 
 
 class HMMDistillError(_Base, ValueError):
@@ -31,18 +31,6 @@ class SampleDataError(HMMDistillError):
 
 class SampleDirMismatchError(SampleDataError):
     """An existing sample directory was made with different settings (seed, T, model...)."""
-
-
-class VocabularyMismatchError(HMMDistillError, _VocabBase):
-    """Vocabulary size or tokenizer fingerprint differs between data / checkpoint / model."""
-
-
-class CheckpointError(HMMDistillError):
-    """A checkpoint file is missing, not an hmm_distill checkpoint, or corrupt."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A checkpoint belongs to another model (hidden size, vocabulary, run config)."""
 
 
 class NonFiniteStatisticsError(HMMDistillError):

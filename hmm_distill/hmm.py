@@ -69,25 +69,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxcd.hmm import HMMParams  # the parameter type lives in jaxcd (which never imports us)
+
 from .errors import InvalidParamsError
 
 Array = jax.Array
-
-
-class HMMParams(NamedTuple):
-    """HMM parameters as probabilities: ``pi [H]``, ``A [H, H]``, ``B [H, V]``."""
-
-    pi: Array
-    A: Array
-    B: Array
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.A.shape[0])
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.B.shape[1])
 
 
 class HMMParamsT(NamedTuple):

@@ -36,11 +36,6 @@ DEMO_SCHEMA = {
     "required": ["name", "arguments"],
     "additionalProperties": False,
 }
-def _demo_hmm_settings():
-    from hmm_distill.default import DefaultSettings
-    return DefaultSettings(hidden_size=32, num_seqs=64, max_length=32, batch_size=64, epochs=10)
-
-
 DEMO_PROMPT = ("You can call tools. Call get_weather for the 3-day forecast in Paris in "
                "celsius. Answer with the JSON tool call only.")
 
@@ -260,12 +255,13 @@ def cmd_demo(args) -> int:
     smc_runs = [("gcd", None)]
     if args.hmm == "demo":
         # a small HMM distilled here from 64 short continuations of the built-in task
-        # prompts (a minute or two on a CPU, cached); `--hmm default` uses the full recipe
-        from hmm_distill.default import default_hmm
-        DEMO_HMM = _demo_hmm_settings()
-        hmm, info = default_hmm(args.model, settings=DEMO_HMM)
-        print(f"\nHMM for the lookahead proposal: H={DEMO_HMM.hidden_size}, distilled from "
-              f"{DEMO_HMM.num_seqs} continuations of <= {DEMO_HMM.max_length} tokens "
+        # prompts (a minute or two on a CPU, cached) by the installed "demo" HMM builder
+        # (hmm_distill's, through an entry point); `--hmm default` uses the full recipe
+        from .hmm import build_hmm
+        hmm, info = build_hmm("demo", args.model)
+        s = info["settings"]
+        print(f"\nHMM for the lookahead proposal: H={s['hidden_size']}, distilled from "
+              f"{s['num_seqs']} continuations of <= {s['max_length']} tokens "
               f"({'cached' if info['cached'] else 'built now'}: {info['path']})")
         smc_runs.append(("lookahead", hmm))
     elif args.hmm and args.hmm != "none":

@@ -134,17 +134,16 @@ class GenerationResult:
 def load_hmm(spec, model: "Model"):
     """``spec``: an ``HMMParams``, ``"default"`` (the default HMM for the model, built on
     first use) or a checkpoint path written by ``hmm-distill train``. Checks that the
-    HMM's vocabulary is the model's (:class:`~jaxcd.pgcd.HMMMismatchError` otherwise)."""
-    from hmm_distill import HMMParams
-
+    HMM's vocabulary is the model's (:class:`~jaxcd.pgcd.HMMMismatchError` otherwise).
+    ``"default"`` is built by the installed ``default`` HMM builder (hmm_distill's, found
+    through an entry point: :func:`jaxcd.hmm.build_hmm`)."""
+    from .hmm import HMMParams, build_hmm, load_checkpoint
     from .pgcd import HMMMismatchError
     if isinstance(spec, HMMParams):
         hmm = spec
     elif spec == "default":
-        from hmm_distill.default import default_hmm
-        hmm = default_hmm(model_path=model.path)[0]
+        hmm = build_hmm("default", model.path)[0]
     else:
-        from hmm_distill.checkpoint import load_checkpoint
         try:
             hmm = load_checkpoint(spec).params
         except FileNotFoundError:
