@@ -9,11 +9,11 @@ Setup (paper: Llama-3.1-8B on an H100, batch 16; P-GCD slowdown 3.11x at H=1024,
 - batch = particles = 16. What is timed, per configuration (one jitted program each,
   compiled in a warm-up call that is not timed):
 
-  * ``none`` / ``lcd`` / ``gcd``: :func:`jaxcd.decode.sample` on the prompt repeated 16
+  * ``none`` / ``lcd`` / ``gcd``: :func:`jaxcd.decoding.decode.sample` on the prompt repeated 16
     times (the bench_runtime rows);
   * ``smc-gcd`` (ESS threshold 0.5), ``smc-gcd ess=0`` (never resample: plain importance
     sampling) and ``smc-gcd ess=1`` (resample at every step): the SMC program of
-    :func:`jaxcd.smc.run` with the GCD proposal, 16 particles of one prompt;
+    :func:`jaxcd.decoding.smc.run` with the GCD proposal, 16 particles of one prompt;
   * ``lookahead H=…``: the SMC program with the P-GCD ``lookahead`` proposal
     (``q ∝ p_lm·ψ``) and a random HMM (Dirichlet rows, ``V = 49152``) of hidden size H.
 
@@ -104,7 +104,8 @@ def random_hmm(H: int, V: int, seed: int = 0):
 
 
 def git_state():
-    """HEAD and whether jaxcd/pgcd.py, jaxcd/smc.py differ from it (results depend on it)."""
+    """HEAD and whether jaxcd/ (jaxcd/decoding/pgcd.py, jaxcd/decoding/smc.py above all)
+    differs from it (results depend on it)."""
     import subprocess
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
@@ -259,7 +260,7 @@ def main(argv=None):
     import jax.numpy as jnp
 
     from jaxcd import gcd, pgcd, smc
-    from jaxcd.decode import sample, tables_for
+    from jaxcd.decoding.decode import sample, tables_for
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
 

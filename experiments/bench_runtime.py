@@ -7,7 +7,7 @@ Setup (paper: Llama-3.1-8B on an H100, xLAM, batch 16, 100 examples, 3 seeds):
   tokens (its minimum is 30); "none" runs the same 48 steps without a mask;
 - prompts: ``--prompts`` (default 20 at batch 1, 32 = two batches at batch 16) distinct
   weather tool-call requests (chat template), left-padded to one width;
-- decoding: the jitted one-program :func:`jaxcd.decode.sample` (prefill + ``lax.scan``
+- decoding: the jitted one-program :func:`jaxcd.decoding.decode.sample` (prefill + ``lax.scan``
   over the 48 steps), temperature 1, one program per (method, batch size) — LCD and
   GCD even share one compiled program (same shapes; only the β table differs);
 - compilation excluded: every configuration is warmed up once; a jitted prefill-only
@@ -100,7 +100,7 @@ def components(model, fa, tables, ids, lens, budget):
     import jax.numpy as jnp
 
     from jaxcd import gcd
-    from jaxcd.decode import _init_cs, _lm_step_donated, _select, masked_logits
+    from jaxcd.decoding.decode import _init_cs, _lm_step_donated, _select, masked_logits
 
     lm, params = model.lm, model.params
     B = ids.shape[0]
@@ -116,7 +116,7 @@ def components(model, fa, tables, ids, lens, budget):
     key = jax.random.PRNGKey(0)
     done, total = jnp.zeros(B, bool), (jnp.zeros(B, jnp.float32), jnp.zeros(B, jnp.float32))
     f_mask = jax.jit(masked_logits)
-    from jaxcd.sampling import categorical
+    from jaxcd.decoding.sampling import categorical
     f_cat = jax.jit(categorical)
     f_adv = jax.jit(jax.vmap(gcd.advance, in_axes=(None, 0, 0)))
     f_sel = {c: jax.jit(lambda k, l, f, t, s, d, tt, c=c: _select(
@@ -154,7 +154,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd.decode import sample, tables_for
+    from jaxcd.decoding.decode import sample, tables_for
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
 

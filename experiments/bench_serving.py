@@ -13,7 +13,7 @@ one sample per request:
 2. **mixed batches of 16**: the same 200 requests as ``generate(prompts, constraints=...)``
    calls of 16 rows, one constraint per row (stacked automata).
 
-XLA compiles are counted with ``jax.monitoring`` (:mod:`jaxcd.compile_stats`); JAX's
+XLA compiles are counted with ``jax.monitoring`` (:mod:`jaxcd.decoding.compile_stats`); JAX's
 persistent compilation cache is **off**, so every new program is a real compile. A
 request whose program key (automaton bucket, budget bucket, prompt bucket, rows) was seen
 before is *warm*; the goal is 0 compiles on warm requests, so the number of buckets bounds
@@ -54,8 +54,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxcd  # noqa: E402
-from jaxcd import compile_stats  # noqa: E402
-from jaxcd.buckets import automaton_bucket, budget_bucket, prompt_bucket  # noqa: E402
+from jaxcd.decoding import compile_stats  # noqa: E402
+from jaxcd.decoding.buckets import automaton_bucket, budget_bucket, prompt_bucket  # noqa: E402
 from jaxcd.generation import build_constraint, load_model  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "corpus"

@@ -42,7 +42,7 @@ every reference fits its budget).
 Shapes: every concept set has its own automaton. A run first compiles all of them
 (cached on disk under the jaxcd cache, so a rerun skips this), then pads each to the
 run's largest state, edge, out-degree and mask-row counts (powers of two;
-:func:`jaxcd.tensorize.pad_automaton`) and left-pads prompts to a multiple of 32
+:func:`jaxcd.automata.tensorized.pad_automaton`) and left-pads prompts to a multiple of 32
 tokens, so one compiled program per (method, K, budget, prompt width) serves every
 example. ``compiled`` in the predictions and ``compiles`` / ``compile s`` in the summary
 separate compilation from decoding.
@@ -241,7 +241,7 @@ def padded_constraint(fa, row: dict, shape: tuple[int, int, int, int], need_dfa:
     """``fa`` padded to ``shape`` = (states, edges, out-degree, mask rows) as a
     :class:`experiments.runner.Constraint` (with the byte DFA only for AWRS)."""
     from jaxcd.automata.keywords import keywords_to_dfa
-    from jaxcd.tensorize import pad_automaton
+    from jaxcd.automata.tensorized import pad_automaton
 
     from .runner import Constraint
     S, E, D, R = shape

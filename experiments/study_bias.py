@@ -19,7 +19,7 @@ Methods (the output of one run with ``k`` particles is one token sequence):
   samples drawn uniformly among the valid ones (LCD: "invalid" when none is valid).
   Biased: as ``k`` grows the output tends to the proposal restricted to ``L``, not the
   posterior.
-* ``smc-lcd`` / ``smc-gcd`` / ``smc-lookahead`` / ``smc-product``: :func:`jaxcd.smc.run`
+* ``smc-lcd`` / ``smc-gcd`` / ``smc-lookahead`` / ``smc-product``: :func:`jaxcd.decoding.smc.run`
   (systematic resampling at ESS < k/2); the output is one particle drawn from the weighted
   ensemble. Consistent: TV → 0 as ``k`` grows (self-normalised bias ``O(1/k)``).
 

@@ -39,7 +39,7 @@ example — all calls and the calls that compiled nothing — compiles, output t
 
 Shapes. Each example has its own automaton; the jitted programs are specialised on
 its shape. All automata of a run (per format) are padded to the run's largest state,
-edge and out-degree counts (powers of two; :func:`jaxcd.tensorize.pad_automaton` —
+edge and out-degree counts (powers of two; :func:`jaxcd.automata.tensorized.pad_automaton` —
 masks are one row gather whatever the size, so padding costs memory, not time), prompts
 are left-padded to one width per category (``--width category``: the category's longest
 prompt rounded up to a quarter-octave width: 256, 320, 384, 448, 512, 640, ...) or per run

@@ -14,7 +14,7 @@ padding, and that the text decoded by jaxcd's byte-level vocabulary equals the t
 ``transformers``' own tokenizer decodes from the same ids (so the byte decoding is
 not a jaxcd-only point of failure).
 
-Decoding uses :func:`jaxcd.decode.sample_stepwise` with a fixed batch (N), prompt
+Decoding uses :func:`jaxcd.decoding.decode.sample_stepwise` with a fixed batch (N), prompt
 width and ``max_len``, so the LM's prefill and step compile once for the whole run;
 only the small mask/sample/advance function is compiled per constraint and budget.
 
@@ -149,7 +149,7 @@ def main(argv=None):
 
     import jax
 
-    from jaxcd.decode import sample_stepwise, tables_for
+    from jaxcd.decoding.decode import sample_stepwise, tables_for
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
 

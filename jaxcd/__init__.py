@@ -2,20 +2,21 @@
 
 Constraints (regex, JSON Schema, keywords, Python-style tool calls, explicit
 automata) compile on the host to tensorized automata over the LM's vocabulary;
-GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.gcd`).
+GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.decoding.gcd`).
 """
 
-from . import buckets, decode, errors, gcd, pgcd, smc
+from . import errors
 from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
                   compile_regex, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA
+from .automata.tensorized import TensorizedAutomaton
+from .decoding import buckets, decode, gcd, pgcd, smc
+from .decoding.buckets import bucket_automaton, stack_automata
 from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageError, JaxcdError,
                      PrefixRejectedError, RegexSyntaxError, SchemaError, UnsupportedRegexError,
                      UnsupportedSchemaError)
-from .limits import DEFAULT_LIMITS, CompileLimits
-from .buckets import bucket_automaton, stack_automata
 from .generation import GenerationResult, Model, generate, load_model
-from .tensorize import TensorizedAutomaton
+from .limits import DEFAULT_LIMITS, CompileLimits
 from .vocab import Vocabulary
 
 __version__ = "0.1.0"

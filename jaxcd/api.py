@@ -10,14 +10,16 @@ from typing import Sequence
 
 import numpy as np
 
+from .automata.bits import unpack_bits
 from .automata.fsa import DFA, NFA, determinize, minimize
 from .automata.json_schema import DEFAULT_MAX_DEPTH, schema_to_nfa
 from .automata.keywords import keywords_to_dfa, normalize_groups
+from .automata.lifting import tensorize
 from .automata.pycall import tool_call_nfa
 from .automata.regex import regex_to_nfa
+from .automata.tensorized import TensorizedAutomaton, cache_key
 from .errors import BudgetTooSmallError, PrefixRejectedError
 from .limits import CompileLimits, constraint_part, use_limits
-from .tensorize import TensorizedAutomaton, cache_key, tensorize, unpack_bits
 from .vocab import Vocabulary
 
 __all__ = ["compile_regex", "compile_json_schema", "compile_keywords", "compile_tool_call",

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from . import compile_stats as _compile_stats
 from .api import compile_json_schema, compile_keywords, compile_regex, compile_tool_call
-from .decode import METHODS, sample, tables_for
+from .decoding import compile_stats as _compile_stats
+from .decoding.decode import METHODS, sample, tables_for
 from .errors import JaxcdError
 from .lm.interface import pad_prompts
 from .vocab import Vocabulary
@@ -134,11 +134,11 @@ class GenerationResult:
 def load_hmm(spec, model: "Model"):
     """``spec``: an ``HMMParams``, ``"default"`` (the default HMM for the model, built on
     first use) or a checkpoint path written by ``hmm-distill train``. Checks that the
-    HMM's vocabulary is the model's (:class:`~jaxcd.pgcd.HMMMismatchError` otherwise).
+    HMM's vocabulary is the model's (:class:`~jaxcd.decoding.pgcd.HMMMismatchError` otherwise).
     ``"default"`` is built by the installed ``default`` HMM builder (hmm_distill's, found
     through an entry point: :func:`jaxcd.hmm.build_hmm`)."""
+    from .decoding.pgcd import HMMMismatchError
     from .hmm import HMMParams, build_hmm, load_checkpoint
-    from .pgcd import HMMMismatchError
     if isinstance(spec, HMMParams):
         hmm = spec
     elif spec == "default":
@@ -270,11 +270,11 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
     ``tool=[...]``, ``keywords=[...]``; a single regex/schema/tool applies to every
     prompt) or as ``constraints=[{"regex": ...}, {"schema": ...}, ...]`` (kinds may
     mix). The prompts are decoded together, each row under its own constraint (stacked
-    automata, :func:`jaxcd.buckets.stack_automata`), and a list of
+    automata, :func:`jaxcd.decoding.buckets.stack_automata`), and a list of
     :class:`GenerationResult` comes back, one per prompt.
 
     **Compiles.** Constraints are data: automata are padded to shape buckets, budgets
-    and prompt widths rounded up to buckets (:mod:`jaxcd.buckets`), so a new constraint,
+    and prompt widths rounded up to buckets (:mod:`jaxcd.decoding.buckets`), so a new constraint,
     budget or prompt in a warm bucket runs without any XLA compile. ``stats`` reports
     ``automaton_s`` (building the automaton), ``xla_compiles`` / ``xla_compile_s``,
     ``decode_s``, ``steps`` (decoding steps actually run) and ``ms_per_step`` (per step
@@ -356,7 +356,7 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
 
 
 def _bucket_of(fas) -> tuple | None:
-    from .buckets import common_bucket
+    from .decoding.buckets import common_bucket
     real = [fa for fa in fas if fa is not None]
     return common_bucket(real) if real else None
 
@@ -377,7 +377,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
     """Methods none/lcd/gcd: ``len(prompts) · num_samples`` rows, decoded ``batch_size``
     rows at a time in one compiled program (bucketed shapes; per-row automata when the
     prompts' constraints differ)."""
-    from .buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
+    from .decoding.buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
     prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
     N = budget_bucket(budget)
     bucket = _bucket_of(fas) if method != "none" else None
@@ -393,7 +393,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
         fa_shared = bucket_automaton(fas[0], bucket).to_device()
         tables_shared = tables_for(fa_shared, method, budget, N)
     elif method != "none":
-        from .gcd import check_budget
+        from .decoding.gcd import check_budget
         for fa in fas:                       # name the first row whose budget is too small
             if method == "gcd":
                 check_budget(fa, budget)
@@ -459,8 +459,8 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
                   ) -> list[GenerationResult]:
     """``method="smc"``: one particle system per prompt, ``batch_size`` prompts per run
     (stacked automata when their constraints differ)."""
-    from . import smc
-    from .buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
+    from .decoding import smc
+    from .decoding.buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
     if num_samples != 1:
         raise ValueError(f"method='smc' runs one particle system per prompt: set particles= "
                          f"instead of num_samples={num_samples}")
@@ -534,7 +534,7 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
                         chat, proposal, particles, hmm, resample, ess, predicate, constraint,
                         whitespace_pattern, strict=True) -> GenerationResult:
     """``method="awrs"``: one particle system for the prompt."""
-    from . import smc
+    from .decoding import smc
     if num_samples != 1:
         raise ValueError(f"method={method!r} runs one particle system: set particles= "
                          f"instead of num_samples={num_samples}")

@@ -55,8 +55,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from .automata.bits import unpack_bits
+from .automata.tensorized import TensorizedAutomaton
 from .host import HostMasker
-from .tensorize import TensorizedAutomaton, unpack_bits
 
 try:  # transformers' logits_process imports torch at module level
     from transformers.generation.logits_process import LogitsProcessor as _LogitsProcessorBase
@@ -73,7 +74,7 @@ class _Row:
 
 
 class GCDLogitsProcessor(_LogitsProcessorBase):
-    """Constrain ``model.generate()`` to a :class:`~jaxcd.tensorize.TensorizedAutomaton`.
+    """Constrain ``model.generate()`` to a :class:`~jaxcd.automata.tensorized.TensorizedAutomaton`.
 
     Args:
       fa: the constraint, compiled over the model tokenizer's vocabulary (its arrays

@@ -1,6 +1,6 @@
 """HMM parameters, HMM checkpoints (reading) and HMM builders: what jaxcd needs of an HMM.
 
-P-GCD (:mod:`jaxcd.pgcd`) and SMC's look-ahead proposals use an HMM ``(π, A, B)``
+P-GCD (:mod:`jaxcd.decoding.pgcd`) and SMC's look-ahead proposals use an HMM ``(π, A, B)``
 distilled from the LM. This module holds the pieces of it that jaxcd itself needs, so
 that jaxcd never imports the package that *trains* HMMs (``hmm_distill``, which imports
 jaxcd):

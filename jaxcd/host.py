@@ -1,6 +1,6 @@
 """Host-side (NumPy) masks for one budget: a table lookup and a row copy per step.
 
-The jitted masks of :mod:`jaxcd.gcd` are meant to be fused into a jitted decoding
+The jitted masks of :mod:`jaxcd.decoding.gcd` are meant to be fused into a jitted decoding
 step (the LM, the mask and the sampler in one XLA program). Code that decodes from
 Python one step at a time — a PyTorch ``transformers`` model through
 :class:`jaxcd.hf.GCDLogitsProcessor`, a server loop, a CPU benchmark — would pay
@@ -12,13 +12,13 @@ holds the GCD mask of every ``(t, state)``:
     rows[n, s] = base[s]                                         (budget spent: empty)
 
 with ``β_{t+1}(s') = 1{dist[s'] ≤ n - t - 1}`` (DESIGN.md §3; see
-:mod:`jaxcd.tensorize` for why the live out-edges form a prefix), so a mask is
+:mod:`jaxcd.automata.tensorized` for why the live out-edges form a prefix), so a mask is
 ``cum_masks[rows[t, s]]``: two index operations (the table holds rows of
 ``cum_masks``, i.e. the logical rows above already mapped through ``fa.row_index``). For LCD (``budget=None``) the row is
 ``base[s] + outdeg(s)`` whatever ``t``. The table costs ``4 (n + 1) S`` bytes.
 
 ``t`` counts the tokens generated so far (EOS padding included), like
-:class:`jaxcd.gcd.ConstraintState`; the mask is the one for token ``t + 1``.
+:class:`jaxcd.decoding.gcd.ConstraintState`; the mask is the one for token ``t + 1``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from .gcd import check_budget
-from .tensorize import TensorizedAutomaton, unpack_bits
+from .automata.bits import unpack_bits
+from .automata.tensorized import TensorizedAutomaton
+from .decoding.gcd import check_budget
 
 __all__ = ["HostMasker"]
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from jaxcd import compile_regex
-from jaxcd.tensorize import TensorizedAutomaton, _DATA_FIELDS
+from jaxcd.automata.tensorized import TensorizedAutomaton, _DATA_FIELDS
 
 
 def _same(a, b):

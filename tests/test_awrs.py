@@ -1,4 +1,4 @@
-"""AWRS (jaxcd.awrs): proper weighting E[Ẑ·1{token = v}] = p(v)·1{accept(v)}.
+"""AWRS (jaxcd.decoding.awrs): proper weighting E[Ẑ·1{token = v}] = p(v)·1{accept(v)}.
 
 - Exactly, by enumerating every random ordering the sampler can draw (a scripted
   random generator feeds it each permutation; Plackett-Luce probabilities), for every
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd import awrs
-from jaxcd.awrs import _race_order
+from jaxcd.decoding import awrs
+from jaxcd.decoding.awrs import _race_order
 
 P5 = np.array([0.4, 0.3, 0.2, 0.1, 0.0])      # token 4 has probability 0
 V5 = len(P5)

@@ -188,9 +188,9 @@ def test_limits_validation():
 
 def test_second_level_run_shortcut_equals_brute_force(monkeypatch):
     """Tokens ``" " + word`` from an in-word state into the next word are lifted in bulk
-    (tensorize._second_level); the transitions equal a brute-force lift on toy
+    (lifting._second_level); the transitions equal a brute-force lift on toy
     vocabularies, and the bulk path is really taken."""
-    import jaxcd.tensorize as T
+    import jaxcd.automata.lifting as T
     from test_lifting import dfa_of, lifted_set, reference_set, toy_vocab
     used = []
     real = T._second_level

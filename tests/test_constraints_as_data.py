@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, compile_stats, gcd, pgcd, smc
-from jaxcd.buckets import (automaton_bucket, bucket_automaton, budget_bucket, flatten,
-                           stack_automata)
-from jaxcd.decode import prefill, sample, tables_for
+from jaxcd import Vocabulary, compile_regex, gcd, pgcd, smc
+from jaxcd.decoding import compile_stats
+from jaxcd.decoding.buckets import (automaton_bucket, bucket_automaton, budget_bucket,
+                                    flatten, stack_automata)
+from jaxcd.decoding.decode import prefill, sample, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-", b"0", b"1", b"01", b"x"]
@@ -65,7 +66,7 @@ def test_padding_keeps_every_mask_and_beta(fas):
     for fa in fas:
         pfa = bucket_automaton(fa)
         assert automaton_bucket(fa) == pfa.bucket
-        from jaxcd.tensorize import pad_automaton
+        from jaxcd.automata.tensorized import pad_automaton
         _, new_id = pad_automaton(fa, *pfa.bucket)
         for n in (3, 7, 11):
             N = budget_bucket(n)
@@ -144,7 +145,7 @@ def test_stacked_tables_are_each_rows_tables(fas):
     S = stack.num_states
     tab = gcd.backward(stack.to_device(), 7, 16)
     for b, fa in enumerate(fas):
-        from jaxcd.tensorize import pad_automaton
+        from jaxcd.automata.tensorized import pad_automaton
         _, new_id = pad_automaton(fa, *stack.bucket)
         ref = np.asarray(gcd.backward(fa.to_device(), 7).beta)
         np.testing.assert_array_equal(np.asarray(tab.beta)[:8, b * S + new_id], ref)
@@ -168,7 +169,7 @@ def test_stacked_pgcd_tables_are_each_rows_tables(fas):
     stack = stack_automata(fas)
     S = stack.num_states
     tab = pgcd.backward(stack, hmm, 7, steps=16)
-    from jaxcd.tensorize import pad_automaton
+    from jaxcd.automata.tensorized import pad_automaton
     for b, fa in enumerate(fas):
         _, new_id = pad_automaton(fa, *stack.bucket)
         ref = pgcd.backward(fa, hmm, 7)

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from jaxcd import Vocabulary, compile_regex, gcd
-from jaxcd.decode import sample, tables_for
+from jaxcd.decoding.decode import sample, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jaxcd import Vocabulary, compile_regex
-from jaxcd.decode import _lm_step_donated, sample, sample_stepwise, tables_for
+from jaxcd.decoding.decode import _lm_step_donated, sample, sample_stepwise, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-"]

@@ -44,7 +44,7 @@ def test_mixed_constraints_one_batch_each_row_its_own():
 
     import jsonschema
 
-    from jaxcd import compile_stats
+    from jaxcd.decoding import compile_stats
     model = G.load_model()
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
               "required": ["city"], "additionalProperties": False}
@@ -67,8 +67,8 @@ def test_mixed_constraints_one_batch_each_row_its_own():
                "required": ["town"], "additionalProperties": False}
     new = [{"regex": r"[a-c]{3}"}, {"schema": schema2}, {"regex": "red|green|blue"},
            {"regex": r"[0-9]{3}"}]
-    assert jaxcd.buckets.common_bucket([G.build_constraint(model.vocab, **c) for c in new]) \
-        == tuple(outs[0].stats["bucket"])
+    assert jaxcd.decoding.buckets.common_bucket(
+        [G.build_constraint(model.vocab, **c) for c in new]) == tuple(outs[0].stats["bucket"])
     c0 = compile_stats.snapshot()
     again = jaxcd.generate([p for p, _ in reqs], constraints=new, method="gcd", budget=20,
                            num_samples=2, seed=2, model=model)

@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxcd import compile_json_schema, gcd
+from jaxcd.automata.bits import unpack_bits
 from jaxcd.automata.fsa import DFA, determinize, minimize
 from jaxcd.automata.json_schema import schema_to_nfa, schema_to_regex, strip_unenforced
 from jaxcd.automata.numeric import decimal_range_regex, int_range_regex, multiple_of_dfa
 from jaxcd.automata.regex import regex_to_nfa
 from jaxcd.automata.schema_builder import _difference, ecma_to_python
-from jaxcd.tensorize import unpack_bits
 from jaxcd.errors import AutomatonTooLargeError, JaxcdError, SchemaError, UnsupportedSchemaError
 
 FORMAT_CHECKER = jsonschema.FormatChecker()
@@ -342,7 +342,7 @@ def walk_texts(fa, vocab, budget, num_walks, seed):
 
 
 def test_gcd_walks_validate(smol_vocab):
-    """GCD walks (uniform over the mask, jaxcd.gcd on device arrays) at a loose budget,
+    """GCD walks (uniform over the mask, jaxcd.decoding.gcd on device arrays) at a loose budget,
     and host-side walks (mask rows of the tensorized automaton) at the tightest one."""
     schema = WALK_SCHEMA
     fa = compile_json_schema(schema, smol_vocab, whitespace_pattern="")

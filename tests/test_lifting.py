@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from jaxcd import EmptyLanguageError, Vocabulary
+from jaxcd.automata.bits import unpack_bits
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.json_schema import schema_to_regex
+from jaxcd.automata.lifting import lift_transitions, tensorize
 from jaxcd.automata.regex import regex_to_nfa
-from jaxcd.tensorize import lift_transitions, tensorize, unpack_bits
 
 WORKLOAD = Path(__file__).parent / "data" / "workload"
 

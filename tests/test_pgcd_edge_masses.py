@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxcd import Vocabulary, compile_regex, pgcd
-from jaxcd.tensorize import TensorizedAutomaton
+from jaxcd.automata.tensorized import TensorizedAutomaton
 
 
 def _vocab(seed=0, n=700):

@@ -1,5 +1,5 @@
-"""Resamplers (jaxcd.resampling): counts match K·w (chi-square / exact floor-ceil bounds /
-unbiasedness within standard errors), a zero-weight index is never returned (adversarial
+"""Resamplers (jaxcd.decoding.resampling): counts match K·w (chi-square / exact
+floor-ceil bounds / unbiasedness within standard errors), a zero-weight index is never returned (adversarial
 float32 and float64 inputs and hand-placed uniforms), ESS and log-mean-exp equal numpy
 float64 references, and systematic/stratified agree index for index with blackjax's
 resamplers (same key, same uniforms) on weights without zeros.
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd import resampling
-from jaxcd.resampling import _inverse_cdf
+from jaxcd.decoding import resampling
+from jaxcd.decoding.resampling import _inverse_cdf
 
 NAMES = ["multinomial", "stratified", "systematic"]
 R, K = 1024, 64

@@ -1,4 +1,4 @@
-"""jaxcd.sampling.categorical (blocked inverse CDF) against the exact softmax.
+"""jaxcd.decoding.sampling.categorical (blocked inverse CDF) against the exact softmax.
 
 Distributional checks with fixed seeds: Pearson chi-square of the sampled counts
 against ``N · softmax(logits)`` (cells with expected count < 5 pooled), accepted at
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd.sampling import _pick, categorical, categorical_with_logprob
+from jaxcd.decoding.sampling import _pick, categorical, categorical_with_logprob
 
 draw = jax.jit(categorical, static_argnames=("block",))
 

@@ -1,4 +1,4 @@
-"""Black-box SMC (jaxcd.smc_blackbox.run_blackbox) on an explicit toy LM (TableLM) with
+"""Black-box SMC (jaxcd.decoding.smc_blackbox.run_blackbox) on an explicit toy LM (TableLM) with
 a predicate equivalent to a small regex (the ``regex`` module's partial matching):
 
 - the weighted ensemble, pooled over independent runs (one per prompt row), approaches
@@ -25,8 +25,8 @@ import pytest
 import regex
 
 from jaxcd import Vocabulary
+from jaxcd.decoding.smc_blackbox import run_blackbox
 from jaxcd.lm import TableLM
-from jaxcd.smc_blackbox import run_blackbox
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-"]
 EOS = 0

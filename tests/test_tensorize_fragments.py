@@ -1,4 +1,4 @@
-"""Bulk lifting of runs with multi-byte characters (``tensorize._fragment_run``).
+"""Bulk lifting of runs with multi-byte characters (``lifting._fragment_run``).
 
 Reference: the plain trie walk (no run shortcut at all: ``min_run_bytes=257``) and, on
 small vocabularies, brute force (``DFA.run`` of every token from every reachable
@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from jaxcd import Vocabulary
+from jaxcd.automata.bits import unpack_bits
 from jaxcd.automata.fsa import (DFA, _class_dfa_direct, _class_fragment, _normalized,
                                 determinize, minimize)
+from jaxcd.automata.lifting import _fragment_of, _run_groups, lift_transitions
 from jaxcd.automata.regex import regex_to_nfa
-from jaxcd.tensorize import _fragment_of, _run_groups, lift_transitions, unpack_bits
 
 
 def dfa_of(pattern, flags=0):

@@ -1,5 +1,5 @@
 """Function calling on BFCL data (experiments.bfcl, experiments.runner,
-experiments.tool_calls) and jaxcd.tensorize.pad_automaton.
+experiments.tool_calls) and jaxcd.automata.tensorized.pad_automaton.
 
 References: BFCL's own AST checker and AST decoding functions (from the ``bfcl-eval``
 wheel), ``jsonschema`` and ``json``/``ast`` for the output formats, the unpadded
@@ -256,7 +256,7 @@ def test_prompt_uses_chat_template_with_tools(examples):
 
 
 # ---------------------------------------------------------------------------------------
-# padding (jaxcd.tensorize.pad_automaton) and the AWRS oracle
+# padding (jaxcd.automata.tensorized.pad_automaton) and the AWRS oracle
 # ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vocab():
@@ -267,7 +267,8 @@ def vocab():
 
 def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
     from jaxcd import gcd
-    from jaxcd.tensorize import pad_automaton, tensorize
+    from jaxcd.automata.lifting import tensorize
+    from jaxcd.automata.tensorized import pad_automaton
     shapes = Shapes(min_states=1024, min_edges=4096, min_degree=64)
     rng = np.random.default_rng(0)
     e0 = main_examples[0]
@@ -299,7 +300,7 @@ def test_pad_automaton_pgcd_tables_unchanged(vocab):
     """β^P of the padded automaton equals the original's on the real states (tiny HMM)."""
     from hmm_distill import HMMParams
     from jaxcd import compile_regex, pgcd
-    from jaxcd.tensorize import pad_automaton
+    from jaxcd.automata.tensorized import pad_automaton
     fa = compile_regex(r'\[f\(a=(1|22|333)\)\]', vocab)
     p, new_id = pad_automaton(fa)
     rng = np.random.default_rng(1)

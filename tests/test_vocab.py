@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from jaxcd import Vocabulary, compile_regex
+from jaxcd.automata.tensorized import TensorizedAutomaton
 from jaxcd.errors import VocabularyError
-from jaxcd.tensorize import TensorizedAutomaton
 
 TEXTS = ["Hello, world!", "naïve café — 日本語のテキスト 😀🎉", '{"a": [1, 2.5e-3, null]}',
          "def f(x):\n\treturn x ** 2  # comment", "   many   spaces\n\n\nand newlines",

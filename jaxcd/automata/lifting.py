@@ -1,0 +1,1242 @@
+"""Token lifting and tensorization (host side, NumPy) — DESIGN.md §2.
+
+A byte-level DFA ``D`` is lifted over the vocabulary into the token-level automaton
+``M``: its states are the states of ``D`` reachable from the start by whole
+tokens, plus the terminal state ``⊥`` (``final_state``) and an explicit ``dead``
+state (no edges; makes state updates total so particles keep fixed shapes).
+Edges are grouped by ``(source, destination)``; edge ``e`` carries the label set
+``L_e``. EOS edges go from every accepting state to ``⊥``; ``⊥`` has an EOS
+self-loop (padding). States that cannot reach ``⊥`` are removed (trimmed), so
+``β_∞ = 1`` on every live state.
+
+:func:`lift_transitions` lifts the byte DFA over the vocabulary (:class:`Lifted`:
+individual ``(state, token)`` transitions, and bulk ones for runs of states whose tokens
+share a label set); :func:`tensorize` groups them into edges, trims, orders the edges,
+finds the distinct cumulative mask rows (:func:`_dedupe_rows`, :func:`_materialize_rows`)
+and returns a :class:`~jaxcd.automata.tensorized.TensorizedAutomaton` (its storage
+layout is described in :mod:`jaxcd.automata.tensorized`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import EmptyLanguageError
+from ..limits import current_limits, too_large
+from .bits import unpack_bits
+from .fsa import DFA, _unique_first_inverse, _unique_ints
+from .tensorized import INF_DIST, TensorizedAutomaton
+
+if TYPE_CHECKING:
+    from ..vocab import Vocabulary
+
+
+@dataclass(frozen=True)
+class Lifted:
+    """Token transitions of a byte DFA over a vocabulary (see :func:`lift_transitions`).
+
+    ``states``: the DFA states reachable from the start by whole tokens, BFS order
+    (start first); every other array indexes into it. Transitions come in two forms,
+    disjoint: individual ones ``src[i] --tok[i]--> dst[i]``, and bulk ones — every token
+    of the packed set ``rows[bulk_row[j]]`` (uint32 ``[R, W]``) goes
+    ``bulk_src[j] --> bulk_dst[j]``.
+    """
+
+    states: np.ndarray
+    src: np.ndarray
+    tok: np.ndarray
+    dst: np.ndarray
+    bulk_src: np.ndarray
+    bulk_dst: np.ndarray
+    bulk_row: np.ndarray
+    rows: np.ndarray
+
+    def triples(self, vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """All transitions as ``(src, tok, dst)`` (bulk ones expanded; for tests)."""
+        src, tok, dst = [self.src], [self.tok], [self.dst]
+        for s, d, r in zip(self.bulk_src, self.bulk_dst, self.bulk_row):
+            t = np.nonzero(unpack_bits(self.rows[r], vocab_size))[0]
+            src.append(np.full(len(t), s))
+            tok.append(t)
+            dst.append(np.full(len(t), d))
+        return (np.concatenate(src).astype(np.int64), np.concatenate(tok).astype(np.int64),
+                np.concatenate(dst).astype(np.int64))
+
+
+class _Out(tuple):
+    """``(src list, token list, dst list)`` of individual transitions, with a running
+    count checked against ``CompileLimits.max_token_transitions`` before each append."""
+
+    def __new__(cls):
+        self = super().__new__(cls, ([], [], []))
+        self.n = 0
+        self.max = current_limits().max_token_transitions
+        return self
+
+
+def _count(out, k: int) -> None:
+    if isinstance(out, _Out):
+        out.n += k
+        if out.n > out.max:
+            raise too_large("max_token_transitions", out.n, "(state, token) transitions",
+                            "lift over the vocabulary", at_least=True)
+
+
+class _ByteTable:
+    """The DFA's next state by byte, ``table[q, b]`` (``q`` up to ``Q``; dead -> ``Q``,
+    row ``Q`` all dead), indexed like an int32 ``[Q + 1, 256]`` array (``table[q, b]``,
+    ``table[q]``: whole rows, ``table[:, bytes]``) but stored by byte class
+    (``[Q + 1, C]``, each lookup maps the bytes through ``byte_class``): the byte table
+    of a 30,000-state DFA is 30 MB of freshly touched memory, several times the class
+    table's cost to fill."""
+
+    def __init__(self, dfa: DFA):
+        Q, C = dfa.trans.shape
+        ctab = np.empty((Q + 1, C), np.int32)
+        np.copyto(ctab[:Q], dfa.trans)
+        ctab[Q] = Q
+        np.putmask(ctab[:Q], ctab[:Q] < 0, Q)
+        self.ctab, self.bc = ctab, dfa.byte_class
+
+    def __len__(self) -> int:
+        return len(self.ctab)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            rows, byts = key
+            if isinstance(byts, slice):
+                return self.ctab[rows][..., self.bc[byts]]
+            cls = self.bc[byts]
+            if isinstance(rows, slice) and rows == slice(None) and \
+                    np.array_equal(cls, np.arange(self.ctab.shape[1])):
+                return self.ctab                 # table[:, a byte of each class]: no copy
+            return self.ctab[rows, cls]
+        return self.ctab[key][..., self.bc]
+
+
+def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, out) -> None:
+    """Continue the trie walk from ``(src, node, cur)`` pairs (``node``'s byte already
+    read, DFA now in ``cur``): emit ``(src, token, state)`` for every token ending at or
+    below ``node`` whose bytes keep the DFA alive. Frontiers larger than ``max_pairs``
+    are split (depth first), which bounds memory."""
+    end_token, ccount, cstart, nbyte = trie.end_token, trie.child_count, trie.child_start, \
+        trie.node_byte
+    stack = [(src, node, cur)]
+    while stack:
+        src, node, cur = stack.pop()
+        et = end_token[node]
+        ends = et >= 0
+        if ends.any():
+            _count(out, int(np.count_nonzero(ends)))
+            out[0].append(src[ends])
+            out[1].append(et[ends])
+            out[2].append(cur[ends])
+        multi = et == -2                               # duplicate byte strings (rare)
+        if multi.any():
+            n_m = node[multi]
+            c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
+            reps = np.repeat(np.arange(len(n_m)), c_m)
+            offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+            _count(out, len(reps))
+            out[0].append(src[multi][reps])
+            out[1].append(trie.end_tokens[offs + np.arange(len(reps))])
+            out[2].append(cur[multi][reps])
+        cc = ccount[node]
+        keep = cc > 0
+        if not keep.all():
+            node, cur, src, cc = node[keep], cur[keep], src[keep], cc[keep]
+        if len(node) == 0:
+            continue
+        csum = np.cumsum(cc)
+        total = int(csum[-1])
+        reps = np.repeat(np.arange(len(node)), cc)
+        child = np.repeat(cstart[node] - (csum - cc), cc) + np.arange(total)
+        nxt = table[cur[reps], nbyte[child]]
+        alive = np.nonzero(nxt != dead)[0]
+        if len(alive) == 0:
+            continue
+        src, node, cur = src[reps[alive]], child[alive], nxt[alive]
+        for i in range(0, len(src), max_pairs):
+            stack.append((src[i:i + max_pairs], node[i:i + max_pairs], cur[i:i + max_pairs]))
+
+
+def _run_groups(dfa: DFA, min_bytes: int):
+    """Candidate byte sets for run shortcuts: for each state, the bytes leading to its
+    most common successor (its "dominant" target); states grouped by that byte set.
+    Yields ``(sigma bool[256], member states)`` for sets of at least ``min_bytes``."""
+    trans = dfa.trans
+    Q, C = trans.shape
+    # bytes per class, as prefix sums: a run of classes a..b has S[b + 1] - S[a] bytes
+    S = np.concatenate([[0], np.cumsum(np.bincount(dfa.byte_class, minlength=C))])
+    # per row, runs of adjacent classes with the same successor (few per row), then
+    # the bytes per (row, successor) summed over its runs
+    first = np.ones((Q, C), bool)
+    np.not_equal(trans[:, 1:], trans[:, :-1], out=first[:, 1:])
+    starts = np.flatnonzero(first)                      # every row starts a run
+    ends = np.append(starts[1:], Q * C)                 # one past each run's last class
+    nbytes = S[(ends - 1) % C + 1] - S[starts % C]
+    row = starts // C
+    key = row * (Q + 1) + (trans.reshape(-1)[starts] + 1)   # by row, then successor
+    o = np.argsort(key, kind="stable")
+    key, nbytes = key[o], nbytes[o]
+    new = np.ones(len(key), bool)
+    new[1:] = key[1:] != key[:-1]
+    seg = np.flatnonzero(new)
+    cnt = np.add.reduceat(nbytes, seg).astype(np.float64)
+    key = key[seg]
+    tt = key % (Q + 1) - 1                              # successor (-1: dead)
+    rows = key // (Q + 1)
+    cnt[tt < 0] = -1
+    tt[tt < 0] = Q
+    # most bytes, then smallest target (a row's successors are in ascending order)
+    nseg = np.bincount(rows, minlength=Q)
+    rowmax = np.maximum.reduceat(cnt, np.cumsum(nseg) - nseg)
+    idx = np.flatnonzero(cnt == np.repeat(rowmax, nseg))
+    firsts = idx[np.searchsorted(rows[idx], np.arange(Q))]
+    dom, dom_bytes = tt[firsts], cnt[firsts]
+    cand = np.nonzero((dom != Q) & (dom_bytes >= min_bytes))[0]
+    if len(cand) == 0:
+        return
+    sig = dfa.trans[cand] == dom[cand, None]                          # [n, C]
+    # group equal rows (in the lexicographic order of their packed bytes, as
+    # np.unique(axis=0) would, without its slow sort of void records)
+    packed = np.packbits(sig, axis=1)
+    nb = -(-packed.shape[1] // 8) * 8
+    packed = np.concatenate([packed, np.zeros((len(cand), nb - packed.shape[1]), np.uint8)], 1)
+    cols = np.ascontiguousarray(packed).view(">u8")                    # [n, nb / 8]
+    order = np.lexsort(cols.T[::-1])
+    sc = cols[order]
+    new = np.ones(len(cand), bool)
+    new[1:] = (sc[1:] != sc[:-1]).any(1)
+    ginv = np.empty(len(cand), np.int64)
+    ginv[order] = np.cumsum(new) - 1
+    by_group = np.argsort(ginv, kind="stable")
+    bounds = np.searchsorted(ginv[by_group], np.arange(int(ginv.max()) + 2))
+    for g in range(int(ginv.max()) + 1):
+        idx = by_group[bounds[g]:bounds[g + 1]]
+        yield sig[idx[0]][dfa.byte_class], cand[idx]
+
+
+def _pure_nodes(trie, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Trie nodes whose whole byte path is in ``sigma`` ("pure", sorted) and the nodes
+    whose byte is the first one outside ``sigma`` on their path ("exits", sorted).
+    Work: the pure nodes and their children, not the whole trie."""
+    nb, cstart, ccount = trie.node_byte, trie.child_start, trie.child_count
+    roots = trie.first_node[trie.first_node >= 0]
+    in_s = sigma[nb[roots]]
+    frontier = roots[in_s]
+    pure, exits = [frontier], [roots[~in_s]]
+    while len(frontier):
+        cc = ccount[frontier]
+        keep = cc > 0
+        frontier, cc = frontier[keep], cc[keep]
+        if len(frontier) == 0:
+            break
+        csum = np.cumsum(cc)
+        child = np.repeat(cstart[frontier] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        in_s = sigma[nb[child]]
+        frontier = child[in_s]
+        pure.append(frontier)
+        exits.append(child[~in_s])
+    return np.sort(np.concatenate(pure)), np.sort(np.concatenate(exits))
+
+
+def _sigma_chain(table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                 length: int) -> tuple[np.ndarray, np.ndarray]:
+    """``chain[j + 1] = D(chain[j])`` from ``chain[0] = members`` (int64 ``[length + 1,
+    G]``), where ``D(x)`` is the state every byte of ``sigma`` leads ``x`` to (``dead``
+    absorbs); ``ok[g]``: ``D`` was defined all along ``g``'s chain. Only the states on
+    the chains are looked at."""
+    sb = np.nonzero(sigma)[0]
+    chain = np.empty((length + 1, len(members)), np.int64)
+    chain[0] = members
+    ok = np.ones(len(members), bool)
+    D = np.full(len(table), -2, np.int64)               # -2: not computed yet
+    for j in range(length):
+        x = chain[j]
+        need = np.unique(x[D[x] == -2])                 # chains overlap: each state once
+        if len(need):
+            sub = table[need[:, None], sb[None, :]]
+            D[need] = np.where((sub == sub[:, :1]).all(1), sub[:, 0], -1)
+        d = D[x]
+        ok &= d >= 0
+        chain[j + 1] = np.where(d >= 0, d, dead)
+    return chain, ok
+
+
+def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                  vocab_size: int, min_tokens: int):
+    """Lift the tokens spelled only with bytes of ``sigma`` in bulk.
+
+    For a state ``q`` whose run ``c_0 = q, c_{j+1} = D(c_j)`` only visits states where
+    every byte of ``sigma`` leads to one and the same state ``D(c_j)`` (or none), a
+    token of ``L`` bytes all in ``sigma`` goes to ``c_L`` — for all such tokens at once.
+    (Inside a JSON string with ``maxLength: 80`` the run is the 80-state counter; in an
+    unbounded string body it is a self-loop.) Every other token has a first byte outside
+    ``sigma``, at a trie node of depth ``k`` (an "exit" node) reached in state ``c_k``:
+    the walk starts there, so only those subtrees are walked.
+
+    Returns ``None`` (not worth it / no member qualifies) or
+    ``(ok_members, chain [Lp+1, G], exit nodes, pure tokens, their lengths)``.
+    """
+    if int(trie.tokens_by_first_byte[sigma].sum()) < min_tokens:
+        return None
+    pure, exits = _pure_nodes(trie, sigma)
+    ends = pure[trie.end_token[pure] != -1]
+    if len(ends) == 0 or np.count_nonzero(trie.end_token[ends] >= 0) < min_tokens:
+        return None
+    depth = trie.depth
+    pure_depth = int(depth[pure].max()) + 1                # longest all-sigma prefix (bytes)
+    chain, ok = _sigma_chain(table, dead, sigma, members, pure_depth)
+    if not ok.any():
+        return None
+    # pure tokens (with duplicates of a byte string expanded) and their lengths
+    c_e = trie.end_start[ends + 1] - trie.end_start[ends]
+    reps = np.repeat(np.arange(len(ends)), c_e)
+    offs = np.repeat(trie.end_start[ends] - (np.cumsum(c_e) - c_e), c_e)
+    toks = trie.end_tokens[offs + np.arange(len(reps))]
+    lens = depth[ends][reps] + 1
+    return ok, chain[:, ok], exits, toks, lens
+
+
+def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+                  min_tokens: int, W: int):
+    """Bulk transitions for tokens ``b + (bytes of sigma)*`` from run members.
+
+    A token's first byte ``b`` outside ``sigma`` (an exit at depth 0, e.g. the space of
+    ``" hello"``) may lead from member ``g`` straight into another member ``h`` of the
+    same run (the next word of ``(\\w{1,12} ){3,8}``): then the rest of the token, if
+    all in ``sigma``, follows ``h``'s chain, and every such token of ``m + 1`` bytes goes
+    ``g -> chain_h[m]`` at once. Tokens below ``b`` that leave ``sigma`` again are
+    walked from that second exit only. Returns ``None`` or ``(handled (exit node,
+    member index) codes, packed rows [R, W], bulk src, bulk dst, bulk row, walk starts
+    (src, node, cur))``.
+    """
+    ls = trie.level_start
+    if len(ls) < 3 or len(members) == 0:
+        return None
+    n0 = int(ls[1])
+    node_byte = trie.node_byte
+    x0 = np.nonzero(~sigma[node_byte[:n0]])[0]               # depth-0 exits (node ids)
+    if len(x0) == 0:
+        return None
+    G = len(members)
+    pos = np.full(dead + 1, -1, np.int64)
+    pos[members] = np.arange(G)
+    tgt = pos[table[members[None, :], node_byte[x0][:, None]]]          # [X0, G]
+    if not (tgt >= 0).any():
+        return None
+    N = trie.num_nodes
+    parent, depth = trie.parent, trie.depth
+    in_sigma = sigma[node_byte]
+    pa = np.zeros(N, bool)                      # all bytes after the first are in sigma
+    anc = np.arange(N)                          # depth-0 ancestor
+    for j in range(1, len(ls) - 1):
+        a, b = ls[j], ls[j + 1]
+        anc[a:b] = anc[parent[a:b]]
+        pa[a:b] = in_sigma[a:b] & (pa[parent[a:b]] if j >= 2 else True)
+    ex_mask = np.zeros(N, bool)
+    ex_mask[x0[(tgt >= 0).any(1)]] = True
+    pure = (pa | (np.arange(N) < n0)) & ex_mask[anc]
+    ends = np.nonzero(pure & (trie.end_token != -1))[0]
+    if len(ends) < min_tokens:
+        return None
+    # chains from every member, long enough for the deepest all-sigma suffix; a target
+    # member qualifies only if its chain is uniform all the way
+    M = int(depth[pure].max())
+    chain, ok = _sigma_chain(table, dead, sigma, members, M)
+    tgt = np.where(tgt >= 0, np.where(ok[np.maximum(tgt, 0)], tgt, -1), -1)
+    xi, gi = np.nonzero(tgt >= 0)
+    if len(xi) == 0:
+        return None
+    # rows: tokens by (first node, suffix length)
+    c_e = trie.end_start[ends + 1] - trie.end_start[ends]
+    reps = np.repeat(np.arange(len(ends)), c_e)
+    offs = np.repeat(trie.end_start[ends] - (np.cumsum(c_e) - c_e), c_e)
+    toks = trie.end_tokens[offs + np.arange(len(reps))]
+    key = anc[ends][reps] * (M + 1) + depth[ends][reps]
+    ukey, rinv = np.unique(key, return_inverse=True)
+    rows = np.zeros(len(ukey) * W, np.uint32)
+    np.bitwise_or.at(rows, rinv.ravel() * W + (toks >> 5),
+                     np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+    rows = rows.reshape(len(ukey), W)
+    row_x, row_m = ukey // (M + 1), ukey % (M + 1)             # sorted by first node
+    # bulk edges: each handled pair (first node x, member g -> member h) x rows of x
+    px, pg, ph = x0[xi], gi, tgt[xi, gi]
+    r_lo = np.searchsorted(row_x, px)
+    r_cnt = np.searchsorted(row_x, px, side="right") - r_lo
+    pr = np.repeat(np.arange(len(px)), r_cnt)
+    ridx = np.repeat(r_lo - (np.cumsum(r_cnt) - r_cnt), r_cnt) + np.arange(int(r_cnt.sum()))
+    bdst = chain[row_m[ridx], ph[pr]]
+    live = bdst != dead
+    bsrc, bdst, brow = members[pg[pr]][live], bdst[live], ridx[live]
+    # second exits below each handled first node: first byte outside sigma again
+    sec = np.nonzero((depth >= 1) & ~in_sigma & ex_mask[anc])[0]
+    sec = sec[(depth[sec] == 1) | pa[parent[sec]]]
+    order = np.argsort(anc[sec], kind="stable")
+    sec = sec[order]
+    sec_x = anc[sec]
+    s_lo = np.searchsorted(sec_x, px)
+    s_cnt = np.searchsorted(sec_x, px, side="right") - s_lo
+    ps = np.repeat(np.arange(len(px)), s_cnt)
+    sidx = np.repeat(s_lo - (np.cumsum(s_cnt) - s_cnt), s_cnt) + np.arange(int(s_cnt.sum()))
+    y = sec[sidx]
+    cur = table[chain[depth[y] - 1, ph[ps]], node_byte[y]]
+    go = cur != dead
+    starts = (members[pg[ps]][go], y[go], cur[go])
+    handled = px * G + pg
+    return handled, rows, bsrc, bdst, brow, starts
+
+
+_DEAD_F, _EXIT_F = -1, -2
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """The one-character fragment of a run (see :func:`_fragment_of`): local ids ``0``
+    (the run state, at a character boundary), ``1 .. m`` (inside a character) and
+    ``m + 1`` (``END``: one character read). ``tf[f, b]``: local id after byte ``b``,
+    ``_DEAD_F`` or (only for ``f = 0``) ``_EXIT_F`` (a byte that leaves the run)."""
+
+    tf: np.ndarray          # int64 [m + 1, 256]
+    tree_f: list            # per BFS level: local ids, their tree parents, their bytes
+    tree_p: list
+    tree_b: list
+    sigma0: int             # a one-byte character (a byte of sigma)
+
+    @property
+    def m(self) -> int:
+        return self.tf.shape[0] - 1
+
+
+def _fragment_of(dfa: DFA, table: np.ndarray, dead: int, sigma: np.ndarray, r: int,
+                 byte_rep: np.ndarray, max_depth: int = 3) -> "_Fragment | None":
+    """Multi-byte characters of a run, read off its member ``r``.
+
+    ``D(r)`` is the state every byte of ``sigma`` leads ``r`` to. The *inside* states are
+    the states ``y ∉ {r, D(r)}`` reached from ``r`` by at most ``max_depth`` bytes (the
+    rest of a UTF-8 character) whose every live transition goes inside or to ``D(r)``:
+    from ``r``, a byte into an inside state starts a character that can only end in
+    ``D(r)``. Returns ``None`` when there are none (the run has one-byte characters
+    only)."""
+    sb = np.nonzero(sigma)[0]
+    T = int(table[r, sb[0]])
+    trans = dfa.trans
+    Q = dfa.num_states
+    # candidates: within max_depth bytes of r, outside {r, T}
+    skip = np.zeros(Q + 2, bool)                  # index Q: dead, Q + 1 (= -1): dead
+    skip[[r, T, dead, -1]] = True
+    is_cand = np.zeros(Q + 2, bool)
+    frontier = _unique_ints(table[r][~sigma])
+    frontier = frontier[~skip[frontier]]
+    for _ in range(max_depth):
+        new = frontier[~is_cand[frontier]]
+        if len(new) == 0:
+            break
+        is_cand[new] = True
+        frontier = _unique_ints(trans[new].ravel())
+        frontier = frontier[~skip[frontier]]
+    if not is_cand.any():
+        return None
+    # prune: inside states go inside, to D(r), or die (the largest such set)
+    ok_target = is_cand.copy()
+    ok_target[[T, -1]] = True
+    cand = np.nonzero(is_cand)[0]
+    while True:
+        bad = ~ok_target[trans[cand]].all(1)
+        if not bad.any():
+            break
+        ok_target[cand[bad]] = False
+        cand = cand[~bad]
+    if len(cand) == 0:
+        return None
+    is_cand = np.zeros(Q + 2, bool)
+    is_cand[cand] = True
+    # BFS from r inside the fragment: local ids, tree parents and bytes (a state's
+    # successors in class order, first visits in BFS order)
+    local_id = np.full(Q + 2, -1, np.int64)
+    local_id[r] = 0
+    order = [np.array([r], np.int64)]
+    tree_f, tree_p, tree_b = [], [], []
+    level = order[0]
+    n_local = 1
+    first_cls = np.nonzero(~sigma[byte_rep])[0]          # from r: bytes outside sigma
+    while len(level):
+        cs = first_cls if n_local == 1 else np.arange(len(byte_rep))
+        z = trans[level[:, None], cs[None, :]].ravel()    # [level, classes], row-major
+        par = np.repeat(level, len(cs))
+        byt = np.tile(byte_rep[cs], len(level))
+        keep = is_cand[z] & (local_id[z] < 0)
+        z, par, byt = z[keep], par[keep], byt[keep]
+        _, firsts = np.unique(z, return_index=True)
+        firsts.sort()
+        z, par, byt = z[firsts], par[firsts], byt[firsts]
+        if len(z) == 0:
+            break
+        local_id[z] = n_local + np.arange(len(z))
+        n_local += len(z)
+        tree_f.append(local_id[z])
+        tree_p.append(local_id[par])
+        tree_b.append(byt.astype(np.int64))
+        order.append(z)
+        level = z
+    local = {int(y): i for i, y in enumerate(np.concatenate(order).tolist())}
+    m = len(local) - 1
+    if m == 0:
+        return None
+    END = m + 1
+    ids = np.full(Q + 1, _DEAD_F, np.int64)      # state -> local id (dead -> _DEAD_F)
+    for y, f in local.items():
+        ids[y] = f
+    ids[T] = END
+    states = np.array(sorted(local, key=local.get), np.int64)
+    tf = ids[table[states]]                       # [m + 1, 256]
+    row0 = tf[0]
+    row0[~sigma & ~((row0 >= 1) & (row0 <= m))] = _EXIT_F
+    row0[sigma] = END
+    return _Fragment(tf, tree_f, tree_p, tree_b, int(sb[0]))
+
+
+def _fragment_psi(frag: _Fragment, table: np.ndarray, dead: int, byte_rep: np.ndarray,
+                  X: np.ndarray, ctab: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """For states ``X``: ``psi [m + 2, |X|]`` (``psi[f, i]``: the state of ``X[i]``'s
+    fragment at local id ``f``; ``psi[m + 1]`` is ``D(X[i])``) and ``ok [|X|]``: ``X[i]``'s
+    fragment has exactly the shape of ``frag`` — for every local id and byte class that
+    the fragment defines, the transition lands where the shape says (or dies where it
+    dies). A state whose every character byte dies matches with ``psi`` all dead."""
+    m = frag.m
+    psi = np.empty((m + 2, len(X)), np.int64)
+    psi[0] = X
+    psi[m + 1] = table[X, frag.sigma0]
+    for f, p, b in zip(frag.tree_f, frag.tree_p, frag.tree_b):
+        psi[f] = table[psi[p], b[:, None]]
+    tf = frag.tf[:, byte_rep]                                   # [m + 1, C]
+    defined = tf != _EXIT_F
+    want = np.where(defined, tf, m + 2)                          # m + 2: dead
+    ok = np.ones(len(X), bool)
+    ctab = table[:, byte_rep] if ctab is None else ctab          # [Q + 1, C]
+    step = max(1, (1 << 21) // tf.size)
+    for i0 in range(0, len(X), step):
+        p = np.concatenate([psi[:, i0:i0 + step], np.full((1, min(step, len(X) - i0)), dead)])
+        got = ctab[p[:m + 1]]                                    # [m + 1, g, C] rows
+        exp = p[want].transpose(0, 2, 1)                         # [m + 1, g, C]
+        ok[i0:i0 + step] = ((got == exp) | ~defined[:, None, :]).all((0, 2))
+    return psi, ok
+
+
+def _pure_walk(trie, tf: np.ndarray, sid, node, n, f):
+    """Walk the trie through a fragment's shape: pairs ``(sid, node)`` whose ``node`` is
+    still to be read, at ``n`` characters read and local id ``f``. A byte that dies
+    drops the pair; a byte that leaves the run (``_EXIT_F``) records an exit. Returns
+    ``(tokens (sid, token, n, f) ending inside the run, exits (sid, node, n))``."""
+    END = tf.shape[0]
+    nb, cstart, ccount, et = trie.node_byte, trie.child_start, trie.child_count, \
+        trie.end_token
+    toks = ([], [], [], [])
+    exits = ([], [], [])
+    while len(node):
+        g = tf[f, nb[node]]
+        ex = g == _EXIT_F
+        if ex.any():
+            exits[0].append(sid[ex])
+            exits[1].append(node[ex])
+            exits[2].append(n[ex])
+        live = g >= 0
+        sid, node, n, g = sid[live], node[live], n[live], g[live]
+        done = g == END
+        n = n + done
+        f = np.where(done, 0, g)
+        e = et[node]
+        one = e >= 0
+        if one.any():
+            for lst, a in zip(toks, (sid[one], e[one], n[one], f[one])):
+                lst.append(a)
+        multi = e == -2
+        if multi.any():
+            n_m = node[multi]
+            c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
+            reps = np.repeat(np.arange(len(n_m)), c_m)
+            offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+            for lst, a in zip(toks, (sid[multi][reps], trie.end_tokens[offs + np.arange(len(reps))],
+                                     n[multi][reps], f[multi][reps])):
+                lst.append(a)
+        cc = ccount[node]
+        keep = cc > 0
+        sid, node, n, f, cc = sid[keep], node[keep], n[keep], f[keep], cc[keep]
+        if len(node) == 0:
+            break
+        csum = np.cumsum(cc)
+        reps = np.repeat(np.arange(len(node)), cc)
+        node = np.repeat(cstart[node] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        sid, n, f = sid[reps], n[reps], f[reps]
+
+    def cat(parts):
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    return tuple(cat(t) for t in toks), tuple(cat(x) for x in exits)
+
+
+def _pack_rows(key: np.ndarray, toks: np.ndarray, W: int):
+    """Tokens grouped by ``key``: ``(sorted distinct keys, packed rows uint32 [K, W])``."""
+    ukey, inv = np.unique(key, return_inverse=True)
+    rows = np.zeros(len(ukey) * W, np.uint32)
+    np.bitwise_or.at(rows, inv.ravel() * W + (toks >> 5),
+                     np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+    return ukey, rows.reshape(len(ukey), W)
+
+
+def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep: np.ndarray,
+                  members: np.ndarray, taken: np.ndarray, W: int, max_pairs: int, out):
+    """Lift a run with multi-byte characters (:func:`_fragment_of`) in bulk.
+
+    The run's states ``members`` (each with the fragment's exact shape) and the states
+    inside their characters ("starts" ``(x, f)``: the state of ``x``'s fragment at local
+    id ``f``) are lifted together. A token read from start ``(x, f)`` that stays in the
+    run ends after ``n`` whole characters at local id ``f'`` — in state ``psi_{c_n}[f']``
+    with ``c_0 = x``, ``c_{j+1} = D(c_j)`` (every state on the chain has the same
+    shape) — so the tokens of each ``(f, n, f')`` form one packed row, shared by all
+    members. Tokens leaving the run (a byte outside the characters at a character
+    boundary) are walked from there; tokens ``b + (characters)`` whose first byte leads
+    into a member ``h`` are bulk too, along ``h``'s chain (like :func:`_second_level`).
+    States in ``taken`` are skipped.
+
+    Returns ``None`` or ``(states lifted, rows, bulk src, bulk dst, bulk row, second)``;
+    ``second(sources)`` lifts, for other states, the tokens ``b + (characters)`` whose
+    first byte leads into a member (e.g. the space after a full word of
+    ``(\\w{1,12} ) {3,8}``): it returns ``(handled (state, byte) pairs, bulk src, bulk
+    dst, bulk row)`` (row numbers continue after this run's rows) and walks the rest of
+    those tokens; the caller walks every other token of those states."""
+    m = frag.m
+    END = m + 1
+    tf = frag.tf
+    K = m + 1
+    ctab = table[:, byte_rep]                                       # [Q + 1, C]
+    # pure walks from every local id, from the vocabulary's root
+    roots = trie.first_node[trie.first_node >= 0]
+    sid0 = np.repeat(np.arange(K), len(roots))
+    node0 = np.tile(roots, K)
+    (t_sid, t_tok, t_n, t_f), (x_sid, x_node, x_n) = _pure_walk(
+        trie, tf, sid0, node0, np.zeros(len(sid0), np.int64), sid0.copy())
+    # second level: depth-0 exits b of local id 0, then characters
+    n0 = int(trie.level_start[1])
+    x0 = np.sort(x_node[(x_sid == 0) & (x_node < n0)])
+    if len(x0):
+        cc = trie.child_count[x0]
+        csum = np.cumsum(cc)
+        s_sid = np.repeat(np.arange(len(x0)), cc)
+        s_node = np.repeat(trie.child_start[x0] - (csum - cc), cc) + np.arange(int(csum[-1]))
+        z = np.zeros(len(s_sid), np.int64)
+        (u_sid, u_tok, u_n, u_f), (y_sid, y_node, y_n) = _pure_walk(trie, tf, s_sid, s_node, z, z)
+        # the token of x0 itself (one byte, no character read)
+        e = trie.end_start
+        c0 = e[x0 + 1] - e[x0]
+        r0 = np.repeat(np.arange(len(x0)), c0)
+        off0 = np.repeat(e[x0] - (np.cumsum(c0) - c0), c0) + np.arange(int(c0.sum()))
+        u_sid = np.concatenate([u_sid, r0])
+        u_tok = np.concatenate([u_tok, trie.end_tokens[off0]])
+        u_n = np.concatenate([u_n, np.zeros(len(r0), np.int64)])
+        u_f = np.concatenate([u_f, np.zeros(len(r0), np.int64)])
+        o = np.argsort(y_sid, kind="stable")
+        y_sid, y_node, y_n = y_sid[o], y_node[o], y_n[o]
+    else:
+        u_sid = u_tok = u_n = u_f = y_sid = y_node = y_n = np.zeros(0, np.int64)
+    length = int(max(t_n.max(initial=0), x_n.max(initial=0), u_n.max(initial=0),
+                     y_n.max(initial=0)))
+    # chains c_0 .. c_length of every member, with each chain state's fragment states
+    G = len(members)
+    col_of = np.full(dead + 1, -1, np.int64)
+    col_of[dead] = 0
+    cols = [np.full((m + 2, 1), dead, np.int64)]
+    ncol = 1
+    Dn = np.full(dead + 1, -2, np.int64)
+    Dn[dead] = dead
+    chain = np.empty((length + 1, G), np.int64)
+    chain[0] = members
+    ok = np.ones(G, bool)
+    for j in range(length + 1):
+        x = chain[j]
+        need = np.unique(x[Dn[x] == -2])
+        if len(need):
+            psi, okn = _fragment_psi(frag, table, dead, byte_rep, need, ctab)
+            col_of[need] = ncol + np.arange(len(need))
+            ncol += len(need)
+            cols.append(psi)
+            Dn[need] = np.where(okn, psi[END], -1)
+        d = Dn[x]
+        ok &= d >= 0
+        if j < length:
+            chain[j + 1] = np.where(d >= 0, d, dead)
+    if not ok.any():
+        return None
+    P = np.concatenate(cols, axis=1)                                # [m + 2, ncol]
+    # starts (x, f): members with ok chains, each state once (skip taken ones)
+    okg = np.nonzero(ok)[0]
+    st_g = np.tile(okg, K)
+    st_f = np.repeat(np.arange(K), len(okg))
+    st_y = P[st_f, col_of[members[st_g]]]
+    o = np.lexsort((st_f,))                                         # f = 0 first
+    st_g, st_f, st_y = st_g[o], st_f[o], st_y[o]
+    live = st_y != dead
+    st_g, st_f, st_y = st_g[live], st_f[live], st_y[live]
+    live = ~taken[st_y]
+    st_g, st_f, st_y = st_g[live], st_f[live], st_y[live]
+    _, first = np.unique(st_y, return_index=True)
+    first = np.sort(first)
+    st_g, st_f, st_y = st_g[first], st_f[first], st_y[first]
+    if len(st_y) == 0:
+        return None
+    # first-level rows (f, n, f') and their bulk edges from every start
+    NN = length + 1
+    key = (t_sid * NN + t_n) * (m + 2) + t_f
+    ukey, rows = _pack_rows(key, t_tok, W)
+    r_sid = ukey // (NN * (m + 2))
+    r_n = (ukey // (m + 2)) % NN
+    r_f = ukey % (m + 2)
+    lo = np.searchsorted(r_sid, st_f)
+    cnt = np.searchsorted(r_sid, st_f, side="right") - lo
+    ps = np.repeat(np.arange(len(st_y)), cnt)
+    ridx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+    bdst = P[r_f[ridx], col_of[chain[r_n[ridx], st_g[ps]]]]
+    keep = bdst != dead
+    bulk_src, bulk_dst, bulk_row = [st_y[ps][keep]], [bdst[keep]], [ridx[keep]]
+    n_rows = len(rows)
+    # second-level rows (x0, n, f')
+    pos = np.full(dead + 1, -1, np.int64)
+    pos[members[ok]] = np.nonzero(ok)[0]                          # members with ok chains
+    if len(x0):
+        ukey2, rows2 = _pack_rows((u_sid * NN + u_n) * (m + 2) + u_f, u_tok, W)
+        q_sid = ukey2 // (NN * (m + 2))
+        q_n = (ukey2 // (m + 2)) % NN
+        q_f = ukey2 % (m + 2)
+        all_rows = [rows, rows2]
+        base2 = n_rows
+        n_rows += len(rows2)
+    else:
+        all_rows = [rows]
+
+    def second(src: np.ndarray, xi: np.ndarray, hi: np.ndarray):
+        """Bulk edges and walks for pairs (source state, x0 index, member index h)."""
+        lo = np.searchsorted(q_sid, xi)
+        cnt = np.searchsorted(q_sid, xi, side="right") - lo
+        pp = np.repeat(np.arange(len(xi)), cnt)
+        ridx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        bdst = P[q_f[ridx], col_of[chain[q_n[ridx], hi[pp]]]]
+        keep = bdst != dead
+        # second exits: walk from h's chain state
+        lo = np.searchsorted(y_sid, xi)
+        cnt = np.searchsorted(y_sid, xi, side="right") - lo
+        pw = np.repeat(np.arange(len(xi)), cnt)
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        cur = table[chain[y_n[idx], hi[pw]], trie.node_byte[y_node[idx]]]
+        go = cur != dead
+        ws, wn, wc = src[pw][go], y_node[idx][go], cur[go]
+        for i in range(0, len(ws), max_pairs):
+            _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
+                  wc[i:i + max_pairs], max_pairs, out)
+        return src[pp][keep], bdst[keep], base2 + ridx[keep]
+
+    # second level from the members themselves (starts at local id 0)
+    handled = np.zeros(0, np.int64)
+    s0 = st_f == 0
+    g0 = st_g[s0]
+    if len(x0) and len(g0):
+        tgt = pos[table[members[g0][None, :], trie.node_byte[x0][:, None]]]   # [X0, g]
+        xi, gj = np.nonzero(tgt >= 0)
+        if len(xi):
+            bs, bd, br = second(members[g0[gj]], xi, tgt[xi, gj])
+            bulk_src.append(bs)
+            bulk_dst.append(bd)
+            bulk_row.append(br)
+            handled = np.sort(x0[xi] * G + g0[gj])
+    # first-level exits: walk from the chain state at the exit's character boundary
+    o = np.argsort(x_sid, kind="stable")
+    x_sid, x_node, x_n = x_sid[o], x_node[o], x_n[o]
+    step = max(1, max_pairs // max(1, len(x_node) // max(1, K)))
+    for s0_ in range(0, len(st_y), step):
+        sf, sg, sy = st_f[s0_:s0_ + step], st_g[s0_:s0_ + step], st_y[s0_:s0_ + step]
+        lo = np.searchsorted(x_sid, sf)
+        cnt = np.searchsorted(x_sid, sf, side="right") - lo
+        pp = np.repeat(np.arange(len(sf)), cnt)
+        idx = np.repeat(lo - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        en = x_node[idx]
+        cur = table[chain[x_n[idx], sg[pp]], trie.node_byte[en]]
+        go = cur != dead
+        if len(handled):
+            code = en * G + sg[pp]
+            go &= ~((sf[pp] == 0) & np.isin(code, handled))
+        if go.any():
+            _walk(trie, table, dead, sy[pp][go], en[go], cur[go], max_pairs, out)
+
+    def second_for(sources: np.ndarray):
+        """The tokens ``b + (characters)`` of other states (see above)."""
+        if len(x0) == 0 or len(sources) == 0:
+            return None
+        tgt = pos[table[sources[:, None], trie.node_byte[x0][None, :]]]     # [n, X0]
+        si, xi = np.nonzero(tgt >= 0)
+        if len(si) == 0:
+            return None
+        bs, bd, br = second(sources[si], xi, tgt[si, xi])
+        return sources[si] * 256 + trie.node_byte[x0[xi]], bs, bd, br
+
+    return (st_y, np.concatenate(all_rows), np.concatenate(bulk_src),
+            np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
+
+
+def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
+                     min_run_bytes: int = 8, min_run_tokens: int = 64,
+                     min_fragment_members: int = 64) -> Lifted:
+    """All token transitions from DFA states reachable by whole tokens.
+
+    Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
+    level by level for many states at once, a pair is dropped as soon as the DFA dies,
+    and shared token prefixes are read once. States inside long runs of "any of these
+    bytes" (string bodies, counted repetitions like ``{0,80}``, ``[a-z]+``) get the
+    tokens spelled only with those bytes in bulk, as packed bit rows, and are walked
+    only below the first byte outside the run (see :func:`_run_shortcut`): the cost
+    follows the number of (state, prefix) pairs that are not in such a run. Runs of at
+    least ``min_fragment_members`` states whose characters are multi-byte UTF-8 (Unicode
+    ``\\w``, JSON string bodies) are lifted together with the states inside their
+    characters (see :func:`_fragment_run`); smaller ones take the byte path (cheaper
+    there: a fragment run walks the whole trie once per position in a character).
+    """
+    trie = vocab.trie
+    Q = dfa.num_states
+    V = vocab.vocab_size
+    W = (V + 31) // 32
+    table = _ByteTable(dfa)
+
+    out = _Out()
+    bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
+    n_rows = 0
+    shortcut = np.zeros(Q, bool)
+    groups = list(_run_groups(dfa, min_run_bytes))
+    # runs with multi-byte characters first: their members and the states inside their
+    # characters in bulk (see _fragment_run)
+    byte_rep = np.unique(dfa.byte_class, return_index=True)[1]     # a byte of each class
+    seconds = []
+    for sigma, members in groups:
+        members = members[~shortcut[members]]
+        if len(members) < min_fragment_members:      # few states: the byte path is cheaper
+            continue
+        frag = _fragment_of(dfa, table, Q, sigma, int(members[0]), byte_rep)
+        if frag is None:
+            continue
+        res = _fragment_run(trie, table, Q, frag, byte_rep, members, shortcut, W,
+                            max_pairs, out)
+        if res is None:
+            continue
+        lifted, frows, fsrc, fdst, frow, second_for = res
+        shortcut[lifted] = True
+        rows.append(frows)
+        bulk_src.append(fsrc)
+        bulk_dst.append(fdst)
+        bulk_row.append(n_rows + frow)
+        seconds.append((second_for, n_rows))
+        n_rows += len(frows)
+    for sigma, members in groups:
+        members = members[~shortcut[members]]
+        if len(members) == 0:
+            continue
+        res = _run_shortcut(trie, table, Q, sigma, members, V, min_run_tokens)
+        if res is None:
+            continue
+        ok, chain, exits, toks, lens = res
+        members = members[ok]
+        shortcut[members] = True
+        # bulk rows: the pure tokens of each length
+        uL, li = np.unique(lens, return_inverse=True)
+        packed = np.zeros(len(uL) * W, np.uint32)
+        np.bitwise_or.at(packed, li.ravel() * W + (toks >> 5),
+                         np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
+        rows.append(packed.reshape(len(uL), W))
+        dst = chain[uL]                                             # [nL, G]
+        li2, gi = np.nonzero(dst != Q)
+        bulk_src.append(members[gi])
+        bulk_dst.append(dst[li2, gi])
+        bulk_row.append(n_rows + li2)
+        n_rows += len(uL)
+        # tokens "b + sigma*" whose first byte b leads into another member: in bulk
+        second = _second_level(trie, table, Q, sigma, members, min_run_tokens, W)
+        handled = None
+        if second is not None:
+            handled, rows2, bs2, bd2, br2, (ws, wn, wc) = second
+            _count(out, len(bs2))
+            rows.append(rows2)
+            bulk_src.append(bs2)
+            bulk_dst.append(bd2)
+            bulk_row.append(n_rows + br2)
+            n_rows += len(rows2)
+            for i in range(0, len(ws), max_pairs):
+                _walk(trie, table, Q, ws[i:i + max_pairs], wn[i:i + max_pairs],
+                      wc[i:i + max_pairs], max_pairs, out)
+        # walk below the exit nodes, chunked over members
+        xb = trie.node_byte[exits]
+        xd = trie.depth[exits]
+        G = len(members)
+        step = max(1, max_pairs // max(len(exits), 1))
+        for g0 in range(0, len(members), step):
+            before = chain[:, g0:g0 + step][xd]                      # [X, g]
+            nxt = table[before, xb[:, None]]
+            xi, gi = np.nonzero(nxt != Q)
+            if handled is not None and len(xi):
+                keep = ~np.isin(exits[xi] * G + g0 + gi, handled)
+                xi, gi = xi[keep], gi[keep]
+            if len(xi):
+                _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
+
+    normal = np.nonzero(~shortcut)[0]
+    # tokens "b + characters" of the other states whose first byte leads into a run
+    # with multi-byte characters: in bulk (a (state, b) pair leads into one state,
+    # which is a member of one run at most)
+    handled = np.zeros(0, np.int64)
+    for second_for, base in seconds:
+        res = second_for(normal)
+        if res is None:
+            continue
+        codes, bs, bd, br = res
+        handled = np.union1d(handled, codes)
+        bulk_src.append(bs)
+        bulk_dst.append(bd)
+        bulk_row.append(base + br)
+    if len(normal):
+        first_bytes = np.nonzero(trie.first_node >= 0)[0]
+        first_nodes = trie.first_node[first_bytes]
+        step = max(1, max_pairs // max(len(first_bytes), 1))
+        for g0 in range(0, len(normal), step):
+            qs = normal[g0:g0 + step]
+            cur = table[qs[:, None], first_bytes[None, :]]
+            fi, bi = np.nonzero(cur != Q)
+            if len(fi) and len(handled):
+                keep = ~np.isin(qs[fi] * 256 + first_bytes[bi], handled)
+                fi, bi = fi[keep], bi[keep]
+            if len(fi):
+                _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
+
+    def cat(parts, dtype=np.int32):
+        """Concatenate (int32: states and tokens fit) and free the parts."""
+        x = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        parts.clear()
+        return x
+
+    src, tok, dst = cat(out[0]), cat(out[1]), cat(out[2])
+    bsrc, bdst, brow = cat(bulk_src), cat(bulk_dst), cat(bulk_row)
+    rows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
+
+    # states reachable from the start by whole tokens, BFS order
+    pairs = _unique_ints(np.concatenate([src.astype(np.int64) * Q + dst,
+                                      bsrc.astype(np.int64) * Q + bdst]))
+    es, ed = pairs // Q, pairs % Q
+    starts = np.searchsorted(es, np.arange(Q + 1))
+    # breadth-first, one level at a time; the order of a sequential BFS (successors
+    # in ascending order): each level lists first occurrences in frontier order
+    seen = np.zeros(Q, bool)
+    seen[0] = True
+    levels = [np.zeros(1, np.int64)]
+    frontier = levels[0]
+    pos = np.zeros(Q, np.int64)
+    while len(frontier):
+        a = starts[frontier]
+        cnt = starts[frontier + 1] - a
+        cand = ed[np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))]
+        cand = cand[~seen[cand]]
+        if len(cand) == 0:
+            break
+        idx = np.arange(len(cand))
+        pos[cand[::-1]] = idx[::-1]                      # first occurrence of each state
+        frontier = cand[pos[cand] == idx]
+        seen[frontier] = True
+        levels.append(frontier)
+    order = np.concatenate(levels)
+    del pairs, es, ed
+    remap = np.full(Q, -1, np.int32)
+    remap[order] = np.arange(len(order), dtype=np.int32)
+    keep = remap[src] >= 0
+    bkeep = remap[bsrc] >= 0
+    if keep.all():                                      # (usual) no copies
+        src, tok, dst = remap[src], tok, remap[dst]
+    else:
+        src, tok, dst = remap[src[keep]], tok[keep], remap[dst[keep]]
+    return Lifted(order, src, tok, dst,
+                  remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
+
+
+def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) -> np.ndarray:
+    """Shortest number of edges from each state to ``target`` (INF_DIST if unreachable);
+    a backward BFS one level at a time."""
+    dist = np.full(num_states, INF_DIST, np.int64)
+    dist[target] = 0
+    order = np.argsort(dst, kind="stable")
+    src_by_dst = src[order]
+    starts = np.searchsorted(dst[order], np.arange(num_states + 1))
+    frontier = np.array([target])
+    level = 0
+    while len(frontier):
+        level += 1
+        a, b = starts[frontier], starts[frontier + 1]
+        cnt = b - a
+        idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        p = src_by_dst[idx]
+        p = _unique_ints(p[dist[p] == INF_DIST])
+        dist[p] = level
+        frontier = p
+    return dist
+
+
+def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton:
+    """Lift a (minimised) byte DFA over ``vocab`` and build the tensorized automaton."""
+    if dfa.num_states == 0:
+        raise EmptyLanguageError(f"the constraint {key or ''} accepts no string at all".replace("  ", " "))
+    lifted = lift_transitions(dfa, vocab)
+    states = lifted.states
+    n_live = len(states)
+    final, dead = n_live, n_live + 1
+    S = n_live + 2
+    acc = np.nonzero(dfa.accepting[states])[0]
+    eos = vocab.eos_id
+    tok = np.concatenate([lifted.tok, np.full(len(acc) + 1, eos, np.int32)])
+    n_ind = len(tok)
+    # group into edges (unique (src, dst) pairs); intermediates are dropped as soon as
+    # they are used (the transition lists are the largest arrays here)
+    pair = np.concatenate([lifted.src, acc, [final], lifted.bulk_src]).astype(np.int64) * S
+    pair += np.concatenate([lifted.dst, np.full(len(acc), final), [final], lifted.bulk_dst])
+    bulk_rows, bulk_row = lifted.rows, lifted.bulk_row
+    del lifted
+    if S * S <= (1 << 22):                                 # dense lookup: <= 32 MB
+        present = np.bincount(pair, minlength=S * S) > 0
+        uniq = np.nonzero(present)[0]
+        lookup = np.zeros(S * S, np.int64)
+        lookup[uniq] = np.arange(len(uniq))
+        edge_of_pair = lookup[pair]
+    else:
+        first, edge_of_pair = _unique_first_inverse(pair)
+        uniq = pair[first]
+    del pair
+    e_src, e_dst = uniq // S, uniq % S
+    dist = _bfs_dist(S, e_src, e_dst, final)
+    dist[dead] = INF_DIST
+    if dist[0] >= INF_DIST:
+        raise EmptyLanguageError(
+            f"the constraint {key!r} has no output that the vocabulary can spell with whole "
+            "tokens followed by EOS" if key else
+            "the constraint has no output that the vocabulary can spell with whole tokens")
+    # trim: drop edges into (or out of) states that cannot reach ⊥
+    live_edge = (dist[e_dst] < INF_DIST) & (dist[e_src] < INF_DIST)
+    # renumber surviving states: keep ids (no gaps needed for correctness), but
+    # dead-end states get no edges; compact them away for memory
+    keep_state = dist < INF_DIST
+    keep_state[dead] = True
+    new_id = np.cumsum(keep_state) - 1
+    S2 = int(keep_state.sum())
+    # order edges: by src, then dist[dst], then dst
+    E_ids = np.nonzero(live_edge)[0]
+    e_src2, e_dst2 = new_id[e_src[E_ids]], new_id[e_dst[E_ids]]
+    dist2 = dist[keep_state]
+    order = np.lexsort((e_dst2, dist2[e_dst2], e_src2))
+    E_ids, e_src2, e_dst2 = E_ids[order], e_src2[order], e_dst2[order]
+    E = len(E_ids)
+    edge_rank = np.full(len(uniq), -1, np.int32)
+    edge_rank[E_ids] = np.arange(E)
+    pe_all = edge_rank[edge_of_pair]
+    del edge_of_pair
+
+    V = vocab.vocab_size
+    W = (V + 31) // 32
+    out_start = np.searchsorted(e_src2, np.arange(S2 + 1)).astype(np.int32)
+    deg = np.diff(out_start)
+    D = max(int(deg.max()) if S2 else 1, 1)
+    dead2 = int(new_id[dead])
+    out_dst = np.full((S2, D), dead2, np.int32)
+    col = np.arange(E) - out_start[e_src2]
+    out_dst[e_src2, col] = e_dst2
+
+    # labels of the live edges: individual (edge, token) pairs and bulk (edge, row) pairs
+    pe = pe_all[:n_ind]
+    ok = pe >= 0
+    pe, ptok = pe[ok], tok[ok]
+    be = pe_all[n_ind:]
+    bok = be >= 0
+    be, brow = be[bok], bulk_row[bok]
+    del pe_all, tok, ok
+    # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
+    order = np.argsort(pe)                              # any order within an edge
+    pe, ptok = pe[order], ptok[order]
+    pstart = np.searchsorted(pe, np.arange(E + 1))
+    order = np.argsort(be)
+    be, brow = be[order], brow[order]
+    bstart = np.searchsorted(be, np.arange(E + 1))
+    del order, pe
+    row_index, reps = _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V)
+    R = len(reps)
+    table_bytes = 4 * (R * W + S2 * D + 3 * E + 3 * S2 + 1)
+    if table_bytes > current_limits().max_table_bytes:
+        raise too_large("max_table_bytes", table_bytes,
+                        f"bytes of tables ({S2:,} states, {E:,} edges, {R:,} distinct mask rows, "
+                        f"{V:,} tokens)", "tensorize")
+    cum = _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W)
+    return TensorizedAutomaton(
+        edge_src=e_src2.astype(np.int32), edge_dst=e_dst2.astype(np.int32),
+        out_start=out_start, out_dst=out_dst, cum_masks=cum, row_index=row_index,
+        dist=np.minimum(dist2, INF_DIST).astype(np.int32),
+        vocab_size=V, initial_state=int(new_id[0]),
+        final_state=int(new_id[final]), dead_state=dead2, eos_id=int(eos), key=key)
+
+
+_HASH_SEED = 0x6A78_C0DE
+
+
+def _token_hashes(vocab_size: int) -> np.ndarray:
+    """Two independent uniform 64-bit values per token, uint64 ``[2, V]`` (fixed seed)."""
+    rng = np.random.default_rng(_HASH_SEED)
+    return rng.integers(0, 1 << 64, size=(2, vocab_size), dtype=np.uint64, endpoint=False)
+
+
+@lru_cache(maxsize=4)
+def _nibble_hash_table(vocab_size: int) -> np.ndarray:
+    """uint64 ``[2, 8W, 16]``: for nibble ``k`` of a packed row (tokens ``4k .. 4k + 3``,
+    little-endian) and its value ``x``, the sum (mod 2^64) of :func:`_token_hashes` over
+    the tokens whose bit is set in ``x``."""
+    hv = _token_hashes(vocab_size)
+    nn = ((vocab_size + 31) // 32) * 8
+    pad = np.zeros((2, nn * 4), np.uint64)
+    pad[:, :vocab_size] = hv
+    per = pad.reshape(2, nn, 4)
+    out = np.zeros((2, nn, 16), np.uint64)
+    for x in range(1, 16):
+        low = (x & -x).bit_length() - 1
+        out[:, :, x] = out[:, :, x & (x - 1)] + per[:, :, low]
+    return out
+
+
+def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
+    """Which logical rows of the cumulative masks are equal, without building them.
+
+    Logical row ``base[s] + k`` (``base[s] = out_start[s] + s``) is the union of the
+    labels of the first ``k`` out-edges of ``s``. Each token gets two independent
+    uniform 64-bit values; a set's hash is the sum of its tokens' values mod 2^64, so
+    (labels of one state being disjoint) the hash of row ``k`` is the running sum of
+    its edges' hashes. Two different sets get the same pair of hashes with probability
+    2^-128 (the difference of two sums of independent uniform values is uniform).
+    Tokens of edge ``e``: ``ptok[pstart[e]:pstart[e + 1]]``; bulk rows: ``brow`` where
+    ``be == e``. Returns ``row_index`` (int32 ``[E + S]``, logical row -> distinct row,
+    the empty row is 0) and, per distinct row, a representative ``(state, k)`` as
+    int64 ``[R, 2]``.
+    """
+    S = len(out_start) - 1
+    E = len(pstart) - 1
+    hv = _token_hashes(V)
+    h = np.empty((2, E), np.uint64)
+    row_h = np.zeros((2, len(bulk_rows)), np.uint64)
+    if len(bulk_rows):
+        # a packed row's hash from its nibbles: table[i, k, x] is the sum of the values
+        # of the tokens 4k .. 4k + 3 whose bits are set in nibble value x
+        used = _unique_ints(brow)
+        table = _nibble_hash_table(V)                       # [2, 8W, 16]
+        nn = table.shape[1]
+        per = max(1, (16 << 20) // (8 * nn))                # rows at a time
+        shifts = np.arange(0, 32, 4, dtype=np.uint32)
+        for c0 in range(0, len(used), per):
+            u = used[c0:c0 + per]
+            # only the nonzero words' nonzero nibbles (bulk rows are mostly sparse: 2%
+            # nonzero words in Unicode (\w{1,12} ){3,8}); a row's sum over them, mod 2^64
+            rows_u = bulk_rows[u]
+            r, w = np.nonzero(rows_u)
+            if len(r) == 0:
+                continue
+            nib = (rows_u[r, w][:, None] >> shifts) & 15                  # [n, 8]
+            j, k = np.nonzero(nib)
+            r, c, x = r[j], w[j] * 8 + k, nib[j, k]
+            cut = np.flatnonzero(np.concatenate([[True], r[1:] != r[:-1]]))
+            for i in range(2):
+                row_h[i, u[r[cut]]] = np.add.reduceat(table[i][c, x], cut)   # wraps
+    run = np.zeros(len(ptok) + 1, np.uint64)
+    for i in range(2):
+        np.cumsum(hv[i][ptok], out=run[1:])                # wraps mod 2^64
+        h[i] = run[pstart[1:]] - run[pstart[:-1]]
+        if len(be):
+            np.add.at(h[i], be, row_h[i][brow])
+    # cumulative hashes per state: C[e] - C[out_start[s]] over the sorted edges
+    C = np.zeros((2, E + 1), np.uint64)
+    np.cumsum(h, axis=1, out=C[:, 1:])
+    deg = np.diff(out_start).astype(np.int64)
+    srow = np.repeat(np.arange(S), deg + 1)                 # state of each logical row
+    lrow = np.arange(E + S) - srow                          # = out_start[s] + k
+    k = lrow - out_start[srow]
+    rh = C[:, lrow] - C[:, out_start[srow]]
+    # group equal hash pairs; the empty set (hash 0, 0) first
+    key0 = rh[0]
+    first, inv = _unique_first_inverse(key0)
+    if not (rh[1] == rh[1][first[inv]]).all():             # equal first hash only
+        pairs = np.stack([rh[0], rh[1]], 1)
+        _, first, inv = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+    empty = inv[out_start[0] + 0]                           # row base[0] (k = 0) is empty
+    perm = np.arange(len(first))
+    perm[[0, empty]] = perm[[empty, 0]]
+    inv = perm[inv]
+    first = first[perm]
+    reps = np.stack([srow[first], k[first]], 1)
+    return inv.astype(np.int32), reps
+
+
+def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W: int,
+                      chunk_bytes: int = 8 << 20) -> np.ndarray:
+    """The distinct rows, uint32 ``[R, W]``: row ``u`` is the union of the labels of the
+    first ``reps[u, 1]`` out-edges of state ``reps[u, 0]``.
+
+    The representatives of one state, sorted by ``k``, cut its first edges into
+    segments; each segment's tokens (a contiguous range of ``ptok``: pairs are sorted by
+    edge and a state's edges are contiguous) are packed once, and a row is the previous
+    row of its state plus its segment (labels of one state are disjoint, so ``+`` is
+    ``|``). Work: the tokens of the needed edges once, plus ``R · W`` words; scratch is
+    at most ``chunk_bytes``."""
+    R = len(reps)
+    out = np.zeros((R, W), np.uint32)
+    sel = np.nonzero(reps[:, 1] > 0)[0]
+    if len(sel) == 0:
+        return out
+    sel = sel[np.lexsort((reps[sel, 1], reps[sel, 0]))]
+    s, k = reps[sel, 0], reps[sel, 1]
+    first = np.ones(len(sel), bool)
+    first[1:] = s[1:] != s[:-1]
+    e_hi = out_start[s].astype(np.int64) + k                 # segment: edges [e_lo, e_hi)
+    e_lo = np.empty_like(e_hi)
+    e_lo[0] = out_start[s[0]]
+    e_lo[1:] = np.where(first[1:], out_start[s[1:]], e_hi[:-1])
+    per_chunk = max(1, chunk_bytes // (12 * W))
+    for c0 in range(0, len(sel), per_chunk):
+        c1 = min(len(sel), c0 + per_chunk)
+        n = c1 - c0
+        a, b = pstart[e_lo[c0:c1]], pstart[e_hi[c0:c1]]
+        cnt = b - a
+        idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+        t = ptok[idx]
+        seg = np.zeros((n, W), np.uint32)
+        if len(t):                  # (a segment's tokens are distinct: one state's labels)
+            np.bitwise_or.at(seg.reshape(-1), np.repeat(np.arange(n), cnt) * W + (t >> 5),
+                             np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+        ba, bb = bstart[e_lo[c0:c1]], bstart[e_hi[c0:c1]]
+        nb = bb - ba
+        if nb.any():
+            pi = np.repeat(np.arange(n), nb)                   # segment of each bulk row
+            pr = brow[np.repeat(ba - (np.cumsum(nb) - nb), nb) + np.arange(int(nb.sum()))]
+            per = max(1, chunk_bytes // (4 * W))
+            for p0 in range(0, len(pi), per):
+                ii, rr = pi[p0:p0 + per], pr[p0:p0 + per]
+                # OR each bulk row into its segment, one rank (j-th row of a segment)
+                # at a time: the segments of one rank are distinct (a 2-D reduceat
+                # along axis 0 is several times slower)
+                cut = np.flatnonzero(np.concatenate([[True], ii[1:] != ii[:-1]]))
+                rank = np.arange(len(ii)) - np.repeat(cut, np.diff(np.append(cut, len(ii))))
+                for j in range(int(rank.max()) + 1):
+                    at = np.flatnonzero(rank == j) if j else cut
+                    seg[ii[at]] |= bulk_rows[rr[at]]
+        # running union within each state (row by row: a strided cumsum is ~3x slower)
+        for i in np.nonzero(~first[c0:c1])[0].tolist():
+            np.add(seg[i], seg[i - 1] if i > 0 else out[sel[c0 - 1]], out=seg[i])
+        out[sel[c0:c1]] = seg
+    return out

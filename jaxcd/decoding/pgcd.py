@@ -1,0 +1,502 @@
+r"""P-GCD: the HMM × automaton product as a lazy circuit — DESIGN.md §5.
+
+An HMM ``(π, A, B)`` (probabilities, :class:`hmm_distill.HMMParams`; hidden size
+``H``, vocabulary ``V``) is multiplied with the token-level DFA ``fa`` (``S`` states,
+``E`` edges) of a constraint. Nothing of size ``H·S`` per token or ``S·V`` is built:
+
+**Edge masses** ``C = B·B_fᵀ ∈ R^{H×E}`` (:func:`edge_masses`): each edge's label set
+is read from the packed masks, identical label sets are computed once, small sets as a
+gather-sum of ``B``'s columns, large ones as a matmul with their indicator, and sets
+covering more than half the vocabulary as ``1 − B·1_{V∖L}`` (so a near-full edge is
+not a difference of two nearly equal sums). EOS edges carry ``B[:, EOS]``; the EOS
+self-loop of ``⊥`` carries mass 1 (**padding is free**: once EOS is emitted the
+outcome is known, ``ψ(x·EOS) = 1{x ∈ L}``).
+
+**Backward tables** (:func:`backward`; one ``lax.scan``)::
+
+    β^P_n(h, s) = 1{s = ⊥}
+    β^P_t(h, s) = Σ_h' A[h, h'] Σ_{e: src e = s} C[h', e] β^P_{t+1}(h', dst e)
+
+``β^P_t(h, s)`` is the HMM probability that the next ``n − t`` tokens, counted up to
+their first EOS, complete a valid output from automaton state ``s`` given ``z_t = h``.
+Each state's vector is stored as a mantissa (max 1 over ``h``) and a **per-step,
+per-state log-scale** (a per-step scale alone underflows for states far from ``⊥``);
+a state with ``β^P = 0`` has mantissa 0 and log-scale ``−inf`` exactly (no epsilon).
+Cost per step: ``E·H`` (edge products and segment sums) + ``S·H²`` (one matmul).
+
+**Per step** (one particle; ``vmap`` over particles — the ``[D, H] @ [H, V]`` products
+of ``K`` particles then run as one ``[K·D, H] @ [H, V]`` matmul that reads ``B`` once).
+With the HMM predictive vector ``u = p(z_{t+1} | x_{1:t})`` (``u = π`` first) and
+automaton state ``s`` after ``t`` tokens, for the ``D`` out-edges ``e_d`` of ``s``::
+
+    num(v) = Σ_h' u[h'] B[h', v] β^P_{t+1}(h', dst e_d)      (v ∈ L_{e_d}; 0 off every edge)
+    den(v) = Σ_h' u[h'] B[h', v]                             (= p_hmm(v | x_{1:t}))
+    ψ(x_{1:t} v) = num(v) / den(v),     p_prod(v | x_{1:t}) = num(v) / Σ_v num(v)
+
+so the work is ``D·H·V`` per particle (``D`` = the automaton's largest out-degree),
+never ``S·H·V``. ``ψ`` is a probability (``0 ≤ ψ ≤ 1``), ``−inf`` in log space exactly
+where ``β^P = 0`` — in particular off the GCD mask — and also where the HMM gives ``v``
+probability 0 (``den = 0``; a distilled HMM has pseudocounts, so this does not occur).
+``Σ_v num(v) = ψ(x_{1:t})``. After emitting ``v``: ``u ← normalise(u ∘ B[:, v]) · A``.
+
+Everything runs in the dtype of the HMM's arrays (float64 with ``jax_enable_x64``;
+float32 by default); ``table_dtype=jnp.bfloat16`` stores ``β^P`` (and the per-step
+copy of ``B``) in bfloat16 with float32 accumulation.
+
+Example::
+
+    tables = pgcd.backward(fa, hmm, budget=32)
+    st = pgcd.init_state(fa, hmm)
+    logpsi = pgcd.token_logpsi(fa, hmm, tables, st)       # [V]
+    st = pgcd.advance(fa, hmm, st, token)
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..automata.tensorized import TensorizedAutomaton
+from ..errors import JaxcdError
+from . import gcd
+
+__all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "edge_masses", "backward",
+           "init_state", "advance", "token_logpsi", "product_logprobs", "prefix_logpsi",
+           "check_hmm", "tables_nbytes"]
+
+
+class HMMMismatchError(JaxcdError, ValueError):
+    """The HMM does not fit the automaton or LM it is combined with (vocabulary size,
+    EOS, budget of the tables)."""
+
+
+class PGCDTables(NamedTuple):
+    """``β^P`` for budget ``n``: ``mant [n+1, S, H]`` (max 1 per state, or all 0) and
+    ``log_scale [n+1, S]`` (``−inf`` where ``β^P_t(·, s) = 0``), so
+    ``β^P_t(h, s) = mant[t, s, h] · exp(log_scale[t, s])``. ``B`` is the HMM emission
+    matrix in the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
+
+    mant: jax.Array
+    log_scale: jax.Array
+    B: jax.Array
+    n: jax.Array | None = None      # the budget (int32, may be traced); None: N = rows - 1
+
+    @property
+    def steps(self) -> int:
+        """Static length ``N`` (a budget bucket; rows ``0..N``)."""
+        return int(self.mant.shape[0]) - 1
+
+    @property
+    def budget(self) -> int:
+        return self.steps if self.n is None else int(self.n)
+
+    def limit(self):
+        return self.steps if self.n is None else self.n
+
+    def beta(self) -> jax.Array:
+        """Dense ``β^P`` as ``[n+1, S, H]`` (tests; may underflow in float32)."""
+        m = self.mant.astype(self.log_scale.dtype)
+        return jnp.where(m > 0, m * jnp.exp(self.log_scale)[..., None], 0.0)
+
+
+class PGCDState(NamedTuple):
+    """What a P-GCD particle carries: the automaton state and step count, and the HMM
+    predictive vector ``u = p(z_{t+1} | x_{1:t})`` (sums to 1; ``π`` at the start)."""
+
+    cs: gcd.ConstraintState
+    u: jax.Array            # [H]
+
+
+# ---------------------------------------------------------------------------------------
+# checks (host side)
+# ---------------------------------------------------------------------------------------
+def check_hmm(fa: TensorizedAutomaton, hmm, *, lm=None) -> None:
+    """Raise :class:`HMMMismatchError` if the HMM, automaton and LM disagree."""
+    H = int(np.shape(hmm.A)[0])
+    if np.shape(hmm.pi) != (H,) or np.shape(hmm.A) != (H, H) or np.ndim(hmm.B) != 2 \
+            or np.shape(hmm.B)[0] != H:
+        raise HMMMismatchError(
+            f"HMM arrays have inconsistent shapes: pi {np.shape(hmm.pi)}, A {np.shape(hmm.A)}, "
+            f"B {np.shape(hmm.B)} (expected [H], [H, H], [H, V])")
+    V = int(np.shape(hmm.B)[1])
+    if V != fa.vocab_size:
+        raise HMMMismatchError(
+            f"the HMM has a vocabulary of {V} tokens but the constraint's automaton has "
+            f"{fa.vocab_size}: distil an HMM for this model's tokenizer with `hmm-distill`")
+    if lm is not None:
+        if int(lm.eos_token_id) != int(fa.eos_id):
+            raise HMMMismatchError(f"the LM's EOS id {lm.eos_token_id} differs from the "
+                                   f"automaton's {fa.eos_id}")
+
+
+def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
+                  table_dtype=jnp.float32) -> int:
+    """Bytes of :class:`PGCDTables` for these sizes (for memory reports; ``budget``: the
+    tables' length, i.e. the budget bucket when one is used)."""
+    item = jnp.dtype(table_dtype).itemsize
+    S = int(np.prod(np.shape(fa.dist)))
+    return ((budget + 1) * S * hidden_size * item
+            + (budget + 1) * S * 4 + hidden_size * fa.vocab_size * item)
+
+
+# ---------------------------------------------------------------------------------------
+# C = B · B_fᵀ from the packed label sets
+# ---------------------------------------------------------------------------------------
+_SPARSE_MAX = 64          # label sets up to this size: gather-sum of B's columns
+_DENSE_CHUNK = 128        # label sets per indicator matmul
+_PLAN_BYTES = 32 << 20    # host scratch per planning chunk (unpacked label bits)
+
+
+def _edge_label_rows(fa: TensorizedAutomaton) -> tuple[np.ndarray, np.ndarray]:
+    """Per edge ``e`` (out-edge ``k`` of its source ``s``), the distinct mask rows
+    ``(hi[e], lo[e])`` whose XOR is ``L_e``: ``hi = row_index[base[s] + k + 1]``,
+    ``lo = row_index[base[s] + k]`` (``base[s] = out_start[s] + s``)."""
+    src = np.asarray(fa.edge_src).astype(np.int64)
+    out_start = np.asarray(fa.out_start).astype(np.int64)
+    ri = np.asarray(fa.row_index).astype(np.int64)
+    rows = out_start[src] + src + (np.arange(len(src)) - out_start[src]) + 1
+    return ri[rows], ri[rows - 1]
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+@jax.jit
+def _small_sums(Cu, B, v, seg, idx):
+    s = jax.ops.segment_sum(jnp.take(B, v, axis=1).T, seg, num_segments=idx.shape[0])
+    return Cu.at[idx].set(s, mode="drop")
+
+
+@jax.jit
+def _large_sums(Cu, B, ind, comp, idx):
+    m = ind.astype(B.dtype) @ B.T                                          # [chunk, H]
+    m = jnp.where(comp[:, None], 1.0 - m, m)
+    return Cu.at[idx].set(m, mode="drop")
+
+
+@jax.jit
+def _gather_edges(Cu, label, loop):
+    C = Cu[label].T                                                        # [H, E]
+    return jnp.where(loop[None, :], jnp.ones((), C.dtype), C)
+
+
+def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
+    """``C [H, E]``: ``C[h, e] = Σ_{v ∈ L_e} B[h, v]``, except the ``⊥`` self-loop, which
+    gets 1 (padding is free). Host-side planning (NumPy on the packed labels), device
+    matmuls; ``B_f`` is never built densely.
+
+    Labels come from the deduplicated mask rows: ``L_e = cum_masks[hi] XOR
+    cum_masks[lo]`` for a pair of distinct rows (:func:`_edge_label_rows`). Edges with
+    the same pair (every copy of a counter) share one label; each distinct pair's label
+    is unpacked once, in chunks of at most ``_PLAN_BYTES`` bytes, and equal labels of
+    different pairs are summed once. Host memory: ``O(P · W)`` for the ``P`` distinct
+    pairs, never ``E · W``; the sums are the dense ones (no differences of cumulative
+    masses, which would lose the relative precision of small masses)."""
+    B = jnp.asarray(B)
+    H, V = B.shape
+    cum = np.asarray(fa.cum_masks)
+    R, W = cum.shape
+    hi, lo = _edge_label_rows(fa)
+    pair_u, pair_inv = np.unique(hi * R + lo, return_inverse=True)
+    pair_inv = pair_inv.reshape(-1)
+    p_hi, p_lo = pair_u // R, pair_u % R
+    # equal labels of different pairs: one sum each (hash of the packed row, exact bytes)
+    first: dict[bytes, int] = {}
+    label_of_pair = np.empty(len(pair_u), np.int64)
+    sets, sizes = [], []                          # per distinct label: (chunk, row), size
+    small_r, small_v = [], []
+    large_bits: dict[int, np.ndarray] = {}
+    per = max(1, _PLAN_BYTES // max(V, 1))
+    for c0 in range(0, len(pair_u), per):
+        words = cum[p_hi[c0:c0 + per]] ^ cum[p_lo[c0:c0 + per]]            # [n, W]
+        new_rows = []
+        for i in range(len(words)):
+            j = first.setdefault(words[i].tobytes(), len(first))
+            label_of_pair[c0 + i] = j
+            if j == len(sizes):
+                sizes.append(-1)
+                new_rows.append((i, j))
+        if not new_rows:
+            continue
+        ii = np.array([i for i, _ in new_rows], np.int64)
+        jj = np.array([j for _, j in new_rows], np.int64)
+        bits = np.unpackbits(np.ascontiguousarray(words[ii]).view(np.uint8), axis=1,
+                             bitorder="little")[:, :V]                        # [n, V] u8
+        size = bits.sum(1, dtype=np.int64)
+        for k, j in enumerate(jj.tolist()):
+            sizes[j] = int(size[k])
+        sm = size <= _SPARSE_MAX
+        if sm.any():
+            r, v = np.nonzero(bits[sm])
+            small_r.append(jj[sm][r])
+            small_v.append(v)
+        for k in np.nonzero(~sm)[0].tolist():
+            large_bits[int(jj[k])] = words[ii[k]].copy()                    # W words
+        del bits, words
+    first.clear()
+    U = len(sizes)
+    # Device work in fixed-size pieces, so that constraints of one bucket reuse the
+    # compiled programs: the distinct labels are at most the edges E (a bucket size), the
+    # (label, token) pairs of small labels are padded to max(4E, a power of two), large
+    # labels go in whole chunks; padding entries add 0 or write out of range (dropped).
+    E_all = int(np.shape(fa.edge_src)[-1])
+    U2 = max(E_all, U)
+    Cu = jnp.zeros((U2, H), B.dtype)
+    small = np.nonzero(np.array(sizes, np.int64) <= _SPARSE_MAX)[0]
+    if small_r and len(small):
+        r = np.concatenate(small_r)
+        v = np.concatenate(small_v)
+        pos = np.full(U, -1, np.int64)
+        pos[small] = np.arange(len(small))
+        n2, m2 = max(_pow2(len(r)), 4 * E_all), max(E_all, len(small)) + 1
+        v_pad = np.zeros(n2, np.int32)
+        v_pad[:len(v)] = v
+        seg_pad = np.full(n2, m2 - 1, np.int32)              # padding -> a spare segment
+        seg_pad[:len(r)] = pos[r]
+        idx_pad = np.full(m2, U2, np.int32)                  # spare rows -> dropped
+        idx_pad[:len(small)] = small
+        Cu = _small_sums(Cu, B, jnp.asarray(v_pad), jnp.asarray(seg_pad), jnp.asarray(idx_pad))
+    # large sets: indicator matmuls; over half the vocabulary: 1 − B·1_{V∖L}
+    large = sorted(large_bits)
+    for i in range(0, len(large), _DENSE_CHUNK):
+        idx = np.array(large[i:i + _DENSE_CHUNK], np.int64)
+        packed = np.stack([large_bits[j] for j in idx.tolist()])
+        bits = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, :V]
+        comp = np.array([sizes[j] for j in idx.tolist()]) * 2 > V
+        ind = np.zeros((_DENSE_CHUNK, V), np.uint8)
+        ind[:len(idx)] = np.where(comp[:, None], 1 - bits, bits)
+        comp_pad = np.zeros(_DENSE_CHUNK, bool)
+        comp_pad[:len(idx)] = comp
+        idx_pad = np.full(_DENSE_CHUNK, U2, np.int32)
+        idx_pad[:len(idx)] = idx
+        Cu = _large_sums(Cu, B, jnp.asarray(ind), jnp.asarray(comp_pad), jnp.asarray(idx_pad))
+    src, dst = np.asarray(fa.edge_src), np.asarray(fa.edge_dst)
+    loop = (src == dst) & (np.asarray(fa.dist)[src] == 0)      # ⊥'s self-loop(s)
+    C = _gather_edges(Cu, jnp.asarray(label_of_pair[pair_inv].astype(np.int32)),
+                      jnp.asarray(loop))
+    return C
+
+
+# ---------------------------------------------------------------------------------------
+# backward tables
+# ---------------------------------------------------------------------------------------
+def _normalise_rows(Z, L):
+    """``Z [S, H] · exp(L [S])`` -> (mantissa with max 1, log-scale); exact zeros stay
+    zero with log-scale ``−inf``."""
+    m = jnp.max(Z, axis=1)
+    pos = m > 0
+    mant = jnp.where(pos[:, None], Z / jnp.where(pos, m, 1.0)[:, None], 0.0)
+    ls = jnp.where(pos, L + jnp.log(jnp.where(pos, m, 1.0)), -jnp.inf)
+    return mant, ls
+
+
+@partial(jax.jit, static_argnames=("budget", "table_dtype"))
+def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
+    S = fa.num_states
+    H = A.shape[0]
+    dt = C.dtype
+    src, dst = fa.edge_src, fa.edge_dst
+    final = fa.dist == 0
+    mant_n = jnp.where(final[:, None], jnp.ones((S, H), dt), 0.0)
+    ls_n = jnp.where(final, 0.0, -jnp.inf).astype(dt)
+
+    def step(carry, _):
+        mant, ls = carry
+        l_e = ls[dst]                                                  # [E]
+        l_max = jax.ops.segment_max(l_e, src, num_segments=S)          # -inf if no live edge
+        l_max = jnp.where(jnp.isfinite(l_max), l_max, -jnp.inf)
+        live = jnp.isfinite(l_e)
+        f = jnp.where(live, jnp.exp(jnp.where(live, l_e - l_max[src], 0.0)), 0.0)
+        x = C.T * mant[dst] * f[:, None]                               # [E, H]
+        y = jax.ops.segment_sum(x, src, num_segments=S)                # [S, H]
+        z = y @ A.T                                                    # [S, H]
+        mant2, ls2 = _normalise_rows(z, jnp.where(jnp.isfinite(l_max), l_max, 0.0))
+        # ⊥: β^P = 1 exactly (the recursion gives Σ_h' A[h, h'] = 1 up to rounding)
+        mant2 = jnp.where(final[:, None], 1.0, mant2)
+        ls2 = jnp.where(final, 0.0, ls2)
+        return (mant2, ls2), (mant2.astype(table_dtype), ls2)
+
+    # rows by remaining steps r = n - t (r = 0: ⊥ only), then indexed by t for budget n
+    _, (mants, lss) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget)
+    mant = jnp.concatenate([mant_n[None].astype(table_dtype), mants], axis=0)
+    ls = jnp.concatenate([ls_n[None], lss], axis=0)
+    idx = jnp.clip(n - jnp.arange(budget + 1), 0, budget)
+    return PGCDTables(mant[idx], ls[idx], B.astype(table_dtype), n)
+
+
+def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
+             steps: int | None = None) -> PGCDTables:
+    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``steps`` steps,
+    default ``n``; with a larger ``steps`` — a budget bucket — the compiled program
+    serves every budget up to it). ``fa`` may be a stack of automata (one per prompt
+    row; the tables are those of :func:`jaxcd.decoding.buckets.flatten` of it).
+
+    Checks first (host side): the HMM's vocabulary equals the automaton's, and the budget
+    can be met (:class:`~jaxcd.errors.BudgetTooSmallError` naming the smallest budget).
+    ``table_dtype``: storage dtype of the tables (default: the HMM's dtype;
+    ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`)."""
+    from .buckets import flatten
+    check_hmm(fa, hmm)
+    gcd.check_budget(fa, budget)
+    steps = int(budget) if steps is None else int(steps)
+    gcd.check_steps(budget, steps)
+    fa = flatten(jax.device_get(fa))
+    A = jnp.asarray(hmm.A)
+    B = jnp.asarray(hmm.B)
+    dt = jnp.result_type(A.dtype, B.dtype, jnp.asarray(hmm.pi).dtype)
+    A, B = A.astype(dt), B.astype(dt)
+    C = edge_masses(fa, B)
+    return _backward(fa, A, C, B, jnp.asarray(budget, jnp.int32), budget=steps,
+                     table_dtype=jnp.dtype(table_dtype or dt))
+
+
+# ---------------------------------------------------------------------------------------
+# forward: state, scores
+# ---------------------------------------------------------------------------------------
+def init_state(fa: TensorizedAutomaton, hmm) -> PGCDState:
+    """Start state: automaton at ``s_0``, ``t = 0``, ``u = π`` (one automaton; for a
+    stack, see :func:`jaxcd.decoding.gcd.init_states`)."""
+    pi = jnp.asarray(hmm.pi)
+    return PGCDState(gcd.init_state(fa), pi / jnp.sum(pi))
+
+
+def advance(fa: TensorizedAutomaton, hmm, st: PGCDState, token: jax.Array) -> PGCDState:
+    """After emitting ``token``: ``δ`` on the automaton, ``u ← normalise(u ∘ B[:, v])·A``.
+    (If the HMM gives the token probability 0, ``u`` becomes 0 and every later ``ψ`` is
+    ``−inf``.)"""
+    return PGCDState(gcd.advance(fa, st.cs, token), hmm_update(hmm.A, hmm.B, st.u, token))
+
+
+def hmm_update(A: jax.Array, B: jax.Array, u: jax.Array, token: jax.Array) -> jax.Array:
+    """``normalise(u ∘ B[:, token]) · A`` (0 if the token has probability 0)."""
+    alpha = u * jnp.asarray(B)[:, token].astype(u.dtype)
+    z = jnp.sum(alpha)
+    alpha = jnp.where(z > 0, alpha / jnp.where(z > 0, z, 1.0), 0.0)
+    return alpha @ jnp.asarray(A).astype(u.dtype)
+
+
+def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
+                   ) -> tuple[jax.Array, jax.Array]:
+    """For every token: the index ``d < D`` of the out-edge of ``state`` whose label set
+    holds it, and whether one of the first ``D`` out-edges does. Read from the cumulative
+    masks: with ``D' = min(deg, D)`` rows, a token on edge ``j < D'`` is in ``D' − j`` of
+    them, so ``d(v) = D' − (number of rows holding v)``."""
+    V = fa.vocab_size
+    start = fa.out_start[state]
+    deg = jnp.minimum(fa.out_start[state + 1] - start, D)
+    rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.row_index.shape[0] - 1)
+    words = fa.cum_masks[fa.row_index[rows]]                             # [D, W]
+    # unpack by shifts and a reshape (a per-token gather of words is slow on CPU)
+    bit = (words[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
+    bit = bit.reshape(D, -1)[:, :V]                                      # [D, V]
+    bit = bit.astype(jnp.int32) * (jnp.arange(D) < deg)[:, None]
+    inside = jnp.sum(bit, axis=0)                                       # rows holding v
+    has = inside > 0
+    d = jnp.clip(deg - inside, 0, D - 1)
+    return d, has
+
+
+def check_tables(fa: TensorizedAutomaton, tables: PGCDTables) -> None:
+    """Raise :class:`HMMMismatchError` if ``tables`` were not built for ``fa`` (shapes are
+    static, so this also works while tracing)."""
+    S = int(np.prod(np.shape(fa.dist)))              # a stack's flattened size
+    if tables.mant.shape[1] != S or tables.B.shape[1] != fa.vocab_size:
+        raise HMMMismatchError(
+            f"P-GCD tables for {tables.mant.shape[1]} states and {tables.B.shape[1]} tokens "
+            f"do not fit this automaton ({S} states, {fa.vocab_size} tokens): "
+            "build them with pgcd.backward(fa, hmm, budget)")
+
+
+def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
+    """``log num(v)`` and ``log den(v)`` (float ``[V]``) for one particle, over its first
+    ``D`` out-edges (default: all; exact whenever the edges past ``D`` have ``β^P = 0``,
+    see :func:`live_degree`)."""
+    check_tables(fa, tables)
+    D = fa.out_dst.shape[1] if D is None else D
+    n = tables.limit()
+    s, t = st.cs.state, st.cs.t
+    tn = jnp.minimum(t + 1, n)
+    dsts = fa.out_dst[s, :D]                                             # [D]
+    mant = tables.mant[tn, dsts]                                         # [D, H]
+    ls = tables.log_scale[tn, dsts]                                      # [D]
+    acc = st.u.dtype
+    sd = tables.B.dtype
+    rows = jnp.concatenate([st.u[None].astype(sd), (st.u[None] * mant.astype(acc)).astype(sd)])
+    P = jnp.dot(rows, tables.B, preferred_element_type=acc)             # [1 + D, V]
+    den = P[0]
+    d, has = _edge_of_token(fa, s, D)
+    Pn = jnp.take_along_axis(P[1:], d[None], axis=0)[0]                 # [V]
+    l_d = ls[d]
+    ok = has & (Pn > 0) & jnp.isfinite(l_d) & (t < n)
+    log_num = jnp.where(ok, jnp.log(jnp.where(ok, Pn, 1.0)) + jnp.where(ok, l_d, 0.0), -jnp.inf)
+    log_den = jnp.where(den > 0, jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
+    return log_num, log_den
+
+
+def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``1 +`` the index of the last out-edge of ``st``'s state whose destination has
+    ``β^P_{t+1} > 0`` (0 if none): the out-edges past it contribute nothing. Edges are
+    sorted by their destination's distance to ``⊥``, so these are usually the first
+    few."""
+    n = tables.limit()
+    tn = jnp.minimum(st.cs.t + 1, n)
+    D = fa.out_dst.shape[1]
+    deg = fa.out_start[st.cs.state + 1] - fa.out_start[st.cs.state]
+    live = jnp.isfinite(tables.log_scale[tn, fa.out_dst[st.cs.state]]) & (jnp.arange(D) < deg)
+    return jnp.max(jnp.where(live, jnp.arange(1, D + 1), 0))
+
+
+def token_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log ψ(x_{1:t} v)`` for every token ``v``: float ``[V]``; ``−inf`` off the GCD
+    mask, where ``β^P = 0``, and where the HMM gives ``v`` probability 0."""
+    log_num, log_den = _log_num_den(fa, tables, st)
+    ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
+    return jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
+
+
+def product_logprobs(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log p_prod(v | x_{1:t})``: float ``[V]``, normalised (all ``−inf`` if
+    ``ψ(x_{1:t}) = 0``)."""
+    log_num, _ = _log_num_den(fa, tables, st)
+    z = jax.nn.logsumexp(log_num)
+    return jnp.where(jnp.isfinite(z), log_num - jnp.where(jnp.isfinite(z), z, 0.0), -jnp.inf)
+
+
+def prefix_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
+    """``log ψ(x_{1:t}) = log Σ_v num(v)``: the HMM probability that the prefix is
+    completed validly within the budget (``log ψ(∅)`` at the start)."""
+    log_num, _ = _log_num_den(fa, tables, st)
+    return jax.nn.logsumexp(log_num)
+
+
+def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | None = None):
+    """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass, over the
+    first ``D`` out-edges (default: all)."""
+    log_num, log_den = _log_num_den(fa, tables, st, D)
+    ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
+    logpsi = jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
+    z = jax.nn.logsumexp(log_num)
+    zf = jnp.isfinite(z)
+    lprod = jnp.where(zf, log_num - jnp.where(zf, z, 0.0), -jnp.inf)
+    return logpsi, z, lprod
+
+
+def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
+    """:func:`scores` for a batch of particles (``sts`` with a leading axis ``K``) in one
+    ``[K·(1+D'), H] @ [H, V]`` matmul, where ``D'`` is the smallest power of two (or the
+    automaton's largest out-degree) that covers every particle's :func:`live_degree` —
+    chosen at run time with ``lax.switch``, so a step pays for the out-edges that can
+    still lead to a valid output, not for the automaton's worst state. Exact: edges past
+    a particle's live degree have ``β^P = 0``."""
+    D = fa.out_dst.shape[1]
+    caps = sorted({min(1 << i, D) for i in range(max(D, 1).bit_length() + 1)})
+    need = jnp.max(jax.vmap(live_degree, in_axes=(None, None, 0))(fa, tables, sts))
+    branch = jnp.sum(jnp.asarray(caps) < need)
+    fns = [partial(lambda c, sts: jax.vmap(scores, in_axes=(None, None, 0, None))(
+        fa, tables, sts, c), c) for c in caps]
+    return jax.lax.switch(branch, fns, sts)

@@ -1,0 +1,322 @@
+r"""Sequential Monte Carlo over particles — DESIGN.md §6.
+
+Target: the global posterior ``p(x | prompt, x ∈ L_n) ∝ p_lm(x | prompt)·1{x ∈ L_n}``
+(``p_lm`` at ``temperature``: the LM's next-token distributions ``softmax(logp / T)``;
+``T = 1`` is the LM itself). ``K`` particles per prompt, ``B`` prompts, one jitted
+``lax.while_loop`` over at most the ``n`` budget steps (it stops once every particle
+has emitted EOS). Every particle carries its tokens, LM state
+(KV cache), automaton state, HMM predictive vector, log-weight, log-potential and a
+done flag, all in one pytree with the particle axis (``B·K``) first.
+
+Per step, for a live particle with prefix ``x_{<t}`` and potential ``φ``::
+
+    x_t ~ q(· | x_{<t})
+    log w += log p_lm(x_t | x_{<t}) + log φ(x_{1:t}) − log φ(x_{<t}) − log q(x_t | x_{<t})
+
+=============  =========================================  ===================================
+proposal       ``q(v) ∝``                                 potential ``φ``
+=============  =========================================  ===================================
+``lcd``        ``p_lm(v)·m^LCD(v)``                        ``1{x can still reach ⊥}`` (dead ends and
+                                                          budget overruns get weight 0)
+``gcd``        ``p_lm(v)·m^GCD(v)``                        GCD mask ``β_t(s_t)`` (always 1)
+``lookahead``  ``p_lm(v)·ψ(x_{<t} v)``                     ``ψ`` (P-GCD, :mod:`jaxcd.decoding.pgcd`)
+``product``    ``p_lm(v)·p_prod(v | x_{<t})``              ``ψ``
+=============  =========================================  ===================================
+
+so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and ``lookahead`` adds
+``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``; particles start at
+``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise). A particle
+that has emitted EOS is finished: it emits EOS padding and its weight no longer
+changes; its potential is ``1{x ∈ L}`` exactly (``ψ(x·EOS) = 1{x ∈ L}``). At the end,
+a particle that is not in ``⊥`` gets weight 0 (only LCD can leave one there).
+
+Resampling (per prompt, when ``ESS = (Σw)²/Σw² < ess_threshold·K``; never with
+``ess_threshold = 0``, i.e. plain importance sampling) runs under ``lax.cond``, so the
+KV cache is gathered only on steps where some prompt resamples. After resampling, a
+prompt's weights all become the log-mean-exp of its weights, so ``log_Z`` — the
+log-mean-exp of the final weights — is the usual product-of-averages estimator, unbiased
+for ``Z = p_lm(x ∈ L_n | prompt)``. A prompt whose weights are all 0 is never
+resampled and gets ``log_Z = −inf``; nor is a prompt whose particles have all emitted
+EOS (its ensemble is final), even while other prompts of the batch are still decoding —
+the same rule as :func:`jaxcd.decoding.smc_blackbox.run_blackbox`.
+
+When several devices are visible, the particle axis is sharded across them
+(``B·K`` must be divisible by the device count; otherwise it runs on one device).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..automata.tensorized import TensorizedAutomaton
+from . import decode, gcd, pgcd, resampling
+from .smc_types import SMCResult
+
+PROPOSALS = ("lcd", "gcd", "lookahead", "product")
+
+__all__ = ["run", "run_blackbox", "SMCResult", "PROPOSALS", "Particles"]
+
+
+class Particles(NamedTuple):
+    """The particle system (every leaf has the particle axis ``B·K`` first)."""
+
+    tokens: jax.Array          # int32 [N, n]
+    lm_state: Any
+    logp: jax.Array            # [N, V_lm] next-token log-probs of the LM
+    cs: gcd.ConstraintState    # [N], [N]
+    u: jax.Array               # [N, H] HMM predictive vector (H = 1 without an HMM)
+    log_w: jax.Array           # [N]
+    log_phi: jax.Array         # [N] log-potential of the current prefix
+    done: jax.Array            # bool [N]
+
+
+def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold):
+    if proposal not in PROPOSALS:
+        raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+    resampling.get(resample)
+    if not isinstance(num_particles, (int, np.integer)) or num_particles < 1:
+        raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+    if not 0.0 <= float(ess_threshold) <= 1.0:
+        raise ValueError(f"ess_threshold must be in [0, 1], got {ess_threshold!r}")
+    if int(lm.eos_token_id) != int(fa.eos_id):
+        raise ValueError(f"the LM's EOS id ({lm.eos_token_id}) differs from the automaton's "
+                         f"({fa.eos_id}): compile the constraint with this model's vocabulary")
+    if lm.vocab_size < fa.vocab_size:
+        raise ValueError(f"the LM has {lm.vocab_size} tokens, fewer than the automaton's "
+                         f"{fa.vocab_size}: compile the constraint with this model's vocabulary")
+    if proposal in ("lookahead", "product"):
+        if hmm is None:
+            raise ValueError(f"proposal {proposal!r} needs an HMM (hmm=...; distil one with "
+                             "`hmm-distill`)")
+        pgcd.check_hmm(fa, hmm, lm=lm)
+    if proposal != "lcd":
+        gcd.check_budget(fa, budget)
+    elif not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise ValueError(f"budget must be a positive integer, got {budget!r}")
+
+
+def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: TensorizedAutomaton,
+        *, budget: int, num_particles: int, proposal: str = "gcd", hmm=None,
+        resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
+        table_dtype=None, tables: gcd.BudgetTables | None = None,
+        ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
+        prefilled: decode.Prefilled | None = None) -> SMCResult:
+    """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
+    left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
+    :class:`~jaxcd.decoding.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
+    ``log_Z [B]``, ``valid [B, K]``, ``ess [B, n]``, ``resampled [B, n]``).
+
+    ``tables`` (:func:`jaxcd.decoding.gcd.backward`, or
+    :func:`~jaxcd.decoding.gcd.lcd_tables` for LCD) and ``ptables``
+    (:func:`jaxcd.decoding.pgcd.backward`) may be passed to reuse tables across calls with
+    the same constraint, HMM and budget; they are built otherwise.
+
+    ``fa`` may be one automaton for every prompt or a stack with one per prompt row
+    (:func:`jaxcd.decoding.buckets.stack_automata`). ``steps`` (static; default ``budget``) is the
+    length of the loop and of the outputs (``tokens [B, K, steps]``, ``ess``,
+    ``resampled``): pass a budget bucket (:func:`jaxcd.decoding.buckets.budget_bucket`) so that
+    one compiled program serves every budget up to it; the budget itself is traced, and
+    tokens past it are EOS. ``result.steps`` counts the steps actually run.
+    ``prefilled`` (:func:`jaxcd.decoding.decode.prefill` of the same prompts): start from that
+    prefill instead of running the prompts again (one prefill, several runs).
+
+    Example::
+
+        res = smc.run(jax.random.key(0), lm, params, ids, lens, fa, budget=32,
+                      num_particles=16, proposal="lookahead", hmm=hmm)
+        w = jax.nn.softmax(res.log_weights, axis=-1)    # the weighted ensemble
+    """
+    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold)
+    budget, K = int(budget), int(num_particles)
+    steps = budget if steps is None else int(steps)
+    gcd.check_steps(budget, steps)
+    prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    if fa.batch_shape and fa.batch_shape != (prompt_ids.shape[0],):
+        raise ValueError(f"{fa.batch_shape[0]} stacked automata for {prompt_ids.shape[0]} "
+                         "prompt rows: give one automaton per row")
+    S_flat = int(np.prod(np.shape(fa.dist)))
+    fa_d = fa.to_device() if isinstance(fa.cum_masks, np.ndarray) else fa
+    if tables is None:
+        gtables = (gcd.lcd_tables(fa_d, budget, steps) if proposal == "lcd"
+                   else gcd.backward(fa_d, budget, steps))
+    else:
+        gtables = tables
+        if tables.beta.shape != (steps + 1, S_flat) or tables.budget != budget:
+            raise ValueError(f"tables= has shape {tables.beta.shape} and budget "
+                             f"{tables.budget}, expected {(steps + 1, S_flat)} (steps + 1, "
+                             f"num_states) and budget {budget}")
+    if proposal in ("lookahead", "product"):
+        if ptables is None:
+            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype, steps=steps)
+        else:
+            pgcd.check_tables(fa, ptables)
+            if ptables.budget != budget or ptables.steps != steps:
+                raise ValueError(f"ptables= were built for budget {ptables.budget} "
+                                 f"({ptables.steps} steps), not {budget} ({steps} steps)")
+        hpi, hA, hB = (jnp.asarray(a) for a in (hmm.pi, hmm.A, hmm.B))
+    else:
+        ptables, hpi, hA, hB = None, None, None, None
+    pre = None
+    if prefilled is not None:
+        decode.check_prefilled(prefilled, prompt_ids, steps)
+        pre = (prefilled.state, prefilled.logp)
+    return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
+                jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
+                jnp.asarray(budget, jnp.int32), pre, budget=steps, K=K, proposal=proposal,
+                resample=resample)
+
+
+def _particle_sharding(N: int):
+    devs = jax.devices()
+    if len(devs) < 2 or N % len(devs):
+        return None
+    return NamedSharding(Mesh(np.array(devs), ("particles",)), PartitionSpec("particles"))
+
+
+def _shard(tree, sharding, N):
+    if sharding is None:
+        return tree
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding)
+                        if getattr(x, "ndim", 0) >= 1 and x.shape[0] == N else x, tree)
+
+
+@partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
+def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
+         ess_threshold, limit, pre, *, budget, K, proposal, resample):
+    from .buckets import flatten
+    fa = flatten(fa)
+    B = prompt_ids.shape[0]
+    N = B * K
+    n = budget                # static length (a bucket); `limit` is the budget enforced
+    eos = lm.eos_token_id
+    sharding = _particle_sharding(N)
+    use_hmm = ptables is not None
+    resampler = resampling.get(resample)
+
+    # prefill once per prompt, broadcast to the K particles of each prompt
+    if pre is None:
+        lm_state, logp = lm.prefill(params, prompt_ids, prompt_lengths, prompt_ids.shape[1] + n)
+    else:
+        lm_state, logp = decode.broadcast_prefill(pre, B)
+    rep = lambda x: jnp.repeat(x, K, axis=0)                            # noqa: E731
+    lm_state, logp = jax.tree.map(rep, lm_state), rep(logp)
+    wdt = jnp.result_type(logp.dtype, ptables.mant.dtype if use_hmm else logp.dtype,
+                          jnp.float32)
+    if use_hmm:
+        wdt = jnp.result_type(wdt, hpi.dtype)
+    cs = gcd.init_states(fa, B, K)
+    if use_hmm:
+        u = jnp.broadcast_to((hpi / jnp.sum(hpi)).astype(wdt), (N,) + hpi.shape)
+        cs0 = gcd.init_states(fa, B)                                    # one per prompt
+        st0 = pgcd.PGCDState(cs0, u[:B])
+        log_phi0 = jax.vmap(pgcd.prefix_logpsi, in_axes=(None, None, None, 0))(
+            fa, None, ptables, st0).astype(wdt)
+        log_phi = jnp.repeat(log_phi0, K)
+    else:
+        u = jnp.zeros((N, 1), wdt)
+        log_phi = jnp.zeros((N,), wdt)
+    parts = Particles(jnp.full((N, n), eos, jnp.int32), lm_state, logp, cs, u,
+                      log_phi, log_phi, jnp.zeros((N,), bool))
+    parts = _shard(parts, sharding, N)
+    V_lm = logp.shape[1]
+
+    def pad_v(x):                                   # automaton [.., V_fa] -> LM [.., V_lm]
+        if x.shape[-1] == V_lm:
+            return x
+        return jnp.pad(x, ((0, 0), (0, V_lm - x.shape[-1])), constant_values=-jnp.inf)
+
+    def step(parts: Particles, inp):
+        t, k = inp
+        k_tok, k_res = jax.random.split(k)
+        lt = jax.nn.log_softmax(parts.logp.astype(wdt) / temperature.astype(wdt), axis=-1)
+        if proposal in ("lcd", "gcd"):
+            a = decode.masked_logits(fa, gtables, parts.cs, lt)        # log p_lm + log m
+            phi_new = jnp.zeros_like(a)
+        else:
+            sts = pgcd.PGCDState(parts.cs, parts.u)
+            logpsi, _, lprod = pgcd.batched_scores(fa, ptables, sts)
+            logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
+            a = lt + (logpsi if proposal == "lookahead" else lprod)
+            phi_new = logpsi
+        lse = jax.nn.logsumexp(a, axis=-1)
+        # the shared draw (EOS for finished rows and empty proposals); log q is recomputed
+        # below in the weights' dtype
+        tok, _, done, empty = decode.draw(k_tok, a.astype(jnp.float32), parts.done, eos)
+        empty = empty | ~jnp.isfinite(lse)
+        take = lambda x: jnp.take_along_axis(x, tok[:, None], axis=1)[:, 0]   # noqa: E731
+        log_q = take(a) - lse
+        phi_tok = take(phi_new)
+        inc = take(lt) + phi_tok - parts.log_phi - log_q
+        live = ~parts.done
+        log_w = jnp.where(live & empty, -jnp.inf,
+                          jnp.where(live, parts.log_w + jnp.where(empty, 0.0, inc), parts.log_w))
+        log_phi = jnp.where(live, phi_tok, parts.log_phi)
+        cs = jax.vmap(gcd.advance, in_axes=(None, 0, 0))(fa, parts.cs, tok)
+        cs = gcd.ConstraintState(jnp.where(live, cs.state, parts.cs.state), cs.t)
+        if use_hmm:
+            nu = jax.vmap(pgcd.hmm_update, in_axes=(None, None, 0, 0))(hA, hB, parts.u, tok)
+            u = jnp.where(live[:, None], nu.astype(wdt), parts.u)
+        else:
+            u = parts.u
+        tokens = parts.tokens.at[:, t].set(tok)
+        lm_state, logp = lm.step(params, parts.lm_state, tok)
+        parts = Particles(tokens, lm_state, logp, cs, u, log_w, log_phi, done)
+        # --- resampling ---------------------------------------------------------------
+        lw = log_w.reshape(B, K)
+        ess = jax.vmap(resampling.ess)(lw)
+        any_live = jnp.any(jnp.isfinite(lw), axis=1)
+        # a prompt whose particles have all emitted EOS is never resampled (its ensemble
+        # is final; resampling would only add noise) — the rule of run_blackbox too
+        all_done = jnp.all(done.reshape(B, K), axis=1)
+        need = (ess < ess_threshold * K) & any_live & ~all_done & (t < limit - 1)
+
+        def do_resample(parts):
+            anc = jax.vmap(resampler)(jax.random.split(k_res, B), lw)          # [B, K]
+            anc = jnp.where(need[:, None], anc, jnp.arange(K)[None])
+            idx = (anc + (jnp.arange(B) * K)[:, None]).reshape(N)
+            new = jax.tree.map(lambda x: x[idx], parts)
+            lme = jax.vmap(resampling.log_mean_exp)(lw)
+            lw2 = jnp.where(need[:, None], lme[:, None], lw).reshape(N).astype(wdt)
+            return _shard(new._replace(log_w=lw2), sharding, N)
+
+        parts = jax.lax.cond(jnp.any(need), do_resample, lambda p: p, parts)
+        return parts, (ess, need)
+
+    # A while loop over the steps that stops once every particle has emitted EOS: later
+    # steps would only append EOS and keep every weight (done particles are frozen, and
+    # a finished prompt is never resampled), so the weighted ensemble they leave is the
+    # same. Those steps report the final ESS and no resampling.
+    # step t draws with fold_in(key, t): the same whatever the static length n
+
+    def cond(carry):
+        t, parts, _, _ = carry
+        return (t < limit) & ~jnp.all(parts.done)
+
+    def body(carry):
+        t, parts, ess_a, res_a = carry
+        parts, (ess, need) = step(parts, (t, jax.random.fold_in(key, t)))
+        return t + 1, parts, ess_a.at[t].set(ess), res_a.at[t].set(need)
+
+    init = (jnp.int32(0), parts, jnp.zeros((n, B), wdt), jnp.zeros((n, B), bool))
+    t_end, parts, ess, resampled = jax.lax.while_loop(cond, body, init)
+    ess_end = jax.vmap(resampling.ess)(parts.log_w.reshape(B, K)).astype(ess.dtype)
+    ess = jnp.where((jnp.arange(n) < t_end)[:, None], ess, ess_end[None])
+    valid = gcd.is_final(fa, parts.cs.state)
+    log_w = jnp.where(valid, parts.log_w, -jnp.inf).reshape(B, K)
+    log_Z = jax.vmap(resampling.log_mean_exp)(log_w)
+    return SMCResult(parts.tokens.reshape(B, K, n), log_w, log_Z, valid.reshape(B, K),
+                     ess.T, resampled.T, steps=t_end)
+
+
+def run_blackbox(*args, **kwargs) -> SMCResult:
+    """SMC with AWRS proposals for a constraint given as a Python predicate on the byte
+    prefix (see :func:`jaxcd.decoding.smc_blackbox.run_blackbox`)."""
+    from .smc_blackbox import run_blackbox as _rb
+    return _rb(*args, **kwargs)
