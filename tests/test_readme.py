@@ -46,12 +46,31 @@ def test_api_and_generate_examples():
     assert all(out.valid)
 
 
+def _block(marker: str) -> str:
+    (b,) = [b for b in python_blocks() if marker in b]
+    return b
+
+
+def test_mixed_batch_example():
+    """The README's mixed-constraint batch: every output valid for its own constraint."""
+    blocks = python_blocks()
+    ns: dict = {}
+    exec(compile(blocks[0], "README block 1", "exec"), ns)
+    exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
+    exec(compile(_block("constraints=["), "README mixed batch", "exec"), ns)
+    outs, schema = ns["outs"], ns["schema"]
+    assert len(outs) == 3 and all(len(o.texts) == 1 and o.valid[0] for o in outs)
+    assert re.fullmatch(r"(19|20)\d\d", outs[0].texts[0])
+    jsonschema.validate(json.loads(outs[1].texts[0]), schema)
+    assert outs[2].texts[0] in ("yes", "no")
+
+
 def test_smc_example():
     blocks = python_blocks()
     ns: dict = {}
     exec(compile(blocks[0], "README block 1", "exec"), ns)
     exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
-    exec(compile(blocks[3], "README block 4", "exec"), ns)     # SMC
+    exec(compile(_block('method="smc"'), "README SMC block", "exec"), ns)     # SMC
     out, schema = ns["out"], ns["schema"]
     assert len(out.texts) == 8 and out.chosen is not None
     assert abs(sum(out.weights) - 1) < 1e-6
