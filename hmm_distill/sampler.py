@@ -197,8 +197,8 @@ def _pool_insert_copy(pool, pre_state, pre_logp, src, replace, keys, lens, d, ne
     ``shift``), then give the rows with ``replace`` the prefilled prompt ``src[b]`` (its
     ``lens[b]`` prompt slots moved to end at ``new_slot``), fresh keys and an empty
     output. Every leaf of the cache is rebuilt (``where`` over all ``B`` rows). JaxLM
-    cache layouts: ``k [B, n_kv, D, S]``, ``v [B, n_kv, S, D]``, ``slot [B]``,
-    ``offset [B]``."""
+    cache layouts (all layers stacked, batch axis first): ``k [B, L, n_kv, D, S]``,
+    ``v [B, L, n_kv, S, D]``, ``slot [B]``, ``offset [B]``."""
     st = pool["state"]
     pre_end = pre_state["slot"][0]  # the prefilled prompts end at this slot
 
@@ -210,8 +210,8 @@ def _pool_insert_copy(pool, pre_state, pre_logp, src, replace, keys, lens, d, ne
         old = jnp.roll(old, -d, axis=axis) if shift else old
         return jnp.where(replace.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
 
-    k = tuple(put(o, p_, 3) for o, p_ in zip(st["k"], pre_state["k"]))
-    v = tuple(put(o, p_, 2) for o, p_ in zip(st["v"], pre_state["v"]))
+    k = put(st["k"], pre_state["k"], 4)
+    v = put(st["v"], pre_state["v"], 3)
     off_old = st["offset"] - d if shift else st["offset"]
     offset = jnp.where(replace, new_slot - lens, jnp.clip(off_old, 0, new_slot))
     state = {"k": k, "v": v, "slot": jnp.full_like(st["slot"], new_slot), "offset": offset}
@@ -237,8 +237,8 @@ def _pool_shift(pool, d, new_slot):
     ``new_slot`` (when the cache would overflow; a whole-cache move, done rarely).
     Offsets are clipped at 0 (only free rows' offsets can fall below it)."""
     st = pool["state"]
-    state = {"k": tuple(jnp.roll(x, -d, axis=3) for x in st["k"]),
-             "v": tuple(jnp.roll(x, -d, axis=2) for x in st["v"]),
+    state = {"k": jnp.roll(st["k"], -d, axis=4),      # [B, L, n_kv, D, S]
+             "v": jnp.roll(st["v"], -d, axis=3),      # [B, L, n_kv, S, D]
              "slot": jnp.full_like(st["slot"], new_slot),
              "offset": jnp.clip(st["offset"] - d, 0, new_slot)}
     return {**pool, "state": state}
@@ -269,10 +269,10 @@ def _pool_refill(pool, pre_state, pre_logp, rows, n, src, replace, keys, lens, n
         ks, vs, logp = carry
         r = rows[i]
         s = src[r]
-        ks = tuple(jax.lax.dynamic_update_index_in_dim(o, new_row(p_, s, 3, o.shape[3]).astype(o.dtype), r, 0)
-                   for o, p_ in zip(ks, pre_state["k"]))
-        vs = tuple(jax.lax.dynamic_update_index_in_dim(o, new_row(p_, s, 2, o.shape[2]).astype(o.dtype), r, 0)
-                   for o, p_ in zip(vs, pre_state["v"]))
+        ks = jax.lax.dynamic_update_index_in_dim(
+            ks, new_row(pre_state["k"], s, 4, ks.shape[4]).astype(ks.dtype), r, 0)
+        vs = jax.lax.dynamic_update_index_in_dim(
+            vs, new_row(pre_state["v"], s, 3, vs.shape[3]).astype(vs.dtype), r, 0)
         logp = jax.lax.dynamic_update_index_in_dim(
             logp, jax.lax.dynamic_index_in_dim(pre_logp, s, 0, keepdims=True).astype(logp.dtype), r, 0)
         return ks, vs, logp

@@ -215,6 +215,9 @@ def test_state_reorders_by_batch_axis(lm):
     ids, lens = pad_prompts(PROMPTS, pad_id=lm.pad_token_id)
     state, lp = lm.prefill(lm.params, ids, lens, MAX_LEN)
     assert all(x.shape[0] == len(PROMPTS) for x in jax.tree.leaves(state))
+    c = lm.config          # the layers' caches stacked, layer axis second
+    assert state["k"].shape == (len(PROMPTS), c.num_layers, c.num_kv_heads, c.head_dim, MAX_LEN)
+    assert state["v"].shape == (len(PROMPTS), c.num_layers, c.num_kv_heads, MAX_LEN, c.head_dim)
     anc = jnp.array([2, 0, 0, 3])
     tok = jnp.argmax(lp, -1).astype(jnp.int32)
     _, ref = lm.step(lm.params, state, tok)
@@ -342,8 +345,20 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
     assert lm.config.attention_bias == (arch == "qwen2")
     # the loader undoes llama.cpp's permutation: kernel^T equals the original rows
     # (up to Q8_0 rounding, |err| <= max|w|/254 per 32-block)
-    got_q = np.asarray(lm.params["layers"][0]["attn"]["q_proj"]["kernel"][...]).T
+    # (the layers' parameters are stacked: layer 0 is index 0 of the leading axis)
+    q_all = lm.params["layers"]["attn"]["q_proj"]["kernel"][...]
+    assert q_all.shape[0] == lm.config.num_layers
+    got_q = np.asarray(q_all[0]).T
     assert np.abs(got_q - wq0).max() < 0.01
+    # the per-layer layout of load_gguf and the stacked one give the same params
+    from flax import nnx
+    from jaxcd.lm.gguf_weights import load_gguf
+
+    _, per_layer = load_gguf(path)
+    stacked = nnx.to_pure_dict(lm.params)
+    for a, b in zip(jax.tree.leaves(lm.params_from_pure_dict(stacked)),
+                    jax.tree.leaves(lm.params_from_pure_dict(per_layer))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     hf = load_hf_model_from_gguf(path, torch.float32)
     seqs = [[5, 17, 99, 3, 250, 7, 7, 42], [1, 2, 3]]
     ids, lens = pad_prompts(seqs, pad_id=0)
@@ -495,5 +510,5 @@ def test_bfloat16_close_to_float32(tiny_lm):
     ids, lens = pad_prompts([[5, 17, 99, 3, 250, 7], [1, 2, 3]], pad_id=0)
     _, lp32 = lm.prefill(lm.params, ids, lens, 8)
     s16, lp16 = lm16.prefill(p16, ids, lens, 8)
-    assert lp16.dtype == jnp.float32 and s16["k"][0].dtype == jnp.bfloat16
+    assert lp16.dtype == jnp.float32 and s16["k"].dtype == jnp.bfloat16
     assert float(jnp.abs(jnp.exp(lp16) - jnp.exp(lp32)).max()) < 0.02

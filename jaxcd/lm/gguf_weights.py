@@ -340,8 +340,9 @@ def load_gguf(path: str | os.PathLike | None = None, dtype=np.float32
         is always done in float32 first).
 
     Returns:
-      ``(config, params)`` where ``params`` is a nested dict of numpy arrays in the
-      layout of :class:`jaxcd.lm.llama.LlamaModel` (``nnx.State.to_pure_dict()`` form):
+      ``(config, params)`` where ``params`` is a nested dict of numpy arrays, per layer
+      (:meth:`jaxcd.lm.llama.JaxLM.params_from_pure_dict` stacks the layers into the
+      layout of :class:`jaxcd.lm.llama.LlamaModel`):
       ``embed.embedding [V, H]``, ``layers[i].attn.{q,k,v,o}_proj.kernel [in, out]``,
       ``layers[i].mlp.{gate,up,down}_proj.kernel``, ``layers[i].{attn,mlp}_norm.weight
       [H]``, ``norm.weight [H]`` and, when not tied, ``lm_head.kernel [H, V]``.

@@ -34,16 +34,22 @@ finite; their outputs are never used).
 The cache
 ---------
 ``max_len`` (static) slots per row. The state is a dict whose leaves all have the batch
-axis first (so particle systems can reorder rows with ``x[ancestors]``)::
+axis first (so particle systems can reorder rows with ``x[ancestors]``); the caches of
+the ``L`` layers are stacked in one array each, layer axis second::
 
-    k:      tuple of L arrays [B, n_kv, D, S]   (keys, transposed: S = cache slots)
-    v:      tuple of L arrays [B, n_kv, S, D]   (values)
+    k:      [B, L, n_kv, D, S]   keys (transposed: S = cache slots), cache dtype
+    v:      [B, L, n_kv, S, D]   values
     slot:   int32 [B]  next slot to write (equal across rows; = P after prefill)
     offset: int32 [B]  padding slots of each row
 
-Prefill writes slots ``[0, P)``; each :meth:`JaxLM.step` writes slot ``slot`` with
-``lax.dynamic_update_slice`` (in place under jit when the state is a loop carry or is
-donated) and attends over the whole cache under the mask above (costs ``O(max_len)``
+(layer ``l``'s keys are ``k[:, l]``). The cache dtype is the LM's ``dtype``.
+
+Prefill writes slots ``[0, P)``; each :meth:`JaxLM.step` writes slot ``slot`` of every
+layer with one ``lax.dynamic_update_slice`` after the layer loop (in place under jit
+when the state is a loop carry or is donated; inside the loop layer ``l`` reads its old
+cache ``k[:, l]`` with this step's key substituted at ``slot`` by a ``where``: writing
+the cache inside the loop would make XLA copy the whole cache per layer) and attends
+over the whole cache under the mask above (costs ``O(max_len)``
 per token, negligible for the short contexts of constrained decoding; caches longer than
 ``attn_block`` slots are instead visited block by block up to the current slot only, see
 :func:`attend_decode_blocked`). Keys are stored transposed so that both attention
@@ -51,6 +57,19 @@ products are plain batched matrix products (no per-step transposes; about 2x fas
 attention on CPU than the ``[S, D]`` layout). ``S = max_len`` (rounded up to a multiple
 of ``attn_block`` when larger than it). A write past the last slot is clamped by XLA
 (it overwrites the last slot), so ``max_len`` must cover prompt + new tokens.
+
+Depth
+-----
+The ``L`` blocks are one :class:`Block` whose parameters are stored stacked, with a
+leading layer axis (``params["layers"]["attn"]["q_proj"]["kernel"]`` is
+``[L, H, n_h D]``), and prefill, decode step and :meth:`JaxLM.logprobs_all` run them
+as one ``lax.scan`` over that axis. XLA compiles a single block whatever the depth, so
+compile time does not grow with ``L`` (``experiments/bench_lm_compile.py``). The price,
+on XLA:CPU (and GPU, short of XLA's dynamic-slice fusion): a matrix product cannot
+read its weight at a dynamic offset of the stacked array, so each scan iteration first
+copies its layer's weights, one extra pass over all weights per call (~540 MB for
+SmolLM2-135M in float32). Measured on a shared 2-core CPU: a decode step ~20-30%
+slower at batch 16 and ~35-55% at batch 1 than the unrolled loop it replaced.
 
 Called eagerly (outside a caller's jit), :meth:`JaxLM.step` cannot update the cache in
 place and copies it; host loops should use :func:`step_donated`, which donates the
@@ -139,12 +158,30 @@ def _pv_small(p: jax.Array, v: jax.Array) -> jax.Array:
                    axis=-2)
 
 
+def mask_bias(mask: jax.Array) -> jax.Array:
+    """A bool attention mask as a float32 additive bias: 0 where True, ``-1e30`` where
+    False. :func:`attend` gives the same result with either (a masked score ``s +
+    (-1e30)`` rounds to ``-1e30`` exactly, as ``|s| << 1e30``). The layer loops take the
+    bias: XLA:CPU hoists the loop-invariant mask out of the loop into a kernel of its
+    own, and LLVM takes seconds to compile such a kernel when its output is ``bool``
+    (about 3 s for a ``[4, 32, 32]`` causal mask) but not when it is float32."""
+    return jnp.where(mask, 0.0, _NEG).astype(jnp.float32)
+
+
+def _apply_mask(scores: jax.Array, mask: jax.Array) -> jax.Array:
+    if mask.dtype == jnp.bool_:
+        return jnp.where(mask, scores, _NEG)
+    return scores + mask.astype(scores.dtype)
+
+
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision) -> jax.Array:
     """Grouped-query attention.
 
     Args:
       q: ``[B, T, n_h, D]``; k: ``[B, n_kv, D, S]`` (transposed, the cache layout);
-        v: ``[B, n_kv, S, D]``; mask: bool ``[B, T, S]`` (True = may attend).
+        v: ``[B, n_kv, S, D]``; mask: bool ``[B, T, S]`` (True = may attend), or the
+        equivalent float32 additive bias (0 = may attend, ``-1e30`` = masked; see
+        :func:`mask_bias`).
     Returns:
       ``[B, T, n_h * D]``: ``softmax(q k^T / sqrt(D) masked) v`` per head, head ``j``
       using key/value head ``j // G``. Scores and softmax in float32.
@@ -154,20 +191,30 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision)
     if T == 1:        # decode step: elementwise products (see _qk_small)
         qg = q.reshape(B, nkv, nh // nkv, D)
         scores = _qk_small(qg, k) * (1.0 / np.sqrt(D))                 # [B, k, g, S]
-        scores = jnp.where(mask[:, :, None, :], scores, _NEG)          # mask [B, 1, S]
+        scores = _apply_mask(scores, mask[:, :, None, :])              # mask [B, 1, S]
         probs = jax.nn.softmax(scores, axis=-1)
         return _pv_small(probs, v).astype(v.dtype).reshape(B, 1, nh * D)
     qg = q.reshape(B, T, nkv, nh // nkv, D)
     scores = jnp.einsum("btkgd,bkds->bkgts", qg, k, precision=precision,
                         preferred_element_type=jnp.float32) * (1.0 / np.sqrt(D))
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    scores = _apply_mask(scores, mask[:, None, None, :, :])
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v, precision=precision)
     return out.reshape(B, T, nh * D)
 
 
+def _with_new_slot(c: jax.Array, new: jax.Array, j: jax.Array, slot, axis: int) -> jax.Array:
+    """``c`` with slot ``slot`` replaced by ``new`` (size 1 on the slot axis ``axis``);
+    ``j`` holds the slot index of each position of ``c`` along ``axis``. A ``where``
+    instead of a ``dynamic_update_slice``, so that XLA fuses it into the reader."""
+    shape = [1] * c.ndim
+    shape[axis] = j.shape[0]
+    return jnp.where((j == slot).reshape(shape), new.astype(c.dtype), c)
+
+
 def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.Array,
-                          slot: jax.Array, block: int, precision) -> jax.Array:
+                          slot: jax.Array, block: int, precision, layer=None,
+                          new_kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """Single-token attention over only the filled part of a long cache.
 
     Same result as :func:`attend` with ``mask[b, 0, j] = offset_b <= j <= slot``, but
@@ -180,22 +227,37 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
 
     so a step costs O(slot) instead of O(S). Args: ``q`` ``[B, 1, n_h, D]``; ``k``
     ``[B, n_kv, D, S]``, ``v`` ``[B, n_kv, S, D]`` with ``S % block == 0``; ``offset``
-    ``[B]``; ``slot`` scalar.
+    ``[B]``; ``slot`` scalar. With ``layer`` (int32 scalar) given, ``k`` / ``v`` are the
+    stacked caches of all layers, ``[B, L, n_kv, D, S]`` / ``[B, L, n_kv, S, D]``, and
+    layer ``layer``'s blocks are read from them. With ``new_kv = (k_new [B, n_kv, D, 1],
+    v_new [B, n_kv, 1, D])``, slot ``slot`` of the cache is read as ``k_new`` / ``v_new``
+    (the cache itself need not hold them yet).
     Returns ``[B, 1, n_h * D]``.
     """
     B, T, nh, D = q.shape
-    nkv = k.shape[1]
+    nkv = k.shape[1] if layer is None else k.shape[2]
     G = nh // nkv
     qg = q.reshape(B, nkv, G, D)
     scale = 1.0 / np.sqrt(D)
 
+    def blocks(start):
+        if layer is None:
+            return (jax.lax.dynamic_slice_in_dim(k, start, block, axis=3),
+                    jax.lax.dynamic_slice_in_dim(v, start, block, axis=2))
+        z = jnp.zeros((), jnp.int32)
+        kb = jax.lax.dynamic_slice(k, (z, layer, z, z, start), (B, 1, nkv, D, block))
+        vb = jax.lax.dynamic_slice(v, (z, layer, z, start, z), (B, 1, nkv, block, D))
+        return kb[:, 0], vb[:, 0]
+
     def body(i, carry):
         m, l, acc = carry
         start = i * block
-        kb = jax.lax.dynamic_slice_in_dim(k, start, block, axis=3)
-        vb = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
-        s = _qk_small(qg, kb) * scale
+        kb, vb = blocks(start)
         j = start + jnp.arange(block, dtype=jnp.int32)
+        if new_kv is not None:
+            kb = _with_new_slot(kb, new_kv[0], j, slot, 3)
+            vb = _with_new_slot(vb, new_kv[1], j, slot, 2)
+        s = _qk_small(qg, kb) * scale
         valid = ((j[None, :] >= offset[:, None]) & (j[None, :] <= slot))[:, None, None, :]
         s = jnp.where(valid, s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
@@ -259,26 +321,39 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
         self.mlp = MLP(cfg, dtype=dtype, precision=precision, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, cache=None, slot=None, offset=None, block=None):
+    def __call__(self, x, cos, sin, mask, cache=None, layer=None, slot=None, offset=None,
+                 block=None):
         """Two modes.
 
         * ``cache is None`` (prefill / full recompute): ``x`` ``[B, T, H]``; attends over
           its own ``T`` keys with ``mask`` ``[B, T, T]``; returns ``(x', k, v)`` with
           ``k`` ``[B, n_kv, D, T]``, ``v`` ``[B, n_kv, T, D]``.
-        * ``cache = (k_cache [B, n_kv, D, S], v_cache [B, n_kv, S, D])`` (decode): writes this step's
-          ``T`` keys/values at slot ``slot`` (scalar int32), attends over all ``S``
-          slots with ``mask`` ``[B, T, S]``; returns ``(x', k_cache', v_cache')``.
-          With ``block`` set (``T == 1``), uses :func:`attend_decode_blocked` with
-          ``offset`` ``[B]`` instead of ``mask``.
+        * ``cache = (k_cache [B, L, n_kv, D, S], v_cache [B, L, n_kv, S, D])`` (decode of
+          ONE token, ``T == 1``; the stacked caches of all layers, as before this step;
+          this block is layer ``layer``, an int32 scalar): attends over layer
+          ``layer``'s ``S`` slots, slot ``slot`` (scalar int32) holding this step's key
+          and value, with ``mask`` ``[B, 1, S]``; returns ``(x', k [B, n_kv, D, 1],
+          v [B, n_kv, 1, D])``, which the caller writes at ``slot`` once all layers ran
+          (the cache is only read here: writing it inside the layer loop would make XLA
+          copy the whole cache per layer). With ``block`` set, uses
+          :func:`attend_decode_blocked` with ``offset`` ``[B]`` instead of ``mask``.
         """
         q, k, v = self.attn.qkv(self.attn_norm(x), cos, sin)
         if cache is not None:
             kc, vc = cache
-            z = jnp.zeros((), jnp.int32)
-            k = jax.lax.dynamic_update_slice(kc, k.astype(kc.dtype), (z, z, z, slot))
-            v = jax.lax.dynamic_update_slice(vc, v.astype(vc.dtype), (z, z, slot, z))
-        if cache is not None and block is not None:
-            h = attend_decode_blocked(q, k, v, offset, slot, block, self.attn.precision)
+            if x.shape[1] != 1:
+                raise ValueError("Block: decoding with a cache takes one token per row")
+            k, v = k.astype(kc.dtype), v.astype(vc.dtype)
+            if block is not None:
+                h = attend_decode_blocked(q, kc, vc, offset, slot, block, self.attn.precision,
+                                          layer=layer, new_kv=(k, v))
+            else:
+                j = jnp.arange(kc.shape[-1], dtype=jnp.int32)
+                kl = _with_new_slot(jax.lax.dynamic_index_in_dim(kc, layer, 1, keepdims=False),
+                                    k, j, slot, 3)
+                vl = _with_new_slot(jax.lax.dynamic_index_in_dim(vc, layer, 1, keepdims=False),
+                                    v, j, slot, 2)
+                h = attend(q, kl, vl, mask, self.attn.precision)
         else:
             h = attend(q, k, v, mask, self.attn.precision)
         x = x + self.attn.o_proj(h)
@@ -287,14 +362,25 @@ class Block(nnx.Module):
 
 
 class LlamaModel(nnx.Module):
-    """Embedding, ``L`` :class:`Block` s, final RMSNorm and output projection."""
+    """Embedding, ``L`` :class:`Block` s, final RMSNorm and output projection.
+
+    ``layers`` is ONE :class:`Block` whose parameters carry a leading layer axis ``[L,
+    ...]`` (built with ``nnx.vmap``, each layer with its own random init);
+    :meth:`run_layers` runs the ``L`` blocks as one ``lax.scan`` over that axis, so XLA
+    compiles one block whatever the depth."""
 
     def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, precision=None,
                  rngs: nnx.Rngs):
         self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, param_dtype=dtype,
                                rngs=rngs)
-        self.layers = nnx.List([Block(cfg, dtype=dtype, precision=precision, rngs=rngs)
-                                for _ in range(cfg.num_layers)])
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=cfg.num_layers)
+        def make_layers(rngs):
+            return Block(cfg, dtype=dtype, precision=precision, rngs=rngs)
+
+        self.layers = make_layers(rngs)
+        self.num_layers = cfg.num_layers
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
         if not cfg.tie_embeddings:
             self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
@@ -302,6 +388,20 @@ class LlamaModel(nnx.Module):
                                       rngs=rngs)
         self.tie_embeddings = cfg.tie_embeddings
         self.precision = precision
+
+    def run_layers(self, fn, carry):
+        """``carry, y_l = fn(block, l, carry)`` for ``l = 0 .. L-1`` as one ``lax.scan``
+        over the stacked layer parameters (``block`` is layer ``l``'s :class:`Block`,
+        ``l`` an int32 scalar). Returns ``(carry, ys)``, the ``y_l`` stacked
+        (``[L, ...]``)."""
+        graphdef, stacked = nnx.split(self.layers)
+
+        def body(c, xs):
+            st, l = xs
+            return fn(nnx.merge(graphdef, st), l, c)
+
+        return jax.lax.scan(body, carry,
+                            (stacked, jnp.arange(self.num_layers, dtype=jnp.int32)))
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Final norm and output projection: ``h`` ``[..., H]`` -> float32 ``[..., V]``."""
@@ -341,6 +441,20 @@ class JaxLM:
 
     ``prefill`` / ``step`` are jitted (and traceable, so they can be called inside a
     decoder's own ``jit``/``scan``). Use :meth:`generate_greedy` for host-side tests.
+
+    Parameters: ``params["layers"]`` holds the ``L`` blocks stacked (every leaf has a
+    leading ``[L]`` axis: ``params["layers"]["attn"]["q_proj"]["kernel"]`` is
+    ``[L, H, n_h D]``); :meth:`params_from_pure_dict` also takes the per-layer layout of
+    :func:`load_gguf` (``layers[l]`` = block ``l``) and stacks it. The blocks run as one
+    ``lax.scan`` (see the module docstring, "Depth").
+
+    State (a dict; every leaf has the batch axis first, ``L`` = layers, ``S`` =
+    :meth:`cache_slots` ``(max_len)``)::
+
+        k:      [B, L, n_kv, D, S]  keys of every layer, transposed, dtype ``dtype``
+        v:      [B, L, n_kv, S, D]  values of every layer
+        slot:   int32 [B]           next slot to write (equal across rows)
+        offset: int32 [B]           left-padding slots of each row
     """
 
     def __init__(self, config: LlamaConfig, dtype=jnp.float32, params: PyTree | None = None,
@@ -394,8 +508,27 @@ class JaxLM:
         return lm
 
     def params_from_pure_dict(self, pure: dict) -> nnx.State:
-        """Turn a nested dict of arrays (layout of :func:`load_gguf`) into the
-        ``nnx.State`` pytree this LM's functions take, checking every shape."""
+        """Turn a nested dict of arrays into the ``nnx.State`` pytree this LM's functions
+        take, checking every shape. ``pure["layers"]`` may be stacked (every leaf
+        ``[L, ...]``: the layout of ``nnx.to_pure_dict(lm.params)``) or per layer (the
+        layout of :func:`load_gguf`: ``{0: {...}, 1: {...}, ...}`` or a list), which is
+        stacked here."""
+        pure = dict(pure)
+        L = self.config.num_layers
+        layers = pure.get("layers")
+        if isinstance(layers, (list, tuple)):
+            layers = dict(enumerate(layers))
+        if isinstance(layers, dict) and layers and all(
+                isinstance(i, int) or (isinstance(i, str) and i.isdigit()) for i in layers):
+            per = {int(i): v for i, v in layers.items()}
+            if sorted(per) != list(range(L)):
+                raise ValueError(f"params_from_pure_dict: layers {sorted(per)[:5]}..., "
+                                 f"expected 0..{L - 1}")
+            flat = [dict(nnx.traversals.flatten_mapping(per[i])) for i in range(L)]
+            if any(set(f) != set(flat[0]) for f in flat):
+                raise ValueError("params_from_pure_dict: the layers have different parameters")
+            pure["layers"] = nnx.traversals.unflatten_mapping(
+                {k: np.stack([np.asarray(f[k]) for f in flat]) for k in flat[0]})
         state = jax.tree.map(lambda x: x, self._abstract_state)  # fresh copy
 
         def conv(path, abstract, value):
@@ -439,10 +572,12 @@ class JaxLM:
             if lens.min() < 1 or lens.max() > P:
                 raise ValueError(f"prompt_lengths must be in [1, {P}], got {lens.tolist()}")
 
-    def _forward_prompt(self, params, prompt_ids, prompt_lengths):
-        """Full causal forward over left-padded prompts. Returns hidden states
-        ``[B, P, H]``, per-layer ``(k [B, n_kv, D, P], v [B, n_kv, P, D])`` and
-        ``offset`` ``[B]``."""
+    def _forward_prompt(self, params, prompt_ids, prompt_lengths, cache_slots=None):
+        """Full causal forward over left-padded prompts. Returns ``(model, x, cache,
+        offset)``: hidden states ``x`` ``[B, P, H]``, ``offset`` ``[B]`` and, when
+        ``cache_slots`` (``S >= P``) is given, the stacked caches ``(k [B, L, n_kv, D, S],
+        v [B, L, n_kv, S, D])`` (dtype ``self.dtype``) with slots ``[0, P)`` filled and
+        the rest zero (else ``cache`` is ``None``)."""
         model = self.model(params)
         B, P = prompt_ids.shape
         offset = (P - prompt_lengths).astype(jnp.int32)
@@ -450,13 +585,21 @@ class JaxLM:
         positions = jnp.maximum(slots[None, :] - offset[:, None], 0)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         i, j = slots[:, None], slots[None, :]
-        mask = (j <= i)[None] & ((j[None] >= offset[:, None, None]) | (i == j)[None])
+        mask = mask_bias((j <= i)[None] & ((j[None] >= offset[:, None, None]) | (i == j)[None]))
         x = model.embed(prompt_ids.astype(jnp.int32))
-        kvs = []
-        for layer in model.layers:
+        if cache_slots is None:
+            x, _ = model.run_layers(lambda layer, l, x: (layer(x, cos, sin, mask)[0], None), x)
+            return model, x, None, offset
+
+        def body(layer, l, x):
             x, k, v = layer(x, cos, sin, mask)
-            kvs.append((k, v))
-        return model, x, kvs, offset
+            return x, (k.astype(self.dtype), v.astype(self.dtype))
+
+        x, (ks, vs) = model.run_layers(body, x)          # [L, B, n_kv, D, P], [L, B, n_kv, P, D]
+        extra = cache_slots - P
+        kc = jnp.pad(jnp.moveaxis(ks, 0, 1), ((0, 0),) * 4 + ((0, extra),))
+        vc = jnp.pad(jnp.moveaxis(vs, 0, 1), ((0, 0),) * 3 + ((0, extra), (0, 0)))
+        return model, x, (kc, vc), offset
 
     def cache_slots(self, max_len: int) -> int:
         """Slots actually allocated for ``max_len``: ``max_len`` itself when it is at most
@@ -469,14 +612,12 @@ class JaxLM:
 
     def _prefill(self, params, prompt_ids, prompt_lengths, max_len: int):
         TRACE_COUNTS["prefill"] += 1
-        model, x, kvs, offset = self._forward_prompt(params, prompt_ids, prompt_lengths)
+        model, x, (kc, vc), offset = self._forward_prompt(params, prompt_ids, prompt_lengths,
+                                                          self.cache_slots(max_len))
         B, P = prompt_ids.shape
-        extra = self.cache_slots(max_len) - P
-        kpad = ((0, 0), (0, 0), (0, 0), (0, extra))
-        vpad = ((0, 0), (0, 0), (0, extra), (0, 0))
         state = {
-            "k": tuple(jnp.pad(k.astype(self.dtype), kpad) for k, _ in kvs),
-            "v": tuple(jnp.pad(v.astype(self.dtype), vpad) for _, v in kvs),
+            "k": kc,
+            "v": vc,
             "slot": jnp.full((B,), P, jnp.int32),
             "offset": offset,
         }
@@ -488,23 +629,30 @@ class JaxLM:
         model = self.model(params)
         slot_b, offset = state["slot"], state["offset"]
         slot = slot_b[0]
-        S = state["v"][0].shape[2]
+        S = state["v"].shape[3]
         cos, sin = rope_cos_sin((slot_b - offset)[:, None], self.inv_freq)
         blk = self.attn_block if self.attn_block is not None and S > self.attn_block \
             and S % self.attn_block == 0 else None
         if blk is None:
             j = jnp.arange(S, dtype=jnp.int32)[None, None, :]
-            mask = (j >= offset[:, None, None]) & (j <= slot)
+            mask = mask_bias((j >= offset[:, None, None]) & (j <= slot))
         else:
             mask = None
         x = model.embed(tokens.astype(jnp.int32)[:, None])
-        ks, vs = [], []
-        for layer, kc, vc in zip(model.layers, state["k"], state["v"]):
-            x, kc, vc = layer(x, cos, sin, mask, cache=(kc, vc), slot=slot, offset=offset,
-                              block=blk)
-            ks.append(kc)
-            vs.append(vc)
-        new_state = {"k": tuple(ks), "v": tuple(vs), "slot": slot_b + 1, "offset": offset}
+        kc, vc = state["k"], state["v"]
+
+        def body(layer, l, x):
+            x, k, v = layer(x, cos, sin, mask, cache=(kc, vc), layer=l, slot=slot,
+                            offset=offset, block=blk)
+            return x, (k, v)
+
+        # the layers only read the cache; this step's keys/values [L, B, n_kv, D, 1] /
+        # [L, B, n_kv, 1, D] are written at `slot` afterwards, in place
+        x, (ks, vs) = model.run_layers(body, x)
+        z = jnp.zeros((), jnp.int32)
+        kc = jax.lax.dynamic_update_slice(kc, jnp.moveaxis(ks, 0, 1), (z, z, z, z, slot))
+        vc = jax.lax.dynamic_update_slice(vc, jnp.moveaxis(vs, 0, 1), (z, z, z, slot, z))
+        new_state = {"k": kc, "v": vc, "slot": slot_b + 1, "offset": offset}
         return new_state, jax.nn.log_softmax(model.logits(x[:, 0]), axis=-1)
 
     # -- the interface ----------------------------------------------------------------------

@@ -8,12 +8,14 @@ Python loop (decoders that are themselves jitted need :class:`jaxcd.lm.llama.Jax
 State (every leaf a numpy array with the batch axis first, so
 ``jax.tree.map(lambda x: x[ancestors], state)`` reorders it)::
 
-    k, v:            tuple of L arrays [B, n_kv, T, D]   (T = tokens so far, grows)
+    k, v:            [B, L, n_kv, T, D]  the L layers' keys / values, stacked like
+                     JaxLM's cache (layer axis second; T = tokens so far, grows)
     attention_mask:  int64 [B, T]    1 = real token, 0 = left padding
     next_pos:        int64 [B]       position of the next token (0-based, padding excluded)
 
-Each call rebuilds a ``DynamicCache`` from the arrays (zero-copy ``torch.from_numpy``;
-the cache then concatenates, as in transformers' own generation loop). ``params`` is
+Each call rebuilds a ``DynamicCache`` from the arrays (a contiguous copy of each
+layer's slice, wrapped by ``torch.from_numpy``; the cache then concatenates, as in
+transformers' own generation loop). ``params`` is
 ignored (the weights live in the torch module); pass ``lm.params`` (``None``).
 Log-probabilities are returned as float32 ``jax.Array`` ``[B, V]``.
 """
@@ -151,8 +153,8 @@ class TorchLM:
         logits = out.logits[:, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1).cpu().numpy()
         cache = out.past_key_values
-        ks = tuple(layer.keys.cpu().numpy() for layer in cache.layers)
-        vs = tuple(layer.values.cpu().numpy() for layer in cache.layers)
+        ks = np.stack([layer.keys.cpu().numpy() for layer in cache.layers], axis=1)
+        vs = np.stack([layer.values.cpu().numpy() for layer in cache.layers], axis=1)
         return ks, vs, jnp.asarray(logprobs, dtype=jnp.float32)
 
     # -- the interface ------------------------------------------------------------------
@@ -189,9 +191,10 @@ class TorchLM:
         mask = np.concatenate([np.asarray(state["attention_mask"]),
                                np.ones((tok.shape[0], 1), np.int64)], axis=1)
         pos = np.asarray(state["next_pos"]).astype(np.int64)
-        cache = DynamicCache([(torch.from_numpy(np.ascontiguousarray(k)),
-                               torch.from_numpy(np.ascontiguousarray(v)))
-                              for k, v in zip(state["k"], state["v"])])
+        ks, vs = np.asarray(state["k"]), np.asarray(state["v"])     # [B, L, n_kv, T, D]
+        cache = DynamicCache([(torch.from_numpy(np.ascontiguousarray(ks[:, l])),
+                               torch.from_numpy(np.ascontiguousarray(vs[:, l])))
+                              for l in range(ks.shape[1])])
         ks, vs, lp = self._run(torch.from_numpy(tok), torch.from_numpy(mask),
                                torch.from_numpy(pos[:, None]), cache)
         return {"k": ks, "v": vs, "attention_mask": mask, "next_pos": pos + 1}, lp
