@@ -63,7 +63,7 @@ def test_mixed_constraints_one_batch_each_row_its_own():
             else:
                 jsonschema.validate(json.loads(t), c["schema"])
     # new constraints (and another budget) in the warm buckets: no tracing, no XLA compile
-    schema2 = {"type": "object", "properties": {"town": {"type": "string", "maxLength": 10}},
+    schema2 = {"type": "object", "properties": {"town": {"type": "string", "maxLength": 12}},
                "required": ["town"], "additionalProperties": False}
     new = [{"regex": r"[a-c]{3}"}, {"schema": schema2}, {"regex": "red|green|blue"},
            {"regex": r"[0-9]{3}"}]
