@@ -145,6 +145,7 @@ def main(argv=None) -> int:
 
     # 1. one by one
     seen, single = set(), []
+    load = {"phase1_start": os.getloadavg()}      # the two phases compare fairly only at equal load
     t1 = time.perf_counter()
     for i, r in enumerate(reqs):
         k = key_of(r, 1)
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
     t_single = time.perf_counter() - t1
 
     # 2. mixed batches
+    load["phase1_end"] = load["phase2_start"] = os.getloadavg()
     batches = []
     t2 = time.perf_counter()
     for j in range(0, len(reqs), a.batch):
@@ -194,6 +196,7 @@ def main(argv=None) -> int:
         print(f"  batch {j // a.batch}: {len(part)} requests, wall {wall:.2f}s, compiles "
               f"{d.backend_compiles}, valid {batches[-1]['valid']}/{len(part)}", flush=True)
     t_batch = time.perf_counter() - t2
+    load["phase2_end"] = os.getloadavg()
 
     warm_single = [x for x in single if x["warm"]]
     warm_batches = [x for x in batches if x["warm"]]
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
                     "jax": jax.__version__, "device": str(jax.devices()[0])},
         "model": Path(m.path).name, "budget": a.budget, "budget_bucket": N, "batch": a.batch,
         "n": len(reqs), "skipped": skipped, "persistent_compile_cache": False,
+        "load_average": load,
         "automaton_buckets": [list(b) for b in buckets],
         "program_keys": len(seen),
         "one_by_one": {
@@ -241,7 +245,10 @@ def main(argv=None) -> int:
     lines = [
         "# Serving benchmark: constraints as data", "",
         f"`{res['command']}` — {res['machine']['cpu']}, {res['machine']['cores']} cores, "
-        f"{res['model']}, GCD, budget {a.budget} (bucket {N}), persistent compile cache off.", "",
+        f"{res['model']}, GCD, budget {a.budget} (bucket {N}), persistent compile cache off; "
+        f"1-min load average at the phases' start/end: one by one "
+        f"{load['phase1_start'][0]:.1f}/{load['phase1_end'][0]:.1f}, batches "
+        f"{load['phase2_start'][0]:.1f}/{load['phase2_end'][0]:.1f}.", "",
         f"{len(reqs)} distinct constraints ({sum(r['kind'] == 'schema' for r in reqs)} BFCL "
         f"schemas, {sum(r['kind'] == 'regex' for r in reqs)} regexes; {len(skipped)} candidates "
         f"skipped: unsupported or above the budget), **{len(buckets)} automaton buckets**: "
