@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -175,8 +174,6 @@ def main(argv=None) -> int:
     t2 = time.perf_counter()
     for j in range(0, len(reqs), a.batch):
         part = reqs[j:j + a.batch]
-        rows = min(a.batch, 1 << (len(part) - 1).bit_length())
-        keys = {key_of(r, rows) for r in part}
         c0 = compile_stats.snapshot()
         t0 = time.perf_counter()
         outs = jaxcd.generate([r["prompt"] for r in part],
@@ -192,7 +189,6 @@ def main(argv=None) -> int:
                         "xla_compile_s": d.compile_s, "steps": s["steps"], "key": list(map(str, bk)),
                         "valid": sum(o.valid[0] for o in outs), "warm": bk in seen})
         seen.add(bk)
-        del keys
         print(f"  batch {j // a.batch}: {len(part)} requests, wall {wall:.2f}s, compiles "
               f"{d.backend_compiles}, valid {batches[-1]['valid']}/{len(part)}", flush=True)
     t_batch = time.perf_counter() - t2
