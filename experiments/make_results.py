@@ -94,6 +94,11 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     if name == "bias":
         out += bias_section(res, rel)
     elif name == "runtime":
+        rr = res.get("bench_pgcd_rerun")
+        if rr:
+            out += [f"bench_pgcd was rerun on its own after the study (`{rr['command']}`, "
+                    f"{rr['date']}, commit `{rr['commit']}`; {rr['why']}): its table below is "
+                    "that rerun's; the BFCL table is the study run's above.", ""]
         out += ["bench_pgcd (one tool-call prompt, 16 particles):", "",
                 "(not run in this mode)\n" if not res.get("bench_table") else
                 md_table(res.get("bench_table", []), [("configuration", "config"), ("decode ms/step", "ms_per_step"),
