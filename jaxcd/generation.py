@@ -361,6 +361,16 @@ def _bucket_of(fas) -> tuple | None:
     return common_bucket(real) if real else None
 
 
+def _draw_from_ensemble(lw: np.ndarray, seed: int):
+    """Normalised weights of a particle ensemble and one index drawn from them
+    (``(zeros, None)`` when every weight is 0)."""
+    if not np.isfinite(lw).any():
+        return np.zeros_like(lw), None
+    w = np.exp(lw - lw[np.isfinite(lw)].max())
+    w = w / w.sum()
+    return w, int(np.random.default_rng(seed).choice(len(w), p=w))
+
+
 def _decode_texts(m: Model, rows) -> tuple[list[list[int]], list[str]]:
     eos = m.lm.eos_token_id
     token_ids, texts = [], []
@@ -502,12 +512,7 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
                 continue
             token_ids, texts = _decode_texts(m, np.asarray(res.tokens)[r][:, :budget].tolist())
             lw = np.asarray(res.log_weights, np.float64)[r]
-            if np.isfinite(lw).any():
-                w = np.exp(lw - lw[np.isfinite(lw)].max())
-                w = w / w.sum()
-                chosen = int(np.random.default_rng(seed + i).choice(len(w), p=w))
-            else:
-                w, chosen = np.zeros_like(lw), None
+            w, chosen = _draw_from_ensemble(lw, seed + i)
             valid = [bool(v) for v in np.asarray(res.valid)[r]]
             eos = m.lm.eos_token_id
             ended = [eos in np.asarray(t).tolist() for t in np.asarray(res.tokens)[r][:, :budget]]
@@ -567,12 +572,7 @@ def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, 
         token_ids.append(row)
         texts.append(m.vocab.decode_bytes(row).decode("utf-8", errors="replace"))
     lw = np.asarray(res.log_weights, np.float64)[0]
-    if np.isfinite(lw).any():
-        w = np.exp(lw - lw[np.isfinite(lw)].max())
-        w = w / w.sum()
-        chosen = int(np.random.default_rng(seed).choice(len(w), p=w))
-    else:
-        w, chosen = np.zeros_like(lw), None
+    w, chosen = _draw_from_ensemble(lw, seed)
     valid = [bool(v) for v in np.asarray(res.valid)[0]]
     ended = [eos in np.asarray(r).tolist() for r in np.asarray(res.tokens)[0]]
     steps = max(len(r) + e for r, e in zip(token_ids, ended))   # the host loop's steps

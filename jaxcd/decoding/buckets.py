@@ -51,8 +51,7 @@ def _pow2(x: int) -> int:
 
 
 def _sizes(fa: TensorizedAutomaton) -> tuple[int, int, int, int]:
-    # + 1 state: pad_automaton needs room for a fresh dead state only when the ids
-    # collide; the canonical layout needs initial, final and dead to differ
+    # (states, edges, out-degree, distinct mask rows): the shapes a bucket must hold
     return fa.num_states, fa.num_edges, int(np.shape(fa.out_dst)[-1]), int(np.shape(fa.cum_masks)[-2])
 
 
