@@ -91,7 +91,9 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         whitespace_pattern: str | None = None, strict: bool = True,
                         cache: bool | str | Path = False,
                         max_depth: int = DEFAULT_MAX_DEPTH,
-                        limits: CompileLimits | None = None) -> TensorizedAutomaton:
+                        limits: CompileLimits | None = None, *,
+                        closed_objects: bool = False,
+                        property_order: str = "schema") -> TensorizedAutomaton:
     """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
     (keywords and deliberate differences: ``docs/json_schema.md``).
 
@@ -99,14 +101,18 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     (default outlines-core's ``[ ]?``; ``""`` for compact JSON). ``strict``: refuse
     keywords that would not be enforced (``False`` ignores them). ``max_depth``: how
     many times a recursive ``$ref`` is expanded inside itself, and the nesting depth
-    of free-form values (``{}``, objects without ``properties``).
+    of free-form values (``{}``, objects without ``properties``). ``closed_objects``:
+    objects that declare properties take no other key (default: the specification's
+    open objects). ``property_order``: ``"schema"`` or ``"any"`` (docs/json_schema.md).
     """
     src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
-        nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth)
+        nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth,
+                                  closed_objects=closed_objects, property_order=property_order)
         return _cached("json_schema", text,
                        {"ws": whitespace_pattern, "strict": bool(strict), "depth": int(max_depth),
-                        "builder": 2},
+                        "closed": bool(closed_objects), "order": property_order,
+                        "builder": 3},
                        vocab, lambda: minimize(determinize(nfa)), cache)
 
 

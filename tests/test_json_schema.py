@@ -281,8 +281,10 @@ def test_same_language_as_outlines_core(schema, ws):
     if "uuid" in text:           # outlines-core: lowercase hex only; ours also uppercase
         theirs = theirs.replace("[0-9a-f]", "[0-9a-fA-F]")
     t = minimize(determinize(regex_to_nfa(theirs, re.ASCII)))
-    ours = dfa_of(schema, ws)
-    mine = minimize(determinize(regex_to_nfa(schema_to_regex(schema, ws)[0], re.ASCII)))
+    # outlines-core closes objects that declare properties: closed_objects=True
+    ours = dfa_of(schema, ws, closed_objects=True)
+    mine = minimize(determinize(regex_to_nfa(
+        schema_to_regex(schema, ws, closed_objects=True)[0], re.ASCII)))
     for a, b in ((ours, t), (t, ours), (mine, ours), (ours, mine)):
         assert _difference(a, b).num_states == 0
 
@@ -375,7 +377,8 @@ def test_strict_refuses_and_non_strict_ignores():
         dfa_of(s)
     assert dfa_of(s, strict=False).accepts(b"[1,1]")
     assert dfa_of(strip_unenforced(s)).accepts(b"[1,1]")
-    for bad in ({"not": {"type": "null"}}, {"if": {"type": "integer"}, "then": {}},
+    for bad in ({"type": "array", "contains": {"type": "null"}},
+                {"type": "array", "unevaluatedItems": False},
                 {"type": "string", "format": "regex"},
                 {"$ref": "https://example.com/other.json"}):
         with pytest.raises(UnsupportedSchemaError):
@@ -410,8 +413,13 @@ def test_recursion_depth_and_limits():
     d3 = dfa_of(tree, max_depth=3)
     assert d1.accepts(b"{}") and not d1.accepts(b'{"k":{}}')
     assert d3.accepts(b'{"k":{"k":{}}}') and not d3.accepts(b'{"k":{"k":{"k":{}}}}')
-    with pytest.raises(AutomatonTooLargeError, match=r"maxLength 5000 at /maxLength"):
-        dfa_of({"type": "string", "maxLength": 5000})
+    with pytest.raises(AutomatonTooLargeError, match=r"maxItems 5000 at /maxItems"):
+        dfa_of({"type": "array", "maxItems": 5000})
+    with pytest.raises(AutomatonTooLargeError, match=r"minLength 5000 at /minLength"):
+        dfa_of({"type": "string", "minLength": 5000})
+    # strict: a maxLength over max_count (1000) is tightened to 1000 characters
+    d = dfa_of({"type": "string", "maxLength": 5000})
+    assert d.accepts(b'"' + b"a" * 1000 + b'"') and not d.accepts(b'"' + b"a" * 1001 + b'"')
     assert dfa_of({"type": "string", "maxLength": 5000}, strict=False).accepts(b'"' + b"a" * 6000 + b'"')
 
 

@@ -7,6 +7,8 @@ JSON Schema the way BFCL's own OpenAI converter does (``GORILLA_TO_OPENAPI``), w
 one deliberate difference by default: ``any`` becomes "any JSON value" (the type is
 dropped) instead of BFCL's ``string``; ``any_as_string=True`` keeps BFCL's ``string``
 (its AST checker reads ``any`` as Python ``str``, so that is what it scores as right).
+Objects that declare properties get ``additionalProperties: false`` unless they say
+otherwise: a call's arguments are exactly its parameters.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def _convert(s: Any, any_as_string: bool = False) -> Any:
     s.pop("optional", None)
     if "required" in s and not isinstance(s["required"], list):
         del s["required"]
+    # a tool call's arguments are exactly its parameters: objects that declare
+    # properties are closed (JSON Schema's default would allow any other key)
+    if s.get("type") == "object" and isinstance(s.get("properties"), dict) \
+            and "additionalProperties" not in s:
+        s["additionalProperties"] = False
     return s
 
 

@@ -1264,3 +1264,51 @@ def literal_dfa(strings: Sequence[bytes]) -> DFA:
     for x in strings:
         nfa.add_bytes(s, f, x)
     return minimize(determinize(nfa))
+
+
+# ---------------------------------------------------------------------------------------
+# Boolean operations on DFAs (used by the JSON Schema builder for ``oneOf``, ``not``,
+# ``if``/``then``/``else``)
+# ---------------------------------------------------------------------------------------
+def complete(dfa: DFA) -> DFA:
+    """``dfa`` with an explicit (rejecting) sink instead of ``-1`` transitions."""
+    Q = dfa.num_states
+    if Q == 0:
+        return DFA(np.zeros((1, 1), np.int32), np.zeros(1, bool), np.zeros(256, np.int32))
+    trans = np.concatenate([dfa.trans, np.full((1, dfa.num_classes), Q, np.int32)], axis=0)
+    trans = np.where(trans < 0, Q, trans).astype(np.int32)
+    return DFA(trans, np.concatenate([dfa.accepting, [False]]), dfa.byte_class)
+
+
+def complement(dfa: DFA) -> DFA:
+    """DFA of every byte string not in ``L(dfa)`` (over all 256 byte values)."""
+    c = complete(dfa)
+    return DFA(c.trans, ~c.accepting, c.byte_class)
+
+
+def difference(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
+    """Product automaton accepting ``L(a) \\ L(b)`` (minimised); the same state limit
+    as :func:`intersect`."""
+    if a.num_states == 0:
+        return empty_dfa()
+    if b.num_states == 0:
+        return a
+    return intersect(a, complement(b), max_states)
+
+
+def is_empty(dfa: DFA) -> bool:
+    """True if ``L(dfa)`` is empty (no accepting state reachable from the start)."""
+    if dfa.num_states == 0:
+        return True
+    seen = {0}
+    stack = [0]
+    while stack:
+        q = stack.pop()
+        if dfa.accepting[q]:
+            return False
+        for d in np.unique(dfa.trans[q]):
+            d = int(d)
+            if d >= 0 and d not in seen:
+                seen.add(d)
+                stack.append(d)
+    return True

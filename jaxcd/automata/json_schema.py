@@ -28,16 +28,18 @@ from typing import Any
 
 from ..errors import SchemaError
 from .fsa import NFA
-from .schema_builder import (DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED, STRUCTURAL,
+from .schema_builder import (DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED, PROPERTY_ORDERS,
+                             STRUCTURAL,
                              UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
                              to_regex)
 
 __all__ = ["load_schema", "schema_to_nfa", "schema_to_regex", "strip_unenforced",
            "DEFAULT_MAX_DEPTH"]
 
-_SUB_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUB_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SUB_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
-_SUB_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
+_SUB_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems", "not", "if",
+            "then", "else", "unevaluatedProperties")
 
 
 def load_schema(schema: Any) -> tuple[Any, str]:
@@ -56,29 +58,42 @@ def load_schema(schema: Any) -> tuple[Any, str]:
     return obj, json.dumps(obj, sort_keys=False)
 
 
-def _builder(obj, whitespace_pattern, strict, max_depth) -> SchemaBuilder:
+def _builder(obj, whitespace_pattern, strict, max_depth, closed_objects=False,
+             property_order="schema") -> SchemaBuilder:
     ws = "[ ]?" if whitespace_pattern is None else whitespace_pattern
-    return SchemaBuilder(obj, whitespace=ws, strict=strict, max_depth=max_depth)
+    if property_order not in PROPERTY_ORDERS:
+        raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got "
+                         f"{property_order!r}")
+    return SchemaBuilder(obj, whitespace=ws, strict=strict, max_depth=max_depth,
+                         closed_objects=bool(closed_objects), property_order=property_order)
 
 
 def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
-                  strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> tuple[NFA, str]:
-    """``(byte NFA, canonical schema JSON)`` for a JSON Schema."""
+                  strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH, *,
+                  closed_objects: bool = False,
+                  property_order: str = "schema") -> tuple[NFA, str]:
+    """``(byte NFA, canonical schema JSON)`` for a JSON Schema. ``closed_objects``:
+    objects that declare properties accept no other key (the default follows the
+    specification: extra keys are allowed unless ``additionalProperties: false``).
+    ``property_order``: ``"schema"`` (declared properties in the schema's order, extra
+    ones after them) or ``"any"`` (any order; bounded, see docs/json_schema.md)."""
     obj, text = load_schema(schema)
-    b = _builder(obj, whitespace_pattern, strict, max_depth)
+    b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     node = b.build()
     return to_nfa(node, b.whitespace), text
 
 
 def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,
-                    strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH) -> tuple[str, str]:
+                    strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH, *,
+                    closed_objects: bool = False,
+                    property_order: str = "schema") -> tuple[str, str]:
     """``(regex, canonical schema JSON)``: a Python regex (use ``re.ASCII``) with the
     language :func:`schema_to_nfa` builds, for schemas that have a printable form
     (``pattern``, ``multipleOf``, numeric bounds on numbers with a decimal step and
     ``minProperties``/``maxProperties`` do not: they raise
     :class:`~jaxcd.automata.schema_builder.NoRegexForm`)."""
     obj, text = load_schema(schema)
-    b = _builder(obj, whitespace_pattern, strict, max_depth)
+    b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     return to_regex(b.build(), b.whitespace), text
 
 

@@ -22,6 +22,7 @@ given), so regexes for plain schemas are the ones outlines-core prints.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import re._constants as C
@@ -31,9 +32,11 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+
 from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from ..limits import current_limits, too_large
-from .fsa import DFA, NFA, determinize, intersect, minimize
+from .fsa import DFA, NFA, determinize, difference, intersect, is_empty, minimize
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
                       multiple_of_dfa, to_decimal)
 from .regex import _Builder, regex_to_nfa
@@ -142,13 +145,21 @@ STRUCTURAL = {
     "definitions", "minLength", "maxLength", "pattern", "format", "minItems", "maxItems",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
-    "uniqueItems",
+    "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "dependencies", "unevaluatedProperties", "__and",
 }
 # keywords whose value is not a subschema but which a strict=False build ignores
-NOT_ENFORCED = {"uniqueItems", "not", "if", "then", "else", "contains", "minContains",
-                "maxContains", "dependencies", "dependentRequired", "dependentSchemas",
-                "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
-                "contentSchema", "disallow", "extends", "divisibleBy"}
+NOT_ENFORCED = {"contains", "minContains", "maxContains", "unevaluatedItems", "$dynamicRef",
+                "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy"}
+# keywords enforced by automaton products (``oneOf``, ``not``, ``if``/``then``/``else``):
+# each operand is determinised with at most this many states, and the product too
+DEFAULT_MAX_PRODUCT_STATES = 20_000
+# dependentRequired / dependentSchemas / dependencies: each name doubles the cases
+MAX_DEPENDENCIES = 8
+PROPERTY_ORDERS = ("schema", "any")
+# property_order="any": the object automaton has one copy of the members per subset of
+# the declared properties; at most this many declared properties
+MAX_ANY_ORDER_PROPERTIES = 10
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -439,6 +450,14 @@ class SchemaBuilder:
     max_depth: int = DEFAULT_MAX_DEPTH
     max_nfa_states: int = field(default_factory=lambda: current_limits().max_nfa_states)
     max_count: int = DEFAULT_MAX_COUNT
+    closed_objects: bool = False
+    property_order: str = "schema"
+    max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
+    # polarity: True while building an operand that is subtracted (oneOf's other
+    # branches, not, the else branch's if): it is built as a superset (properties in
+    # any order, recursion cut to any value) so that the difference never keeps an
+    # invalid value
+    _neg: bool = False
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
 
@@ -450,8 +469,10 @@ class SchemaBuilder:
                 "strict=False / --no-strict to ignore it knowingly)")
 
     def count_bounds(self, schema: dict, lo_key: str, hi_key: str, path: str):
-        """``(lo, hi)`` of a counting keyword pair, checked; a bound above ``max_count``
-        raises (strict) or, for an upper bound under strict=False, is dropped."""
+        """``(lo, hi)`` of a counting keyword pair, checked. A lower bound above
+        ``max_count`` raises; an upper one is tightened to ``max_count`` (``maxLength``,
+        strict), raises (``maxItems``/``maxProperties``, strict) or is dropped
+        (strict=False, or inside a subtracted operand)."""
         lo = schema.get(lo_key, 0)
         hi = schema.get(hi_key)
         for k, v in ((lo_key, lo), (hi_key, hi)):
@@ -470,6 +491,13 @@ class SchemaBuilder:
                 f"{lo_key} {lo} at {path}/{lo_key} needs one automaton state per counted "
                 f"element, over the limit of {self.max_count} (raise max_count to build it)")
         if hi is not None and hi > self.max_count:
+            if self._neg:
+                return lo, None          # a subtracted operand: a superset is enough
+            if self.strict and hi_key == "maxLength":
+                # a tighter bound: every string built is valid; valid strings longer than
+                # max_count characters are refused (an exact counter needs ~10 DFA
+                # states per character, which the token lifting cannot afford)
+                return lo, self.max_count
             if self.strict:
                 raise AutomatonTooLargeError(
                     f"{hi_key} {hi} at {path}/{hi_key} needs one automaton state per counted "
@@ -581,7 +609,9 @@ class SchemaBuilder:
                     and k not in ("$defs", "definitions")}
             target, key = self.resolve(schema["$ref"], f"{path}/$ref")
             if self._ref_stack.count(key) >= self.max_depth:
-                return EMPTY             # recursion cut: only non-recursive choices remain
+                # recursion cut: only non-recursive choices remain (any value when the
+                # operand is subtracted)
+                return self.any_value(self.max_depth) if self._neg else EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -595,7 +625,47 @@ class SchemaBuilder:
             if not isinstance(subs, list):
                 raise SchemaError(f"{path}/allOf must be an array")
             rest = {k: v for k, v in schema.items() if k != "allOf"}
-            return self.node(self.merge(subs + [rest], f"{path}/allOf"), path)
+            # properties come in the order the schema text gives them: the keywords
+            # next to allOf first if "properties" is written before "allOf"
+            parts = [rest] + subs if _before(schema, "properties", "allOf") else subs + [rest]
+            return self.node(self.merge(parts, f"{path}/allOf"), path)
+        if "__and" in schema:            # internal: conjuncts merge() could not combine
+            rest = {k: v for k, v in schema.items() if k != "__and"}
+            d = self.to_dfa(self.node(rest, path), path, "allOf")
+            for i, sub in enumerate(schema["__and"]):
+                d = self._product(d, self.to_dfa(self.node(sub, path), path, "allOf"),
+                                  path, "allOf", intersect)
+            return Node("dfa", (d,), d.num_states + 1)
+        deps = self._dependencies(schema, path)
+        if deps:
+            name, extra = deps[0]
+            rest = self._without_dependency(schema, name)
+            present = self.merge([rest, {"required": [name]}, extra], path)
+            absent = self.merge([rest, {"properties": {name: False}}], path)
+            return alt(self.node(present, path), self.node(absent, path))
+        if "if" in schema:
+            cond = schema["if"]
+            rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+            then_s = schema.get("then", True)
+            else_s = schema.get("else", True)
+            yes = self.node(self.merge([rest, cond, then_s], f"{path}/then"), path)
+            no = self.node(self.merge([rest, else_s], f"{path}/else"), path)
+            if no.kind != "empty":
+                c = self.to_dfa(self.negated(cond, f"{path}/if"), f"{path}/if", "if")
+                d = self._product(self.to_dfa(no, f"{path}/else", "else"), c, f"{path}/if",
+                                  "if/else", difference)
+                no = Node("dfa", (d,), d.num_states + 1)
+            return alt(yes, no)
+        if "not" in schema:
+            rest = {k: v for k, v in schema.items() if k != "not"}
+            neg = self.negated(schema["not"], f"{path}/not")
+            base = self.node(rest, path)
+            if neg.kind == "empty" or base.kind == "empty":
+                return base
+            d = self._product(self.to_dfa(base, path, "not"),
+                              self.to_dfa(neg, f"{path}/not", "not"), f"{path}/not", "not",
+                              difference)
+            return Node("dfa", (d,), d.num_states + 1)
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 subs = schema[key]
@@ -603,11 +673,18 @@ class SchemaBuilder:
                     raise SchemaError(f"{path}/{key} must be an array")
                 rest = {k: v for k, v in schema.items() if k != key and not is_annotation(k)
                         and k not in ("$defs", "definitions")}
-                opts = []
+                rest_first = _before(schema, "properties", key)
+                opts, merged = [], []
                 for i, sub in enumerate(subs):
                     if rest:
-                        sub = self.merge([sub, rest], f"{path}/{key}/{i}")
+                        sub = self.merge([rest, sub] if rest_first else [sub, rest],
+                                         f"{path}/{key}/{i}")
+                    merged.append(sub)
                     opts.append(self.node(sub, f"{path}/{key}/{i}"))
+                if key == "oneOf":
+                    return self.exactly_one(
+                        opts, lambda i: self.negated(merged[i], f"{path}/oneOf/{i}"),
+                        f"{path}/oneOf")
                 return alt(*opts)
         if "const" in schema:
             values = [schema["const"]]
@@ -620,6 +697,120 @@ class SchemaBuilder:
             return self.enum_node(schema["enum"], schema, path)
         types = self.types_of(schema, path)
         return alt(*(self.typed(t, schema, path) for t in types))
+
+    # -- automaton products (oneOf, not, if/then/else) -------------------------------
+    def negated(self, schema: Any, path: str) -> Node:
+        """``schema``'s node with the polarity flipped (see ``_neg``)."""
+        self._neg = not self._neg
+        try:
+            return self.node(schema, path)
+        finally:
+            self._neg = not self._neg
+
+    def to_dfa(self, node: Node, path: str, keyword: str) -> DFA:
+        """The minimal DFA of ``node``, with at most ``max_product_states`` states."""
+        if node.kind == "dfa":
+            return node.args[0]
+        if node.size > 40 * self.max_product_states:
+            self._product_too_large(node.size, path, keyword, "NFA states")
+        nfa = NFA()
+        st = nfa.add_state()
+        nfa.start = st
+        e = _NFAEmitter(nfa, self.whitespace).emit(node, st)
+        nfa.accepting = {e}
+        try:
+            return minimize(determinize(nfa, max_states=self.max_product_states))
+        except AutomatonTooLargeError:
+            self._product_too_large(self.max_product_states, path, keyword, "DFA states")
+
+    def _product(self, a: DFA, b: DFA, path: str, keyword: str, op) -> DFA:
+        try:
+            return op(a, b, self.max_product_states)
+        except AutomatonTooLargeError:
+            self._product_too_large(self.max_product_states, path, keyword, "DFA states")
+
+    def _product_too_large(self, size, path, keyword, what):
+        raise AutomatonTooLargeError(
+            f"{keyword!r} at {path or '/'} is enforced by an automaton product, and its "
+            f"operand needs more than {size} {what} (limit max_product_states="
+            f"{self.max_product_states}); raise it, or simplify the subschema")
+
+    def exactly_one(self, opts: list[Node], negated, path: str) -> Node:
+        """``oneOf``: the strings in exactly one of the branches. Branches whose first
+        bytes are pairwise disjoint (different JSON types) are a plain union; otherwise
+        each branch is determinised and the union of ``L_i \\ ∪_{j≠i} L_j`` is built."""
+        if self._neg:                    # a superset is enough: the union
+            return alt(*opts)
+        live = [i for i, o in enumerate(opts) if o.kind != "empty"]
+        if len(live) <= 1:
+            return alt(*opts)
+        firsts = [_first_bytes(o) for o in opts]
+        groups: list[list[int]] = []          # branches that share a first byte
+        for i, f in enumerate(firsts):
+            if i not in live:
+                continue
+            hit = [g for g in groups if any(firsts[j] & f for j in g)]
+            merged = [i] + [j for g in hit for j in g]
+            groups = [g for g in groups if g not in hit] + [merged]
+        out = []
+        for g in groups:
+            if len(g) == 1:
+                out.append(opts[g[0]])
+                continue
+            g = sorted(g)
+            pos = [self.to_dfa(opts[i], path, "oneOf") for i in g]
+            neg = [self.to_dfa(negated(i), path, "oneOf") for i in g]
+            for i, d in enumerate(pos):
+                x = d
+                for j, e in enumerate(neg):
+                    if j != i and not is_empty(x):
+                        x = self._product(x, e, path, "oneOf", difference)
+                if not is_empty(x):
+                    out.append(Node("dfa", (x,), x.num_states + 1))
+        return alt(*out)
+
+    # -- dependentRequired / dependentSchemas / dependencies ----------------------------
+    def _dependencies(self, schema: dict, path: str) -> list[tuple[str, Any]]:
+        """``[(name, schema that applies when name is present), ...]``."""
+        out = []
+        for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+            deps = schema.get(key)
+            if deps is None:
+                continue
+            if not isinstance(deps, dict):
+                raise SchemaError(f"{path}/{key} must be an object")
+            for name, d in deps.items():
+                if isinstance(d, list):
+                    if not all(isinstance(x, str) for x in d):
+                        raise SchemaError(f"{path}/{key}/{name} must be an array of strings")
+                    if not d:
+                        continue
+                    out.append((name, {"required": list(d)}))
+                elif isinstance(d, (dict, bool)):
+                    if d is True or d == {}:
+                        continue
+                    out.append((name, d))
+                else:
+                    raise SchemaError(f"{path}/{key}/{name} must be an array or a schema")
+        if len(out) > MAX_DEPENDENCIES:
+            raise AutomatonTooLargeError(
+                f"{len(out)} property dependencies at {path or '/'} (dependentRequired/"
+                f"dependentSchemas/dependencies): each doubles the object's cases; the "
+                f"limit is {MAX_DEPENDENCIES}")
+        return out
+
+    @staticmethod
+    def _without_dependency(schema: dict, name: str) -> dict:
+        out = dict(schema)
+        for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+            if isinstance(out.get(key), dict) and name in out[key]:
+                d = dict(out[key])
+                del d[name]
+                if d:
+                    out[key] = d
+                else:
+                    del out[key]
+        return out
 
     # -- allOf -----------------------------------------------------------------------
     def merge(self, subs: list, path: str) -> dict:
@@ -637,6 +828,8 @@ class SchemaBuilder:
             if "$ref" in sub:
                 target, key = self.resolve(sub["$ref"], f"{where}/$ref")
                 if self._ref_stack.count(key) >= self.max_depth:
+                    if self._neg:
+                        continue
                     return {"enum": []}
                 rest = {k: v for k, v in sub.items() if k != "$ref"}
                 self._ref_stack.append(key)
@@ -646,9 +839,23 @@ class SchemaBuilder:
                     self._ref_stack.pop()
             if "allOf" in sub:
                 rest = {k: v for k, v in sub.items() if k != "allOf"}
-                sub = self.merge(list(sub["allOf"]) + [rest], where)
+                parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
+                         else list(sub["allOf"]) + [rest])
+                sub = self.merge(parts, where)
+            if "if" in sub and any(k in out for k in ("if", "then", "else")):
+                out.setdefault("__and", []).append(
+                    {k: sub[k] for k in ("if", "then", "else") if k in sub})
+                sub = {k: v for k, v in sub.items() if k not in ("if", "then", "else")}
             for k, v in sub.items():
                 if is_annotation(k) or k in ("$defs", "definitions"):
+                    continue
+                if k in ("then", "else") and "if" not in sub:
+                    continue               # then/else without if: no effect
+                if k == "__and":
+                    out["__and"] = list(out.get("__and", [])) + list(v)
+                    continue
+                if k in out and k in ("oneOf", "if", "then", "else") and not _json_eq(out[k], v):
+                    out.setdefault("__and", []).append({k: v})
                     continue
                 if k not in out:
                     out[k] = v
@@ -662,6 +869,24 @@ class SchemaBuilder:
     def _merge_kw(self, k, a, b, path):
         if a == b or k in NOT_ENFORCED:
             return a          # (a not-enforced keyword is reported by node())
+        if k == "not":
+            return {"anyOf": [a, b]}
+        if k in ("dependentRequired", "dependentSchemas", "dependencies") and \
+                isinstance(a, dict) and isinstance(b, dict):
+            out = dict(a)
+            for name, d in b.items():
+                if name not in out:
+                    out[name] = d
+                elif isinstance(out[name], list) and isinstance(d, list):
+                    out[name] = list(dict.fromkeys(out[name] + d))
+                else:
+                    x = {"required": out[name]} if isinstance(out[name], list) else out[name]
+                    y = {"required": d} if isinstance(d, list) else d
+                    out[name] = {"allOf": [x, y]}
+            return out
+        if k == "unevaluatedProperties" and isinstance(a, (dict, bool)) and \
+                isinstance(b, (dict, bool)):
+            return {"allOf": [a, b]}
         if k == "type":
             ta = set(a) if isinstance(a, list) else {a}
             tb = set(b) if isinstance(b, list) else {b}
@@ -702,17 +927,9 @@ class SchemaBuilder:
     def types_of(self, schema: dict, path: str) -> list[str]:
         t = schema.get("type")
         if t is None:
-            keys = set(schema)
-            inferred = []
-            if keys & _OBJECT_KW:
-                inferred.append("object")
-            if keys & _ARRAY_KW:
-                inferred.append("array")
-            if keys & _STRING_KW or (schema.get("format") in FORMATS):
-                inferred.append("string")
-            if keys & _NUMBER_KW or schema.get("format") in INT_FORMAT_BOUNDS:
-                inferred.append("number")
-            types = inferred or ["null", "boolean", "object", "array", "number", "string"]
+            # the specification: without "type" every type is allowed, and each keyword
+            # constrains only the values of its own type ("properties" objects, ...)
+            types = ["null", "boolean", "object", "array", "number", "string"]
         else:
             types = t if isinstance(t, list) else [t]
             for x in types:
@@ -754,6 +971,16 @@ class SchemaBuilder:
                     _json_type(v) == "integer" and "number" in types):
                 continue
             opts.append(lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"))))
+        rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")
+                and not is_annotation(k) and k not in ("$defs", "definitions")}
+        if rest and opts and not self._neg:
+            # the listed values must satisfy the other keywords too
+            try:
+                d = self.to_dfa(self.node(rest, path), path, "enum")
+            except AutomatonTooLargeError:
+                d = None
+            if d is not None:
+                opts = [o for o in opts if d.accepts(o.args[0].encode())]
         return alt(*opts)
 
     # -- scalars ---------------------------------------------------------------------
@@ -987,9 +1214,16 @@ class SchemaBuilder:
                 members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
                                        self.node(addl if isinstance(addl, dict) else True,
                                                  f"{path}/required"), True))
-        # which extra keys are allowed
+        # which extra keys are allowed: the specification's open objects by default;
+        # closed_objects=True (tool calls) closes objects that declare properties
         if addl is None:
-            addl = not props and not pprops and not required   # closed when properties given
+            uneval = schema.get("unevaluatedProperties")
+            if uneval is not None and uneval is not True:
+                addl = uneval
+            elif self.closed_objects:
+                addl = not props and not pprops and not required
+            else:
+                addl = True
         extras = []
         declared = list(props) + [r for r in required if r not in props]
         for pat, sub in pprops.items():
@@ -1029,6 +1263,25 @@ class SchemaBuilder:
         if lo or hi is not None:
             cap = max(lo, hi if hi is not None else 0) + 1
             size *= cap
+        if self._neg and members:
+            r = sum(m.required for m in members)
+            if r > MAX_ANY_ORDER_PROPERTIES or size * (1 << r) > self.max_nfa_states:
+                raise AutomatonTooLargeError(
+                    f"object at {path or '/'} under oneOf/not/if: it is matched in any "
+                    f"property order, which needs one copy per subset of its {r} required "
+                    f"properties; the limits are {MAX_ANY_ORDER_PROPERTIES} and "
+                    f"max_nfa_states={self.max_nfa_states}")
+            return Node("objany", (tuple(members), extra, lo, hi, True), size * (1 << r) + 8)
+        if self.property_order == "any" and (len(members) > 1 or (members and extra)):
+            n = len(members)
+            if n > MAX_ANY_ORDER_PROPERTIES or size * (1 << n) > self.max_nfa_states:
+                raise AutomatonTooLargeError(
+                    f"property_order='any' at {path or '/'}: {n} declared properties need "
+                    f"one copy of the members per subset ({1 << n} subsets, about "
+                    f"{size * (1 << n)} NFA states); the limits are "
+                    f"{MAX_ANY_ORDER_PROPERTIES} properties and max_nfa_states="
+                    f"{self.max_nfa_states} (use property_order='schema')")
+            return Node("objany", (tuple(members), extra, lo, hi, False), size * (1 << n) + 8)
         return Node("obj", (tuple(members), extra, lo, hi), size + 8)
 
     def key_node(self, names: Any, path: str) -> Node:
@@ -1064,6 +1317,46 @@ class SchemaBuilder:
         return n
 
 
+def _before(schema: dict, a: str, b: str) -> bool:
+    """True if keyword ``a`` is written before keyword ``b`` in ``schema``."""
+    keys = list(schema)
+    return a in schema and b in schema and keys.index(a) < keys.index(b)
+
+
+_ALL_BYTES = frozenset(range(256))
+
+
+def _first_bytes(node: Node) -> frozenset:
+    """The bytes a string of ``node`` can start with (a superset; all bytes if the
+    node can be empty or is not analysed)."""
+    k = node.kind
+    if k == "empty":
+        return frozenset()
+    if k == "lit":
+        t = node.args[0].encode()
+        return frozenset(t[:1]) if t else _ALL_BYTES
+    if k == "obj":
+        return frozenset(b"{")
+    if k == "seq":
+        return _first_bytes(node.args[0])
+    if k == "alt":
+        out = frozenset()
+        for p in node.args:
+            out |= _first_bytes(p)
+        return out
+    if k == "list":
+        return _first_bytes(node.args[0])
+    if k in ("re", "dfa"):
+        d = _dfa_of(node.args[0]) if k == "re" else node.args[0]
+        if d.num_states == 0:
+            return frozenset()
+        if d.accepting[0]:
+            return _ALL_BYTES
+        row = d.trans[0][d.byte_class]
+        return frozenset(int(b) for b in np.nonzero(row >= 0)[0])
+    return _ALL_BYTES
+
+
 def _json_type(v) -> str:
     if v is None:
         return "null"
@@ -1084,6 +1377,7 @@ def _json_eq(a, b) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+@functools.lru_cache(maxsize=256)
 def _dfa_of(pattern: str) -> DFA:
     return minimize(determinize(regex_to_nfa(pattern, re.ASCII)))
 
@@ -1171,7 +1465,61 @@ class _NFAEmitter:
             return self._list(item, sep, lo, hi, src)
         if k == "obj":
             return self._obj(node, src)
+        if k == "objany":
+            return self._obj_any(node, src)
         raise AssertionError(k)
+
+    def _obj_any(self, node: Node, src: int) -> int:
+        """Members in any order: one state per (subset of declared members emitted,
+        property count level, whether a member was emitted); extra members anywhere."""
+        members, extra, lo, hi, loose = node.args
+        nfa = self.nfa
+        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
+        comma = seq(ws, lit(","), ws)
+        colon = seq(ws, lit(":"), ws)
+        start = self.emit(lit("{"), src)
+        close_in = nfa.add_state()
+        end = self.emit(seq(ws, lit("}")), close_in)
+        n = len(members)
+        counted = bool(lo) or hi is not None
+        K = (max(lo, hi if hi is not None else 0) if counted else 0)
+        need = sum(1 << i for i, m in enumerate(members) if m.required)
+        states: dict = {}
+        work = []
+
+        def state(mask, c):
+            key = (mask, c)
+            if key not in states:
+                states[key] = nfa.add_state()
+                work.append(key)
+            return states[key]
+
+        nfa.add_epsilon(start, state(0, 0))
+        while work:
+            mask, c = work.pop()
+            q = states[mask, c]
+            first = mask == 0 and c == 0
+            can_add = not counted or hi is None or c < hi
+            nc = min(c + 1, K) if counted else 0
+            if can_add:
+                b = self.emit(ws if first else comma, q)
+                for i, m in enumerate(members):
+                    if mask >> i & 1 and not loose:
+                        continue
+                    # loose (a subtracted operand): members may repeat, and only the
+                    # required ones are tracked; "seen" is kept by the -1 level
+                    bit = (1 << i) if (m.required or not loose) else 0
+                    a = self.emit(m.value, self.emit(seq(m.key, colon), b))
+                    nmask = mask | bit
+                    nfa.add_epsilon(a, state(nmask, nc) if counted or nmask else
+                                    state(nmask, -1))
+                if extra is not None:
+                    nfa.add_epsilon(self.emit(extra, b), state(mask, nc) if counted else
+                                    state(mask, c) if not first else state(mask, -1))
+            ok = (not counted) or (c >= lo and (hi is None or c <= hi))
+            if mask & need == need and ok:
+                nfa.add_epsilon(q, close_in)
+        return end
 
     def _embed(self, frag: NFA, src: int) -> int:
         s, acc = self.nfa.embed(frag)
