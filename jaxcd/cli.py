@@ -128,6 +128,7 @@ def cmd_requests(args) -> int:
                      method=args.method, budget=args.budget, temperature=args.temperature,
                      seed=args.seed, num_samples=args.num_samples, model=args.model,
                      chat=not args.no_chat, whitespace_pattern=args.whitespace,
+                     closed_objects=args.closed_objects,
                      batch_size=args.batch_size, **extra)
     n_valid = 0
     for r, out in zip(reqs, res):
@@ -186,7 +187,7 @@ def cmd_generate(args) -> int:
                      temperature=args.temperature, seed=args.seed,
                      num_samples=args.num_samples, model=args.model, chat=not args.no_chat,
                      whitespace_pattern=args.whitespace, batch_size=args.batch_size,
-                     **constraint, **extra)
+                     closed_objects=args.closed_objects, **constraint, **extra)
     if particle:
         if args.json:
             for text, valid, w, lw in zip(res.texts, res.valid, res.weights, res.log_weights):
@@ -334,6 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                    help="--schema: refuse keywords that cannot be enforced (default); "
                         "--no-strict ignores them (outputs may then fail those keywords)")
+    g.add_argument("--closed-objects", action="store_true",
+                   help="--schema: objects that declare properties take no other key (as "
+                        "tool calls do); default: open objects, as the JSON Schema spec says")
     g.add_argument("--whitespace", default=None, help="JSON whitespace regex (default '[ ]?')")
     g.add_argument("--model", default=None, help="GGUF file (default SmolLM2-135M-Instruct)")
     g.add_argument("--json", action="store_true", help="JSON lines on stdout")

@@ -86,17 +86,20 @@ def load_model(path: str | None = None, dtype: str = "float32") -> Model:
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
                      whitespace_pattern: str | None = None, cache: bool = True,
-                     strict: bool = True):
+                     strict: bool = True, closed_objects: bool = False,
+                     property_order: str = "schema"):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
     or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
-    ``strict`` is :func:`~jaxcd.compile_json_schema`'s (schemas only)."""
+    ``strict``, ``closed_objects`` and ``property_order`` are
+    :func:`~jaxcd.compile_json_schema`'s (schemas only)."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
              if v is not None]
     if len(given) > 1:
         raise ValueError(f"give at most one constraint, got {', '.join(given)}")
     if schema is not None:
         return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern,
-                                   strict=strict, cache=cache)
+                                   strict=strict, cache=cache, closed_objects=closed_objects,
+                                   property_order=property_order)
     if regex is not None:
         return compile_regex(regex, vocab, cache=cache)
     if keywords is not None:
@@ -244,6 +247,7 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
              method: str = "gcd", budget: int = 128, temperature: float = 1.0, seed: int = 0,
              num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
              whitespace_pattern: str | None = None, batch_size: int = 16,
+             closed_objects: bool = False, property_order: str = "schema",
              progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
              resample: str = "systematic", ess: float = 0.5,
              predicate=None, strict: bool = True):
@@ -260,7 +264,9 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
     final: bool) -> bool`` (a callable or ``"module:function"``) instead of a compiled
     constraint. ``strict`` (schemas): ``True`` refuses JSON Schema keywords that would not
     be enforced, ``False`` ignores them (``docs/json_schema.md``; the CLI's
-    ``--strict/--no-strict``). ``temperature=0`` is greedy. Rows are decoded
+    ``--strict/--no-strict``); ``closed_objects`` (``--closed-objects``) and
+    ``property_order`` are :func:`~jaxcd.compile_json_schema`'s. ``temperature=0`` is
+    greedy. Rows are decoded
     ``batch_size`` at a time (a progress bar on stderr when there are several batches).
     A budget too small for the constraint raises
     :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
@@ -330,7 +336,8 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
         ck = json.dumps(c, sort_keys=True, default=str)
         if ck not in built:                  # the same constraint twice: one automaton
             built[ck] = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern,
-                                         strict=strict, **c) if c else None
+                                         strict=strict, closed_objects=closed_objects,
+                                         property_order=property_order, **c) if c else None
         fas.append(built[ck])
         auto_s.append(time.perf_counter() - t)
     n_con = sum(fa is not None for fa in fas)
