@@ -129,7 +129,8 @@ def cmd_requests(args) -> int:
                      seed=args.seed, num_samples=args.num_samples, model=args.model,
                      chat=not args.no_chat, whitespace_pattern=args.whitespace,
                      closed_objects=args.closed_objects,
-                     batch_size=args.batch_size, **extra)
+                     batch_size=args.batch_size,
+                     **(extra or {"batching": args.batching}))
     n_valid = 0
     for r, out in zip(reqs, res):
         line = {"id": r["id"], "texts": out.texts, "valid": out.valid}
@@ -140,7 +141,8 @@ def cmd_requests(args) -> int:
     sys.stdout.flush()
     s = res[0].stats
     print(f"[jaxcd] requests={len(reqs)} method={args.method} budget={args.budget} "
-          f"valid={n_valid} batches={s.get('batches', '-')} xla_compiles={s['xla_compiles']} "
+          f"valid={n_valid} batches={s.get('batches', s.get('batching', '-'))} "
+          f"xla_compiles={s['xla_compiles']} "
           f"decode={s['decode_s']:.2f}s steps={s['steps']}", file=sys.stderr)
     return 0
 
@@ -313,6 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "batches, one JSON line out per request")
     g.add_argument("--batch-size", type=int, default=16,
                    help="rows decoded together in one compiled program")
+    g.add_argument("--batching", choices=["continuous", "static"], default="continuous",
+                   help="--requests with none|lcd|gcd: 'continuous' (default) gives a row whose "
+                        "output ended to the next request; 'static' decodes --batch-size "
+                        "requests as one unit")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--budget", type=int, default=128, help="max new tokens, EOS included")
     g.add_argument("--method", choices=["none", "lcd", "gcd", "smc", "awrs"], default="gcd",

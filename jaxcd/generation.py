@@ -250,7 +250,7 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
              closed_objects: bool = False, property_order: str = "schema",
              progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
              resample: str = "systematic", ess: float = 0.5,
-             predicate=None, strict: bool = True):
+             predicate=None, strict: bool = True, batching: str = "static"):
     """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
@@ -286,6 +286,15 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
     ``decode_s``, ``steps`` (decoding steps actually run) and ``ms_per_step`` (per step
     run), and the ``bucket``.
 
+    **Batching** (methods ``gcd``/``lcd``/``none``). ``batching="static"`` decodes
+    ``batch_size`` rows as one unit, until its longest row ends. ``"continuous"`` keeps
+    ``batch_size`` rows busy: a row whose output has ended takes the next waiting
+    prompt (:func:`jaxcd.decoding.serve.serve`), the better choice for many prompts of
+    unequal output lengths; its ``stats`` add ``occupancy`` (the share of row-steps that
+    decoded a live request), ``inserts``, ``chunks`` and ``shifts``. Each row draws with
+    its own key (``fold_in(PRNGKey(seed), row)``), so the two modes give different (equally
+    distributed) samples.
+
     Example::
 
         out = jaxcd.generate("Give me an integer.", regex=r"-?[0-9]+", budget=8)
@@ -320,6 +329,10 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
                                    whitespace_pattern=whitespace_pattern, strict=strict)
     if predicate is not None:
         raise ValueError("predicate= is for method='awrs'")
+    if batching not in ("static", "continuous"):
+        raise ValueError(f"batching must be 'static' or 'continuous', got {batching!r}")
+    if batching == "continuous" and method not in METHODS:
+        raise ValueError(f"batching='continuous' is for methods {METHODS}, not {method!r}")
     if batch:
         rows = _row_constraints(len(prompts), constraints, schema=schema, regex=regex,
                                 keywords=keywords, tool=tool)
@@ -355,10 +368,10 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
                              "method='none')")
         if n_con == 0:
             method = "none"
-        results = _generate_masked(m, prompts, fas, auto_s, method=method, budget=budget,
-                                   temperature=temperature, seed=seed, num_samples=num_samples,
-                                   chat=chat, batch_size=batch_size, progress=progress, c0=c0,
-                                   t0=t0)
+        gen = _generate_continuous if batching == "continuous" else _generate_masked
+        results = gen(m, prompts, fas, auto_s, method=method, budget=budget,
+                      temperature=temperature, seed=seed, num_samples=num_samples,
+                      chat=chat, batch_size=batch_size, progress=progress, c0=c0, t0=t0)
     return results if batch else results[0]
 
 
@@ -446,6 +459,19 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
     toks, valid_all, ended_all = fields[0][:, :budget], fields[1], fields[2]
     dt = time.perf_counter() - t1
     comp = (_compile_stats.snapshot() - c0).as_dict()
+    stats = {"method": method, "budget": budget, "num_samples": num_samples,
+             "automaton_s": [round(x, 4) for x in auto_s], "setup_s": round(t_setup, 4),
+             "decode_s": round(dt, 4), "steps": steps,
+             "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
+             "batching": "static", "batch_rows": bs, "batches": n_chunks,
+             "prompts": len(prompts), "budget_bucket": N, "prompt_bucket": width,
+             "bucket": list(bucket) if bucket else None, **comp}
+    return _results(m, fas, prompt_ids, row_of, toks, valid_all, ended_all, stats)
+
+
+def _results(m: Model, fas, prompt_ids, row_of, toks, valid_all, ended_all, stats
+             ) -> list[GenerationResult]:
+    """One :class:`GenerationResult` per prompt from the rows' tokens (``[rows, budget]``)."""
     token_ids, texts = _decode_texts(m, toks.tolist())
     results = []
     for i, fa in enumerate(fas):
@@ -454,21 +480,56 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
         ended = [bool(ended_all[j]) for j in sel]
         # `valid` means "constraint met": for method "none" the sampler does not track
         # the automaton, so walk it here
-        valid = (_walk_valid(fa, ids_i, ended) if fa is not None and method == "none"
+        valid = (_walk_valid(fa, ids_i, ended) if fa is not None and stats["method"] == "none"
                  else [bool(valid_all[j]) for j in sel])
         n_tokens = int(sum(len(r) + (1 if e else 0) for r, e in zip(ids_i, ended)))
-        stats = {"method": method, "budget": budget, "num_samples": num_samples,
-                 "prompt_tokens": len(prompt_ids[i]), "generated_tokens": n_tokens,
-                 "automaton_s": round(auto_s[i], 4), "compile_s": round(auto_s[i], 4),
-                 "setup_s": round(t_setup, 4), "decode_s": round(dt, 4), "steps": steps,
-                 "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
-                 "batch_rows": bs, "batches": n_chunks, "prompts": len(prompts),
-                 "budget_bucket": N, "prompt_bucket": width,
-                 "bucket": list(bucket) if bucket else None, **comp,
-                 "valid": int(sum(valid)),
-                 "min_budget": fa.min_budget if fa is not None else None}
-        results.append(GenerationResult([texts[j] for j in sel], ids_i, valid, ended, stats))
+        st = dict(stats, prompt_tokens=len(prompt_ids[i]), generated_tokens=n_tokens,
+                  automaton_s=stats["automaton_s"][i], compile_s=stats["automaton_s"][i],
+                  valid=int(sum(valid)), min_budget=fa.min_budget if fa is not None else None)
+        results.append(GenerationResult([texts[j] for j in sel], ids_i, valid, ended, st))
     return results
+
+
+def _generate_continuous(m: Model, prompts, fas, auto_s, *, method, budget, temperature, seed,
+                         num_samples, chat, batch_size, progress, c0, t0
+                         ) -> list[GenerationResult]:
+    """``batching="continuous"``: every (prompt, sample) row is a request of
+    :func:`jaxcd.decoding.serve.serve`, ``batch_size`` rows decoding at a time."""
+    from .decoding.buckets import budget_bucket, prompt_bucket
+    from .decoding.serve import Request, ServeStats, serve
+    prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
+    row_of = [i for i in range(len(prompts)) for _ in range(num_samples)]
+    key = jax.random.PRNGKey(seed)
+    reqs = [Request(prompt_ids[i], fas[i] if method != "none" else None,
+                    jax.random.fold_in(key, j)) for j, i in enumerate(row_of)]
+    t_setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    bar = None
+    if progress and len(reqs) > batch_size:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(reqs), desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
+    st = ServeStats()
+    outs = serve(m.lm, m.params, reqs, budget=budget, method=method, rows=int(batch_size),
+                 temperature=float(temperature), pad_id=getattr(m.lm, "pad_token_id", 0),
+                 progress=(lambda n: bar.update(n - bar.n)) if bar is not None else None,
+                 stats=st)
+    if bar is not None:
+        bar.close()
+    dt = time.perf_counter() - t1
+    comp = (_compile_stats.snapshot() - c0).as_dict()
+    toks = np.stack([o.tokens for o in outs])[:, :budget]
+    stats = {"method": method, "budget": budget, "num_samples": num_samples,
+             "automaton_s": [round(x, 4) for x in auto_s], "setup_s": round(t_setup, 4),
+             "decode_s": round(dt, 4), "steps": st.steps,
+             "ms_per_step": round(1e3 * dt / max(st.steps, 1), 3),
+             "batching": "continuous", "batch_rows": int(batch_size), "prompts": len(prompts),
+             "budget_bucket": budget_bucket(budget),
+             "prompt_bucket": prompt_bucket(max(len(p) for p in prompt_ids)),
+             "bucket": st.groups[0] if len(st.groups) == 1 else None, "buckets": st.groups,
+             "occupancy": round(st.occupancy, 4), "inserts": st.inserts, "chunks": st.chunks,
+             "shifts": st.shifts, "insert_s": round(st.insert_s, 4), **comp}
+    return _results(m, fas, prompt_ids, row_of, toks, [o.valid for o in outs],
+                    [o.ended for o in outs], stats)
 
 
 def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, num_samples,

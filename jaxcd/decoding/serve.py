@@ -1,0 +1,461 @@
+"""Continuous batching: a stream of requests, each with its own constraint, through a
+fixed set of ``rows`` batch rows; a row whose request has finished takes the next one.
+
+:func:`jaxcd.decoding.decode.sample` decodes a batch as one unit: it runs until its
+longest row ends, so rows that finish early idle. With requests of unequal length (the
+usual case: a short enum next to a long object) most of a static batch's steps are
+spent on finished rows. :func:`serve` keeps every row busy instead:
+
+1. the first ``rows`` requests are prefilled (``group`` at a time) and inserted into the
+   batch: their KV entries, next-token log-probabilities, automaton (one row of a
+   stacked automaton, :func:`jaxcd.decoding.buckets.stack_automata`) and β tables;
+2. one jitted program runs decode steps for the whole batch until ``group`` rows have
+   finished (or every row has, when no request is waiting);
+3. the host collects the finished rows' outputs and inserts the next requests into
+   those rows; back to 2.
+
+Every shape is fixed by the engine's buckets (rows, prompt width, budget bucket,
+automaton bucket), so after one warm-up per bucket no request compiles anything.
+
+**Same draws as one by one.** Each request carries its own key; step ``t`` of a request
+draws with ``fold_in(key, t)``, exactly what :func:`~jaxcd.decoding.decode.sample` does for
+a batch of one. With an LM whose log-probabilities do not depend on the batch's other
+rows (e.g. :class:`~jaxcd.lm.interface.TableLM`) a request gets bit-for-bit the tokens of
+``decode.sample`` with its key (tested); a real LM's logits can differ in the last bits
+with the batch composition, so only a near-tie draw can differ.
+
+**The KV cache** (:class:`~jaxcd.lm.llama.JaxLM`'s layout: ``k [B, L, n_kv, D, S]``,
+``v [B, L, n_kv, S, D]``, ``offset [B]``, one write slot ``s`` shared by the rows) has
+``S = P + 2N`` slots for prompt width ``P`` and budget bucket ``N``. A request inserted at
+slot ``s`` (``s ≥ P``) gets its prompt's keys and values in slots ``[s - P, s)`` and
+``offset = s - len(prompt)``, so its positions are those of a stand-alone prefill. Before
+an insertion that would leave fewer than ``N`` free slots, the cache is shifted left by
+``δ = min(s - P, min offset of the live rows)`` (one roll of the cache, every ``~N``
+steps): live rows lose nothing, and afterwards ``s ≤ P + N``, so there is room for a
+whole budget. LMs whose state has no positions (every leaf per row, e.g. ``TableLM``)
+are handled by replacing the row's state.
+
+Budgets: one budget ``n`` (≤ the bucket ``N``) for every request of a call; the β tables
+of each request are its own automaton's (built for ``G`` new rows at a time and written
+into the stack's tables).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..automata.tensorized import TensorizedAutomaton
+from . import gcd
+from .buckets import bucket_automaton, budget_bucket, common_bucket, flatten, prompt_bucket, \
+    stack_automata
+from .decode import draw, masked_logits, tables_for
+
+__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes"]
+
+
+class Request(NamedTuple):
+    """One request: ``prompt_ids`` (token ids, not padded), ``fa`` (its automaton, or
+    ``None`` for unconstrained decoding) and ``key`` (a ``jax.random.PRNGKey``; its step
+    ``t`` draws with ``fold_in(key, t)``)."""
+
+    prompt_ids: Sequence[int]
+    fa: TensorizedAutomaton | None
+    key: Any
+
+
+class Finished(NamedTuple):
+    """The output of one request (host arrays), in the fields of
+    :class:`~jaxcd.decoding.decode.SampleOutput` for a batch of one, plus ``steps``: the
+    decoding steps this request took (tokens drawn, EOS included)."""
+
+    tokens: np.ndarray          # int32 [budget_bucket], EOS-padded
+    valid: bool
+    ended: bool
+    logprob: float
+    proposal_logprob: float
+    steps: int
+
+
+@dataclass
+class ServeStats:
+    """What one :func:`serve` call did: ``steps`` (batch decode steps run, each one LM
+    step for all ``rows``), ``chunks`` (decode calls), ``inserts`` (insert calls, each up
+    to ``group`` requests), ``shifts`` (cache shifts), ``row_steps`` (Σ over requests of
+    their own steps: ``row_steps / (steps · rows)`` is the share of row-steps that did
+    useful work), ``groups`` (automaton buckets served, in order)."""
+
+    rows: int = 0
+    steps: int = 0
+    chunks: int = 0
+    inserts: int = 0
+    shifts: int = 0
+    row_steps: int = 0
+    groups: list = field(default_factory=list)
+    decode_s: float = 0.0
+    insert_s: float = 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Share of the batch's row-steps that decoded a live request."""
+        return self.row_steps / max(self.steps * self.rows, 1)
+
+
+# ------------------------------------------------------------------ the LM state, by layout
+def _is_kv(state) -> bool:
+    return isinstance(state, dict) and {"k", "v", "slot", "offset"} <= set(state)
+
+
+_SHAPES: dict = {}
+
+
+def _prefill_shapes(lm, params, B: int, P: int, max_len: int):
+    """Shapes of ``lm.prefill``'s output (traced once per LM, params layout and sizes)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    key = (lm, B, P, max_len, treedef,
+           tuple((tuple(np.shape(x)), str(getattr(x, "dtype", ""))) for x in leaves))
+    if key not in _SHAPES:
+        if len(_SHAPES) > 64:
+            _SHAPES.clear()
+        _SHAPES[key] = jax.eval_shape(
+            lambda p: lm.prefill(p, jnp.zeros((B, P), jnp.int32), jnp.ones((B,), jnp.int32),
+                                 max_len), params)
+    return _SHAPES[key]
+
+
+def _empty_state(lm, params, B: int, P: int, max_len: int):
+    """An LM state of ``B`` empty rows with room for ``max_len`` slots, write slot ``P``."""
+    shapes = _prefill_shapes(lm, params, B, P, max_len)
+    state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[0])
+    logp = jnp.zeros(shapes[1].shape, shapes[1].dtype)
+    if _is_kv(state):
+        state = dict(state, slot=jnp.full((B,), P, jnp.int32), offset=jnp.full((B,), P, jnp.int32))
+    return state, logp
+
+
+def _insert_state(state, rows, new, s, P: int):
+    """Rows ``rows`` [G] (``B`` = dropped) of ``state`` replaced by the prefilled ``new``
+    (``G`` rows, prompt width ``P``), written at slots ``[s - P, s)``."""
+    if not _is_kv(state):
+        return jax.tree.map(lambda x, y: x.at[rows].set(y, mode="drop"), state, new)
+    B = state["k"].shape[0]
+    z = jnp.zeros((), jnp.int32)
+    k, v = state["k"], state["v"]
+
+    def put(i, kv):
+        k, v = kv
+        b = rows[i]
+        ok = b < B
+        bb = jnp.minimum(b, B - 1)
+        kn = jax.lax.dynamic_slice_in_dim(new["k"], i, 1, 0)[..., :P]
+        vn = jax.lax.dynamic_slice_in_dim(new["v"], i, 1, 0)[..., :P, :]
+        ko = jax.lax.dynamic_slice(k, (bb, z, z, z, s - P), kn.shape)
+        vo = jax.lax.dynamic_slice(v, (bb, z, z, s - P, z), vn.shape)
+        k = jax.lax.dynamic_update_slice(k, jnp.where(ok, kn, ko), (bb, z, z, z, s - P))
+        v = jax.lax.dynamic_update_slice(v, jnp.where(ok, vn, vo), (bb, z, z, s - P, z))
+        return k, v
+
+    k, v = jax.lax.fori_loop(0, rows.shape[0], put, (k, v))
+    offset = state["offset"].at[rows].set(s - P + new["offset"], mode="drop")
+    return dict(state, k=k, v=v, offset=offset)
+
+
+def _shift_state(state, delta):
+    """The cache shifted ``delta`` slots to the left (``slot`` and ``offset`` too)."""
+    if not _is_kv(state):
+        return state
+    S = state["v"].shape[3]
+    idx = (jnp.arange(S) + delta) % S
+    return dict(state, k=jnp.take(state["k"], idx, axis=4), v=jnp.take(state["v"], idx, axis=3),
+                slot=state["slot"] - delta, offset=jnp.maximum(state["offset"] - delta, 0))
+
+
+# --------------------------------------------------------------------------- the programs
+class _Carry(NamedTuple):
+    lm_state: Any
+    logp: jax.Array          # [B, V]
+    state: jax.Array         # int32 [B]  automaton state (flattened ids)
+    t: jax.Array             # int32 [B]  tokens drawn by the row's request
+    done: jax.Array          # bool [B]   emitted EOS
+    active: jax.Array        # bool [B]   holds a request not yet collected
+    lp: jax.Array            # float32 [B]
+    lq: jax.Array            # float32 [B]
+    toks: jax.Array          # int32 [B, N]
+    keys: jax.Array          # uint32 [B, 2]
+
+
+def _finished(c: _Carry, limit):
+    return c.active & (c.done | (c.t >= limit))
+
+
+@partial(jax.jit, static_argnames=("lm", "constrained", "greedy"), donate_argnums=(4,))
+def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature, stop_at, *,
+                  constrained: bool, greedy: bool):
+    """Rows ``release`` [B] (collected by the host) leave the batch; then decode steps for
+    every row until ``stop_at`` active rows have finished or none is live. Returns the
+    carry, the steps run, ``valid [B]`` and ``finished [B]``."""
+    c = c._replace(active=c.active & ~release)
+    ffa = flatten(fa) if constrained else None
+    eos = lm.eos_token_id
+    N = c.toks.shape[1]
+    B = c.toks.shape[0]
+
+    def cond(x):
+        c, i = x
+        fin = _finished(c, limit)
+        return (jnp.sum(fin) < stop_at) & jnp.any(c.active & ~fin)
+
+    def step(x):
+        c, i = x
+        live = c.active & ~_finished(c, limit)
+        keys = jax.vmap(jax.random.fold_in)(c.keys, c.t)
+        if constrained:
+            cs = gcd.ConstraintState(c.state, c.t)
+            logits = masked_logits(ffa, tables, cs, c.logp)
+        else:
+            logits = c.logp
+        tok, lq, _, empty = draw(keys, logits / temperature, ~live, eos, greedy=greedy)
+        lq = jnp.where(empty, jnp.inf, lq)
+        lp = jnp.take_along_axis(c.logp, tok[:, None], axis=1)[:, 0]
+        state = c.state
+        if constrained:
+            nxt = jax.vmap(gcd.next_state, in_axes=(None, 0, 0))(ffa, c.state, tok)
+            state = jnp.where(live, nxt, c.state)
+        toks = c.toks.at[jnp.arange(B), jnp.where(live, c.t, N)].set(tok, mode="drop")
+        lm_state, logp = lm.step(params, c.lm_state, tok)
+        c = _Carry(lm_state, logp, state, c.t + live.astype(jnp.int32),
+                   c.done | (live & (tok == eos)), c.active,
+                   c.lp + jnp.where(live, lp, 0.0), c.lq + jnp.where(live, lq, 0.0), toks, c.keys)
+        return c, i + 1
+
+    c, steps = jax.lax.while_loop(cond, step, (c, jnp.int32(0)))
+    valid = gcd.is_final(ffa, c.state) if constrained else c.done
+    return c, steps, valid, _finished(c, limit)
+
+
+@partial(jax.jit, static_argnames=("constrained", "P", "eos"), donate_argnums=(0, 1, 2))
+def _insert(c: _Carry, fa, tables, rows, new_state, new_logp, new_fa, new_tables, new_keys, s,
+            *, constrained: bool, P: int, eos: int):
+    """Requests ``rows`` [G] (``B``: padding, dropped) enter the batch."""
+    B = c.toks.shape[0]
+    eos_row = jnp.full(c.toks.shape[1:], eos, c.toks.dtype)
+    lm_state = _insert_state(c.lm_state, rows, new_state, s, P)
+    state = c.state
+    if constrained:
+        S = fa.dist.shape[1]
+        fa = jax.tree.map(lambda x, y: x.at[rows].set(y, mode="drop"), fa, new_fa)
+        G = rows.shape[0]
+
+        def put(big, small):                    # [T, B·S] <- [T, G·S] by row blocks
+            T = big.shape[0]
+            out = big.reshape(T, B, S).at[:, rows].set(small.reshape(T, G, S), mode="drop")
+            return out.reshape(T, B * S)
+
+        tables = gcd.BudgetTables(put(tables.beta, new_tables.beta),
+                                  put(tables.live_out, new_tables.live_out), tables.n)
+        state = state.at[rows].set(rows * S + new_fa.initial_state, mode="drop")
+    z = jnp.zeros(rows.shape, jnp.int32)
+    c = _Carry(lm_state, c.logp.at[rows].set(new_logp, mode="drop"), state,
+               c.t.at[rows].set(z, mode="drop"), c.done.at[rows].set(False, mode="drop"),
+               c.active.at[rows].set(True, mode="drop"),
+               c.lp.at[rows].set(0.0, mode="drop"), c.lq.at[rows].set(0.0, mode="drop"),
+               c.toks.at[rows].set(eos_row, mode="drop"), c.keys.at[rows].set(new_keys, mode="drop"))
+    return c, fa, tables
+
+
+@partial(jax.jit, donate_argnums=(0,))
+def _shift(c: _Carry, delta):
+    return c._replace(lm_state=_shift_state(c.lm_state, delta))
+
+
+# ------------------------------------------------------------------------------- serving
+def stack_bytes(bucket, vocab_size: int, rows: int) -> int:
+    """Device bytes of ``rows`` automata stacked at ``bucket`` = (states, edges,
+    out-degree, mask rows), with their β tables for a budget bucket of 64."""
+    S, E, D, R = (int(x) for x in bucket)
+    W = -(-int(vocab_size) // 32)
+    per_row = 4 * (R * W + S * D + 3 * E + 3 * S + 1) + 65 * S * 5
+    return rows * per_row
+
+
+def _raw_key(key) -> jax.Array:
+    """A PRNG key as raw ``uint32 [2]`` (typed keys are unwrapped)."""
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.key_data(key)
+    if key.shape != (2,):
+        raise ValueError(f"a request's key must be a jax.random.PRNGKey (uint32 [2]), got shape "
+                         f"{key.shape}")
+    return key.astype(jnp.uint32)
+
+
+def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str = "gcd",
+          rows: int = 16, group: int | None = None, temperature: float = 1.0,
+          pad_id: int = 0, prompt_width: int | None = None, progress=None,
+          stats: ServeStats | None = None,
+          max_automata_bytes: int = 1 << 30) -> list[Finished]:
+    """Decode ``requests`` with continuous batching; returns one :class:`Finished` per
+    request, in order.
+
+    ``method``: ``"gcd"`` (every output valid and ended within ``budget``), ``"lcd"`` or
+    ``"none"`` (then every request's ``fa`` must be ``None``, or is ignored). ``rows``:
+    batch rows; ``group``: requests prefilled and inserted together, and the number of
+    finished rows that ends a decode call (default ``rows // 4``). Every automaton is
+    padded to the common bucket of all requests (one stream, one set of programs) when
+    the batch's stacked automata take at most ``max_automata_bytes``
+    (:func:`stack_bytes`); otherwise requests are served in groups by their own bucket,
+    smallest first, a group of large automata with fewer rows (as many as fit; an error
+    if not even one does). ``temperature=0`` is greedy. ``progress``: a callable ``progress(n_done)`` called as requests finish.
+    ``stats``: a :class:`ServeStats` to fill in.
+
+    Raises :class:`~jaxcd.errors.BudgetTooSmallError` (naming the request's constraint)
+    before decoding if some request's constraint cannot end within ``budget``."""
+    if method not in ("gcd", "lcd", "none"):
+        raise ValueError(f"method must be 'gcd', 'lcd' or 'none', got {method!r}")
+    if not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise ValueError(f"budget must be a positive integer, got {budget!r}")
+    requests = list(requests)
+    if not requests:
+        return []
+    rows = int(rows)
+    G = max(1, min(rows, int(group) if group else max(1, rows // 4)))
+    constrained = method != "none"
+    st = stats if stats is not None else ServeStats()
+    st.rows = rows
+    N = budget_bucket(int(budget))
+    P = prompt_width or prompt_bucket(max(len(r.prompt_ids) for r in requests))
+    if max(len(r.prompt_ids) for r in requests) > P:
+        raise ValueError(f"a prompt has {max(len(r.prompt_ids) for r in requests)} tokens, more "
+                         f"than prompt_width={P}")
+    if constrained:
+        for i, r in enumerate(requests):
+            if r.fa is None:
+                raise ValueError(f"request {i} has no automaton (method={method!r})")
+            if method == "gcd":
+                gcd.check_budget(r.fa, int(budget))
+        common = common_bucket([r.fa for r in requests])
+        V = requests[0].fa.vocab_size
+        if stack_bytes(common, V, rows) <= max_automata_bytes:
+            groups = [(common, list(range(len(requests))), rows)]     # one stream
+        else:        # one stream per bucket, large automata with fewer rows
+            order: dict = {}
+            for i, r in enumerate(requests):
+                order.setdefault(common_bucket([r.fa]), []).append(i)
+            groups = []
+            for b, ix in sorted(order.items()):
+                fit = int(max_automata_bytes // stack_bytes(b, V, 1))
+                if fit < 1:
+                    raise ValueError(
+                        f"one automaton of bucket {b} takes {stack_bytes(b, V, 1) / 2**20:.1f} "
+                        f"MiB, more than max_automata_bytes={max_automata_bytes / 2**20:.1f} MiB")
+                groups.append((b, ix, min(rows, fit)))
+    else:
+        groups = [(None, list(range(len(requests))), rows)]
+    out: list[Finished | None] = [None] * len(requests)
+    n_done = 0
+    for bucket, idx, rows_g in groups:
+        st.groups.append(list(bucket) if bucket else None)
+        n_done = _serve_group(lm, params, requests, idx, bucket, out, st, budget=int(budget),
+                              N=N, P=P, rows=rows_g, G=min(G, rows_g), method=method,
+                              temperature=temperature,
+                              pad_id=pad_id, progress=progress, n_done=n_done)
+    return out
+
+
+def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budget, N, P, rows,
+                 G, method, temperature, pad_id, progress, n_done):
+    from ..lm.interface import pad_prompts
+    constrained = method != "none"
+    B = rows
+    S_cache = P + 2 * N
+    eos = int(lm.eos_token_id)
+    greedy = temperature == 0
+    temp = jnp.float32(max(temperature, 1e-6))
+    lm_state, logp0 = _empty_state(lm, params, B, P, S_cache)
+    fa = tables = None
+    if constrained:                     # empty rows: any automaton, all-zero tables
+        blank = bucket_automaton(requests[idx[0]].fa, bucket)
+        fa = stack_automata([blank] * B, bucket).to_device()
+        S = int(bucket[0])
+        tables = gcd.BudgetTables(jnp.zeros((N + 1, B * S), bool),
+                                  jnp.zeros((N + 1, B * S), jnp.int32), jnp.int32(budget))
+    c = _Carry(lm_state, logp0, jnp.zeros(B, jnp.int32), jnp.zeros(B, jnp.int32),
+               jnp.zeros(B, bool), jnp.zeros(B, bool), jnp.zeros(B, jnp.float32),
+               jnp.zeros(B, jnp.float32), jnp.full((B, N), eos, jnp.int32),
+               jnp.zeros((B, 2), jnp.uint32))
+    limit = jnp.int32(budget)
+    c = _shift(c, jnp.int32(0))         # compile every program of the stream up front
+    release = np.zeros(B, bool)
+    queue = list(idx)
+    holder = [None] * B                 # request index per row
+    s = P                               # shared write slot (host mirror)
+    offsets = np.full(B, P, np.int64)   # host mirror of the rows' offsets
+
+    while queue or any(h is not None for h in holder):
+        free = [b for b in range(B) if holder[b] is None]
+        t0 = time.perf_counter()
+        while queue and free:
+            take = [queue.pop(0) for _ in range(min(G, len(queue), len(free)))]
+            rws = [free.pop(0) for _ in take]
+            if s + N > S_cache:          # not room for a whole budget: shift the cache left
+                live = [offsets[b] for b in range(B) if holder[b] is not None]
+                delta = int(min([s - P] + live))
+                if delta > 0:
+                    c = _shift(c, jnp.int32(delta))
+                    s -= delta
+                    offsets -= delta
+                    st.shifts += 1
+            pad = G - len(take)
+            ids, lens = pad_prompts([requests[i].prompt_ids for i in take + take[-1:] * pad],
+                                    pad_id=pad_id, length=P)
+            new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), P)
+            new_fa = new_tables = None
+            if constrained:
+                new_fa = stack_automata([requests[i].fa for i in take + take[-1:] * pad],
+                                        bucket).to_device()
+                new_tables = tables_for(new_fa, method, budget, N)
+            keys = jnp.stack([_raw_key(requests[i].key) for i in take + take[-1:] * pad])
+            row_arr = jnp.asarray(rws + [B] * pad, jnp.int32)
+            c, fa, tables = _insert(c, fa, tables, row_arr, new_state, new_logp, new_fa,
+                                    new_tables, keys, jnp.int32(s), constrained=constrained, P=P,
+                                    eos=eos)
+            for i, b in zip(take, rws):
+                holder[b] = i
+                release[b] = False          # a new request, not the collected one
+                offsets[b] = s - len(requests[i].prompt_ids)
+            st.inserts += 1
+        st.insert_s += time.perf_counter() - t0
+        # decode until G rows finished (or all, when nobody waits)
+        t0 = time.perf_counter()
+        n_active = sum(h is not None for h in holder)
+        stop_at = min(G, n_active) if queue else n_active
+        c, steps, valid, fin = _decode_chunk(lm, params, fa, tables, c, jnp.asarray(release),
+                                             limit, temp, jnp.int32(stop_at),
+                                             constrained=constrained, greedy=greedy)
+        steps = int(steps)
+        s += steps
+        st.steps += steps
+        st.chunks += 1
+        fin = np.asarray(fin)
+        release = fin.copy()
+        if fin.any():
+            host = jax.device_get((c.toks, valid, c.done, c.lp, c.lq, c.t))
+            toks, val, done, lp, lq, tt = host
+            for b in np.flatnonzero(fin):
+                i = holder[b]
+                out[i] = Finished(np.array(toks[b]), bool(val[b]), bool(done[b]),
+                                  float(lp[b]), float(lq[b]) if not greedy else float("nan"),
+                                  int(tt[b]))
+                st.row_steps += int(tt[b])
+                holder[b] = None
+                n_done += 1
+            if progress is not None:
+                progress(n_done)
+        st.decode_s += time.perf_counter() - t0
+    return n_done

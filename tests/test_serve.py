@@ -1,0 +1,161 @@
+"""Continuous batching (:func:`jaxcd.decoding.serve.serve`).
+
+References:
+- exact: with :class:`TableLM` (log-probabilities independent of the other rows) every
+  request gets bit-for-bit the tokens and log-probability that ``decode.sample`` gives it
+  alone with the same key — GCD, LCD and unconstrained, across refills and two automaton
+  buckets;
+- a real transformer (a tiny random llama): each request's accumulated log-probability
+  equals a full recompute of ``prompt + output`` without a cache
+  (:meth:`JaxLM.logprobs_all`), which checks that inserted rows' keys, values, offsets
+  and positions are those of a stand-alone prefill, across cache shifts and blocked
+  attention; every output is valid for its own regex (Python's ``re``);
+- compiles counted with ``jax.monitoring``: a second stream of new constraints in the
+  same buckets compiles nothing.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcd import Vocabulary, compile_regex
+from jaxcd.decoding import compile_stats
+from jaxcd.decoding.buckets import automaton_bucket, bucket_automaton, budget_bucket
+from jaxcd.decoding.decode import sample, tables_for
+from jaxcd.decoding.serve import Request, ServeStats, serve, stack_bytes
+from jaxcd.lm import TableLM, pad_prompts
+
+TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-", b"0", b"1", b"01", b"x"]
+EOS = 0
+V = len(TOKENS)
+VOCAB = Vocabulary.from_token_bytes(TOKENS, eos_id=EOS)
+PATTERNS = [r"(ab|b)*a?-?", r"[01]{2,5}", r"x(a|b)+x", r"-?(0|1(0|1)*)", r"-[01]{0,80}"]
+
+
+def toy_lm(depth=3, seed=3):
+    rng = np.random.default_rng(seed)
+    table = {}
+
+    def fn(prefix):
+        if prefix not in table:
+            table[prefix] = rng.dirichlet(np.ones(V) * 0.7) + 1e-3
+        return table[prefix]
+
+    return TableLM.from_function(fn, V, depth, eos_token_id=EOS)
+
+
+def text_of(row, tokens=TOKENS, eos=EOS):
+    row = list(row)
+    row = row[: row.index(eos)] if eos in row else row
+    return b"".join(tokens[v] for v in row).decode()
+
+
+@pytest.fixture(scope="module")
+def fas():
+    return [compile_regex(p, VOCAB) for p in PATTERNS]
+
+
+@pytest.mark.parametrize("method,groups", [("gcd", 1), ("gcd", 2), ("lcd", 1), ("none", 1)])
+def test_each_request_decodes_exactly_as_alone(fas, method, groups):
+    """One stream at the common bucket, or (``max_automata_bytes`` too small for it) one
+    stream per automaton bucket."""
+    lm = toy_lm()
+    n = 12
+    assert len({automaton_bucket(fa) for fa in fas}) == 2
+    reqs = [Request([1] * (1 + i % 3), fas[i % len(fas)], jax.random.PRNGKey(100 + i))
+            for i in range(23)]
+    if method == "none":
+        reqs = [r._replace(fa=None) for r in reqs]
+    st = ServeStats()
+    limit = 1 << 30 if groups == 1 else stack_bytes(automaton_bucket(fas[-1]), V, 4) - 1
+    out = serve(lm, lm.params, reqs, budget=n, rows=4, group=2, method=method, stats=st,
+                max_automata_bytes=limit)
+    assert st.inserts >= 23 // 2 and st.chunks > 5 and len(st.groups) == groups
+    assert 0.5 < st.occupancy <= 1.0
+    N = budget_bucket(n)
+    for i, (r, o) in enumerate(zip(reqs, out)):
+        ids, lens = pad_prompts([r.prompt_ids])
+        fa = bucket_automaton(r.fa) if r.fa is not None else None
+        tables = tables_for(fa, method, n, N) if fa is not None else None
+        ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, budget=N, limit=n,
+                     constrained=method != "none")
+        np.testing.assert_array_equal(o.tokens, np.asarray(ref.tokens[0]), err_msg=f"request {i}")
+        assert o.logprob == pytest.approx(float(ref.logprob[0]), abs=1e-5)
+        assert o.proposal_logprob == pytest.approx(float(ref.proposal_logprob[0]), abs=1e-5)
+        assert o.valid == bool(ref.valid[0]) and o.ended == bool(ref.ended[0])
+        if method == "gcd":
+            assert o.valid and re.fullmatch(PATTERNS[i % len(PATTERNS)], text_of(o.tokens))
+
+
+def test_budget_too_small_names_the_request(fas):
+    from jaxcd.errors import BudgetTooSmallError
+    lm = toy_lm()
+    reqs = [Request([1], fas[2], jax.random.PRNGKey(0))]
+    with pytest.raises(BudgetTooSmallError):
+        serve(lm, lm.params, reqs, budget=2, rows=2)
+    with pytest.raises(ValueError, match="more than max_automata_bytes"):
+        serve(lm, lm.params, reqs, budget=8, rows=2, max_automata_bytes=1000)
+    with pytest.raises(ValueError, match="no automaton"):
+        serve(lm, lm.params, [Request([1], None, jax.random.PRNGKey(0))], budget=4, rows=2)
+
+
+# --------------------------------------------------------------------- a real transformer
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from test_lm_llama import write_tiny_gguf
+
+    from jaxcd.lm.llama import JaxLM
+    path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
+    write_tiny_gguf(path, "llama", tied=True, seed=1)
+    base = JaxLM.from_gguf(path)
+    lm = JaxLM(base.config, attn_block=8)                 # blocked decode attention
+    toks = [bytes([i]) if 32 <= i < 127 else b"<%d>" % i for i in range(base.vocab_size)]
+    vocab = Vocabulary.from_token_bytes(toks, eos_id=base.eos_token_id)
+    return lm, base.params, vocab, toks
+
+
+def test_real_lm_rows_match_a_full_recompute(tiny):
+    """KV entries of inserted rows, offsets and positions across refills and cache
+    shifts: each request's log-probability equals a cache-free recompute."""
+    lm, params, vocab, toks = tiny
+    pats = [r"[0-9]{1,6}", r"(yes|no)", r"[a-f]+z", r"x[0-9a-c]{2,9}y"]
+    fas = [compile_regex(p, vocab) for p in pats]
+    rng = np.random.default_rng(0)
+    reqs = [Request(rng.integers(3, 250, size=int(rng.integers(1, 30))).tolist(),
+                    fas[i % 4], jax.random.PRNGKey(i)) for i in range(14)]
+    st = ServeStats()
+    n = 12
+    out = serve(lm, params, reqs, budget=n, rows=4, group=2, stats=st)
+    assert st.shifts >= 1                                     # the cache was shifted
+    eos = lm.eos_token_id
+    for i, (r, o) in enumerate(zip(reqs, out)):
+        assert o.valid and o.ended
+        gen = list(o.tokens[: list(o.tokens).index(eos) + 1])
+        assert re.fullmatch(pats[i % 4], text_of(gen, toks, eos)), i
+        seq = list(r.prompt_ids) + gen
+        ids, lens = pad_prompts([seq])
+        lp_all = np.asarray(lm.logprobs_all(params, ids, lens))[0]      # [T, V]
+        P = len(r.prompt_ids)
+        ref = sum(lp_all[P - 1 + j, gen[j]] for j in range(len(gen)))
+        assert o.logprob == pytest.approx(float(ref), abs=2e-3), i
+
+
+def test_new_constraints_in_warm_buckets_compile_nothing(fas):
+    lm = toy_lm()
+    small = [f for f in fas if automaton_bucket(f) == automaton_bucket(fas[0])]
+
+    def run(pats, seed):
+        reqs = [Request([1, 2][: 1 + i % 2], compile_regex(p, VOCAB), jax.random.PRNGKey(seed + i))
+                for i, p in enumerate(pats)]
+        return serve(lm, lm.params, reqs, budget=10, rows=4, group=2)
+
+    run(PATTERNS[:4] * 2, 0)
+    assert small
+    c0 = compile_stats.snapshot()
+    out = run([r"a+b?", r"(0|1){1,3}-", r"x?b*", r"0-1", r"ba(ab)*", r"1+", r"b", r"-a"], 50)
+    d = compile_stats.snapshot() - c0
+    assert d.backend_compiles == 0 and d.traces == 0, d
+    assert all(o.valid for o in out)
