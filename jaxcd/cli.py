@@ -345,11 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--schema: objects that declare properties take no other key (as "
                         "tool calls do); default: open objects, as the JSON Schema spec says")
     g.add_argument("--whitespace", default=None, help="JSON whitespace regex (default '[ ]?')")
-    g.add_argument("--model", default=None, help="GGUF file (default SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None,
+                   help="GGUF file, Hugging Face checkpoint folder or model name "
+                        "(qwen2.5-coder-0.5b); default SmolLM2-135M-Instruct")
     g.add_argument("--json", action="store_true", help="JSON lines on stdout")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("demo", help="main job: GCD vs LCD tool calls with the default model")
-    d.add_argument("--model", default=None)
+    d.add_argument("--model", default=None, help="as for generate")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--temperature", type=float, default=1.0)
     d.add_argument("--num-samples", type=int, default=8)

