@@ -1,0 +1,449 @@
+"""MaskBench (JSONSchemaBench's mask benchmark) as an acceptance test of JSON Schema
+engines: jaxcd, llguidance and xgrammar side by side (issue 22).
+
+MaskBench (``guidance-ai/jsonschemabench``, ``maskbench/data/*.json``) gives each schema
+valid and invalid instances. An engine **passes** a schema when it compiles it, accepts
+every valid instance and rejects every invalid one.
+
+Acceptance of an instance: the instance is printed with ``json.dumps(ensure_ascii=False)``
+twice, with the default separators (``", "``, ``": "``) and compact ones (``","``,
+``":"``); each text is tokenized with the SmolLM2 tokenizer; the instance is *accepted*
+if, for at least one of the two texts, every token is allowed and the engine accepts
+at the end (jaxcd: EOS leads to the final state; llguidance: ``is_accepting()``;
+xgrammar: EOS accepted and terminated). A valid instance is *rejected* if neither text
+is accepted; an invalid one is *accepted* if either is.
+
+Every compile runs in a forked child with an address-space limit of 4 GiB above the
+parent's size at the fork (``RLIMIT_AS``) and a 60 s wall-clock limit; the child also
+checks the instances. Results: crash (the child died), timeout, OOM (a ``MemoryError``
+or death under the memory limit), compile error (the engine refused the schema).
+
+Engines:
+- ``jaxcd``: ``compile_json_schema(schema, vocab)`` with the defaults (strict, open
+  objects, schema property order, whitespace ``[ ]?``);
+- ``jaxcd_any``: the same with ``property_order="any"``;
+- ``jaxcd_nonstrict``: ``strict=False``;
+- ``llguidance``: ``LLMatcher.grammar_from_json_schema(schema)`` with its defaults;
+- ``xgrammar``: ``GrammarCompiler(...).compile_json_schema(schema)`` with its defaults.
+
+Data: ``--data PATH`` (or ``JAXCD_MASKBENCH``) is a directory of MaskBench ``*.json``
+files or a git mirror of the repository (read with ``git show``); the default is the
+copy in ``tests/data/maskbench``. Only the development splits (Github_*, Glaiveai2K,
+Synthesized, BFCL_*, JME) are sampled unless ``--splits heldout|all`` is given.
+
+    python -m experiments.bench_maskbench --data /path/to/mirror --n 1000 --seed 0
+    python -m experiments.bench_maskbench --full --engines jaxcd
+
+Writes ``experiments/results/bench_maskbench.{json,md}`` (``--out`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DATA = ROOT / "tests" / "data" / "maskbench"
+DEV_PREFIXES = ("Github_", "Glaiveai2K", "Synthesized", "BFCL_", "JME")
+HELDOUT_PREFIXES = ("Kubernetes", "Snowplow", "JsonSchemaStore", "WashingtonPost", "MCPspec",
+                    "Handwritten")
+ENGINES = ("jaxcd", "jaxcd_any", "jaxcd_nonstrict", "llguidance", "xgrammar")
+MEM_LIMIT = 4 << 30
+TIME_LIMIT = 60.0
+
+
+def split_of(name: str) -> str:
+    base = os.path.basename(name)
+    return base.split("---")[0] if "---" in base else base.rsplit("_", 1)[0]
+
+
+def is_dev(name: str) -> bool:
+    return split_of(name).startswith(DEV_PREFIXES)
+
+
+# ---------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------
+class Source:
+    """MaskBench files from a directory or from a git mirror of jsonschemabench."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.git = (self.path / "HEAD").exists() and (self.path / "objects").exists()
+        if self.git:
+            out = subprocess.run(["git", f"--git-dir={self.path}", "ls-tree", "--name-only",
+                                  "HEAD", "maskbench/data/"], check=True,
+                                 capture_output=True, text=True).stdout
+            self.names = sorted(x for x in out.split() if x.endswith(".json"))
+        else:
+            self.names = sorted(str(p.relative_to(self.path)) for p in self.path.glob("*.json"))
+
+    def read(self, name: str) -> dict:
+        if self.git:
+            return json.loads(subprocess.run(["git", f"--git-dir={self.path}", "show",
+                                              f"HEAD:{name}"], check=True,
+                                             capture_output=True).stdout)
+        return json.loads((self.path / name).read_text())
+
+
+def select(src: Source, splits: str, n: int | None, seed: int) -> list[str]:
+    """Names of the files (with tests) in ``splits``: all (``n=None``) or a seeded
+    sample of ``n``."""
+    def keep(name):
+        s = split_of(name)
+        if splits == "dev":
+            return s.startswith(DEV_PREFIXES)
+        if splits == "heldout":
+            return s.startswith(HELDOUT_PREFIXES)
+        return True
+    names = [x for x in src.names if keep(x)]
+    rng = random.Random(seed)
+    rng.shuffle(names)
+    out = []
+    for x in names:
+        if n is not None and len(out) >= n:
+            break
+        if src.read(x).get("tests"):
+            out.append(x)
+    return sorted(out)
+
+
+def texts_of(instance) -> list[str]:
+    a = json.dumps(instance, ensure_ascii=False)
+    b = json.dumps(instance, ensure_ascii=False, separators=(",", ":"))
+    return [a] if a == b else [a, b]
+
+
+# ---------------------------------------------------------------------------------------
+# engines (set up once in the parent; compiled in forked children)
+# ---------------------------------------------------------------------------------------
+class Setup:
+    def __init__(self, engines):
+        from jaxcd import Vocabulary
+        from jaxcd.tokenizer import load_tokenizer
+        self.tok = load_tokenizer()
+        self.vocab = Vocabulary.from_tokenizer(self.tok)
+        self.eos = self.vocab.eos_id
+        self.llg_tok = None
+        self.xgr_info = None
+        if "llguidance" in engines:
+            import llguidance
+            import llguidance.hf
+            self.llg = llguidance
+            self.llg_tok = llguidance.hf.from_tokenizer(self.tok, n_vocab=self.vocab.vocab_size,
+                                                        eos_token=self.eos)
+        if "xgrammar" in engines:
+            import xgrammar
+            self.xgr = xgrammar
+            self.xgr_info = xgrammar.TokenizerInfo.from_huggingface(
+                self.tok, vocab_size=self.vocab.vocab_size, stop_token_ids=[self.eos])
+        self._enc = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    # each returns (compile seconds, accept(text) -> bool)
+    def compile(self, engine: str, schema):
+        if engine.startswith("jaxcd"):
+            from jaxcd import compile_json_schema
+            kw = {}
+            if engine == "jaxcd_any":
+                kw["property_order"] = "any"
+            if engine == "jaxcd_nonstrict":
+                kw["strict"] = False
+            t = time.perf_counter()
+            fa = compile_json_schema(schema, self.vocab, **kw)
+            dt = time.perf_counter() - t
+
+            def accept(text):
+                q = int(fa.initial_state)
+                dead = int(fa.dead_state)
+                for tok in self.encode(text):
+                    q = fa.next_state(q, tok)
+                    if q == dead:
+                        return False
+                return fa.next_state(q, self.eos) == int(fa.final_state)
+            return dt, accept
+        if engine == "llguidance":
+            llg = self.llg
+            t = time.perf_counter()
+            g = llg.LLMatcher.grammar_from_json_schema(schema)
+            m0 = llg.LLMatcher(self.llg_tok, g, log_level=0)
+            if m0.is_error():
+                raise ValueError(f"llguidance: {m0.get_error()}")
+            dt = time.perf_counter() - t
+
+            def accept(text):
+                m = m0.deep_copy()
+                for tok in self.encode(text):
+                    if not m.consume_token(tok) or m.is_error():
+                        return False
+                return bool(m.is_accepting())
+            return dt, accept
+        if engine == "xgrammar":
+            xgr = self.xgr
+            t = time.perf_counter()
+            comp = xgr.GrammarCompiler(self.xgr_info, max_threads=1, cache_enabled=False)
+            cg = comp.compile_json_schema(json.dumps(schema))
+            dt = time.perf_counter() - t
+
+            def accept(text):
+                m = xgr.GrammarMatcher(cg)
+                for tok in self.encode(text):
+                    if not m.accept_token(tok):
+                        return False
+                return bool(m.accept_token(self.eos)) and bool(m.is_terminated())
+            return dt, accept
+        raise ValueError(engine)
+
+
+def _child(setup: Setup, engine: str, doc: dict, w) -> None:
+    base = _vm_size()
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (base + MEM_LIMIT, base + MEM_LIMIT))
+    except (ValueError, OSError):
+        pass
+    res = {"status": "ok"}
+    try:
+        dt, accept = setup.compile(engine, doc["schema"])
+        res["compile_s"] = dt
+        vr = va = ir = ia = 0
+        for case in doc["tests"]:
+            ok = any(accept(t) for t in texts_of(case["data"]))
+            if case["valid"]:
+                va += 1
+                vr += not ok
+            else:
+                ir += 1
+                ia += ok
+        res.update(valid=va, valid_rejected=vr, invalid=ir, invalid_accepted=ia)
+    except MemoryError:
+        res = {"status": "oom"}
+    except Exception as e:                         # the engine refused the schema
+        res = {"status": "error", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        if not _expected_error(e):
+            res["status"] = "crash"
+            res["traceback"] = traceback.format_exc()[-1500:]
+    os.write(w, json.dumps(res).encode())
+    os.close(w)
+    os._exit(0)
+
+
+def _expected_error(e: Exception) -> bool:
+    from jaxcd.errors import JaxcdError
+    if isinstance(e, JaxcdError):
+        return True
+    # the peers report unsupported schemas with ValueError/RuntimeError
+    return isinstance(e, (ValueError, RuntimeError, TypeError))
+
+
+def _vm_size() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def run_one(setup: Setup, engine: str, doc: dict, time_limit: float = TIME_LIMIT) -> dict:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _child(setup, engine, doc, w)
+        finally:
+            os._exit(1)
+    os.close(w)
+    t0 = time.monotonic()
+    chunks = []
+    os.set_blocking(r, False)
+    status = None
+    while True:
+        try:
+            b = os.read(r, 1 << 16)
+            if b:
+                chunks.append(b)
+            elif b == b"":
+                pass
+        except BlockingIOError:
+            pass
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+        if time.monotonic() - t0 > time_limit:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return {"status": "timeout"}
+        time.sleep(0.005)
+    while True:
+        try:
+            b = os.read(r, 1 << 16)
+        except BlockingIOError:
+            break
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    if chunks:
+        try:
+            return json.loads(b"".join(chunks))
+        except json.JSONDecodeError:
+            pass
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    # death under the address-space limit shows as SIGSEGV/SIGABRT/SIGKILL
+    return {"status": "oom" if sig in (signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV) else
+            "crash", "signal": sig}
+
+
+# ---------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------
+def _pct(a, b):
+    return f"{100.0 * a / b:.1f}%" if b else "-"
+
+
+def summarize(rows: list[dict]) -> dict:
+    import numpy as np
+    n = len(rows)
+    comp = [r for r in rows if r["status"] == "ok"]
+    passing = [r for r in comp if r["valid_rejected"] == 0 and r["invalid_accepted"] == 0]
+    ts = np.array([r["compile_s"] for r in comp]) if comp else np.zeros(0)
+    return {
+        "files": n, "compiled": len(comp), "passing": len(passing),
+        "valid_rejected_schemas": sum(r["valid_rejected"] > 0 for r in comp),
+        "valid_rejected_instances": sum(r["valid_rejected"] for r in comp),
+        "valid_instances": sum(r["valid"] for r in comp),
+        "invalid_accepted_schemas": sum(r["invalid_accepted"] > 0 for r in comp),
+        "invalid_accepted_instances": sum(r["invalid_accepted"] for r in comp),
+        "invalid_instances": sum(r["invalid"] for r in comp),
+        "compile_error": sum(r["status"] == "error" for r in rows),
+        "crash": sum(r["status"] == "crash" for r in rows),
+        "timeout": sum(r["status"] == "timeout" for r in rows),
+        "oom": sum(r["status"] == "oom" for r in rows),
+        "compile_p50_s": float(np.percentile(ts, 50)) if len(ts) else None,
+        "compile_p95_s": float(np.percentile(ts, 95)) if len(ts) else None,
+    }
+
+
+def table(summary: dict, title: str) -> str:
+    lines = [f"### {title}", "",
+             "| engine | files | compiled | passing | valid rejected (schemas / instances) | "
+             "invalid accepted (schemas / instances) | compile error | crash / timeout / OOM | "
+             "compile p50 / p95 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for eng, s in summary.items():
+        p50 = "-" if s["compile_p50_s"] is None else f"{s['compile_p50_s']:.2f}"
+        p95 = "-" if s["compile_p95_s"] is None else f"{s['compile_p95_s']:.2f}"
+        lines.append(
+            f"| {eng} | {s['files']} | {_pct(s['compiled'], s['files'])} | "
+            f"**{_pct(s['passing'], s['files'])}** ({s['passing']}) | "
+            f"{s['valid_rejected_schemas']} / {s['valid_rejected_instances']} | "
+            f"{s['invalid_accepted_schemas']} / {s['invalid_accepted_instances']} | "
+            f"{s['compile_error']} | {s['crash']} / {s['timeout']} / {s['oom']} | "
+            f"{p50} / {p95} s |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.environ.get("JAXCD_MASKBENCH", str(DEFAULT_DATA)),
+                    help="MaskBench data directory or git mirror (default: tests/data/maskbench)")
+    ap.add_argument("--n", type=int, default=1000, help="files in the seeded sample")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--full", action="store_true", help="every file with tests of the splits")
+    ap.add_argument("--splits", choices=("dev", "heldout", "all"), default="dev")
+    ap.add_argument("--engines", default="jaxcd,llguidance,xgrammar")
+    ap.add_argument("--timeout", type=float, default=TIME_LIMIT)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_maskbench"))
+    ap.add_argument("--files", nargs="*", help="only these file names (debugging)")
+    args = ap.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    for e in engines:
+        if e not in ENGINES:
+            ap.error(f"unknown engine {e!r} (choose from {', '.join(ENGINES)})")
+    if args.splits != "dev":
+        print("note: held-out splits are for an outside check; do not tune on them",
+              file=sys.stderr)
+    src = Source(Path(args.data))
+    names = args.files or select(src, args.splits, None if args.full else args.n, args.seed)
+    print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
+          file=sys.stderr)
+    setup = Setup(engines)
+    rows = {e: [] for e in engines}
+    t0 = time.time()
+    for i, name in enumerate(names):
+        doc = src.read(name)
+        for e in engines:
+            r = run_one(setup, e, doc, args.timeout)
+            r["file"] = os.path.basename(name)
+            r["split"] = split_of(name)
+            rows[e].append(r)
+        if (i + 1) % 50 == 0 or i + 1 == len(names):
+            done = {e: sum(x["status"] == "ok" and x["valid_rejected"] == 0 and
+                           x["invalid_accepted"] == 0 for x in rows[e]) for e in engines}
+            print(f"[{i + 1}/{len(names)} {time.time() - t0:.0f}s] passing: {done}",
+                  file=sys.stderr)
+    overall = {e: summarize(rows[e]) for e in engines}
+    splits = sorted({split_of(n) for n in names})
+    per_split = {s: {e: summarize([r for r in rows[e] if r["split"] == s]) for e in engines}
+                 for s in splits}
+    import platform
+    meta = {"data": str(args.data), "files": len(names), "seed": args.seed,
+            "full": args.full, "splits": args.splits, "engines": engines,
+            "time_limit_s": args.timeout, "mem_limit_bytes_above_parent": MEM_LIMIT,
+            "wall_s": time.time() - t0, "machine": platform.platform(),
+            "cpus": os.cpu_count(), "argv": sys.argv[1:]}
+    try:
+        import llguidance
+        meta["llguidance"] = getattr(llguidance, "__version__", "?")
+    except Exception:
+        pass
+    try:
+        import xgrammar
+        meta["xgrammar"] = getattr(xgrammar, "__version__", "?")
+    except Exception:
+        pass
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(
+        {"meta": meta, "overall": overall, "per_split": per_split, "rows": rows}, indent=1))
+    md = ["# MaskBench acceptance (experiments/bench_maskbench.py)", "",
+          f"`python -m experiments.bench_maskbench {' '.join(sys.argv[1:])}`: {len(names)} files, "
+          f"{args.splits} splits, seed {args.seed}; wall {meta['wall_s']:.0f} s on "
+          f"{meta['cpus']} CPUs. Limits per compile: 60 s, 4 GiB above the parent.", "",
+          table(overall, "Overall")]
+    for s in splits:
+        md.append(table(per_split[s], s))
+    # why jaxcd fails
+    for e in engines:
+        errs: dict[str, int] = {}
+        for r in rows[e]:
+            if r["status"] != "ok":
+                k = r.get("error", r["status"])[:110]
+                errs[k] = errs.get(k, 0) + 1
+        if errs:
+            md.append(f"### {e}: compile errors and failures\n")
+            md.extend(f"- {v} × `{k}`" for k, v in sorted(errs.items(), key=lambda x: -x[1])[:25])
+            md.append("")
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print(table(overall, "Overall"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
