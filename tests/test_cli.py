@@ -140,3 +140,30 @@ def test_smc_user_errors(tmp_path):
     assert_user_error(r, "hmm-distill", "vocabulary")
     r = jaxcd("generate", "--method", "awrs", "--predicate", "no_such_module:f")
     assert_user_error(r, "predicate")
+
+
+def test_requests_file_continuous_batching(tmp_path):
+    """--requests FILE.jsonl (continuous batching by default): one JSON line per request,
+    in input order, each valid for its own constraint (re / jsonschema)."""
+    import jsonschema
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    reqs = [{"prompt": "A year?", "regex": r"(19|20)[0-9]{2}"},
+            {"prompt": "Yes or no?", "regex": "yes|no"},
+            {"prompt": "A JSON object.", "schema": schema},
+            {"prompt": "A number.", "regex": r"[1-9][0-9]{0,3}"},
+            {"prompt": "Answer.", "regex": "(maybe|perhaps)!"}]
+    f = tmp_path / "r.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in reqs) + "\n")
+    r = jaxcd("generate", "--requests", str(f), "--budget", "12", "--batch-size", "2",
+              "--whitespace", "")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["id"] for x in rows] == list(range(len(reqs)))
+    for req, row in zip(reqs, rows):
+        assert row["valid"] == [True], row
+        if "regex" in req:
+            assert re.fullmatch(req["regex"], row["texts"][0]), row
+        else:
+            jsonschema.validate(json.loads(row["texts"][0]), schema)
+    assert "continuous" in r.stderr
