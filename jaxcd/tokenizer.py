@@ -23,8 +23,11 @@ transformers itself. Supported ``tokenizer.ggml.model`` values:
   fallback (Llama-2, Mistral, TinyLlama, ...; the Phi-3 normalizer variant too).
   Merges missing from the file are derived from the token scores, as transformers does.
 
-Gemma's SentencePiece variant, ``t5`` (unigram) and ``gemma4`` are not supported and
-raise :class:`~jaxcd.errors.VocabularyError`.
+* ``llama`` with ``general.architecture`` ``gemma``/``gemma2``/``gemma3`` -- Gemma's
+  SentencePiece variant (spaces to ``▁`` by a normalizer, merges rebuilt in file order).
+
+``t5`` (unigram) and ``gemma4`` are not supported and raise
+:class:`~jaxcd.errors.VocabularyError`.
 
 One deliberate difference: transformers' builder classes add their default special
 tokens (``<|endoftext|>`` for byte-level BPE, ``<unk>``/``<s>``/``</s>`` for
@@ -58,7 +61,7 @@ __all__ = ["load_tokenizer", "read_gguf_tokenizer_metadata", "build_backend_toke
            "tokenizer_cache_path"]
 
 #: Bump when the built tokenizer could change, so stale caches are not reused.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 1   # Gemma files were refused before, so no stale cache can hold one
 _TOKENIZER_FILE = "tokenizer.json"
 _META_FILE = "jaxcd_tokenizer.json"
 
@@ -276,7 +279,33 @@ def _sentencepiece_backend(meta: dict, where: str, phi3: bool = False):
     return tok, ["<s>", "</s>", "<unk>"]  # LlamaTokenizer's default bos/eos/unk
 
 
-_UNSUPPORTED_SENTENCEPIECE_ARCHS = ("gemma", "gemma2", "gemma3")
+def _gemma_backend(meta: dict, where: str):
+    """Gemma's SentencePiece BPE, as transformers' ``gemma_tokenizer`` (GGUF conversion)
+    and ``GemmaTokenizer`` build it: tokens made only of spaces are respelled with ``▁``,
+    merges are rebuilt from the vocabulary in file order (Gemma files carry no merges
+    and their scores do not follow the merge order), spaces become ``▁`` in a normalizer
+    (no prefix space), byte fallback."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in meta["tokens"]]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    positions = {t: -i for i, t in enumerate(tokens)}
+    merges = _get_merges(dict(meta, tokens=tokens), vocab_scores=positions, where=where) \
+        if "merges" not in meta else _get_merges(meta, where=where)
+    unk = tokens[meta["unk_token_id"]] if meta.get("unk_token_id") is not None else "<unk>"
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token=unk, dropout=None,
+                        byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous",
+                                             invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    return tok, ["<unk>", "<bos>", "<eos>", "<pad>", "<mask>"]  # GemmaTokenizer's defaults
+
+
+_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
+_UNSUPPORTED_SENTENCEPIECE_ARCHS = ()
 
 
 def build_backend_tokenizer(meta: dict, where: str = "GGUF file"):
@@ -307,6 +336,8 @@ def build_backend_tokenizer(meta: dict, where: str = "GGUF file"):
                 f"(size {len(tokens)})")
     if model == "gpt2":
         tok, defaults = _byte_level_backend(meta, where)
+    elif model == "llama" and arch in _GEMMA_ARCHS:
+        tok, defaults = _gemma_backend(meta, where)
     elif model == "llama" and arch not in _UNSUPPORTED_SENTENCEPIECE_ARCHS:
         tok, defaults = _sentencepiece_backend(meta, where, phi3=(arch == "phi3"))
     else:

@@ -441,7 +441,7 @@ def test_gguf_without_tokenizer(tmp_path, monkeypatch):
         load_tokenizer(path)
 
 
-@pytest.mark.parametrize("model,arch", [("t5", "llama"), ("bert", "llama"), ("llama", "gemma2")])
+@pytest.mark.parametrize("model,arch", [("t5", "llama"), ("bert", "llama"), ("gemma4", "gemma4")])
 def test_unsupported_tokenizer_model(tmp_path, monkeypatch, model, arch):
     monkeypatch.setenv("JAXCD_CACHE", str(tmp_path / "cache"))
     path = tmp_path / f"{model}.gguf"

@@ -4,8 +4,9 @@ GGUF (llama.cpp's format) stores metadata key/values and named tensors, many of
 them block-quantised. This module
 
 1. reads the model hyper-parameters from ``{arch}.*`` metadata keys into a hashable
-   :class:`LlamaConfig` (``arch`` is ``llama`` or ``qwen2``; Mistral/SmolLM/TinyLlama
-   GGUFs use ``llama``);
+   :class:`LlamaConfig` (``arch`` is ``llama``, ``qwen2``, ``qwen3`` or ``gemma3``;
+   Mistral/SmolLM/TinyLlama GGUFs use ``llama``; Hugging Face folders are read by
+   :mod:`jaxcd.lm.hf_checkpoint` into the same class);
 2. de-quantises each tensor to float32 with :func:`gguf.quants.dequantize` (F32, F16,
    BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K..Q6_K, the IQ and TQ types:
    whatever the installed ``gguf`` package implements);
@@ -34,7 +35,7 @@ import numpy as np
 from ..errors import ModelFileError
 
 #: Architectures whose GGUF tensors this loader understands.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,8 +322,29 @@ def read_config(reader, path: Path) -> LlamaConfig:
         v = _field(reader, f"tokenizer.ggml.{name}", path, -1)
         return int(v) if v is not None else -1
 
+    extra: dict = {}
+    if arch == "qwen3":
+        extra = dict(qk_norm=True)
+    elif arch == "gemma3":
+        # llama.cpp's Gemma 3: sliding layers all but every 6th, local RoPE base 10000,
+        # kq scale 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim, as in all Gemma 3
+        # sizes but 27B, whose converter writes attention.scale)
+        L = int(key("block_count"))
+        window = key("attention.sliding_window", None)
+        pattern = 6
+        sliding = tuple(bool((i + 1) % pattern) for i in range(L))
+        scale = key("attention.scale", None)
+        if key("final_logit_softcapping", None) or key("attn_logit_softcapping", None):
+            raise ModelFileError(f"{path}: gemma3 soft-capping in GGUF is not supported")
+        extra = dict(qk_norm=True, post_norms=True, norm_offset=1.0, mlp_activation="gelu_tanh",
+                     embed_scale=float(np.sqrt(hidden)),
+                     query_scale=float(scale) if scale else None,
+                     sliding_window=int(window) if window and any(sliding) else None,
+                     layer_sliding=sliding if window else None,
+                     rope_local_theta=10000.0 if window else None)
     try:
         return LlamaConfig(
+            **extra,
             arch=arch,
             vocab_size=int(vocab),
             hidden_size=hidden,
@@ -395,7 +417,8 @@ def _pure_dict_from_tensors(cfg: LlamaConfig, tensors: dict[str, Any], path: Pat
     """Map GGUF tensor names to the nested parameter dict of :class:`jaxcd.lm.llama.LlamaModel`."""
     H, F, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     nh, nkv = cfg.num_heads, cfg.num_kv_heads
-    permute = cfg.arch == "llama"  # qwen2 uses NEOX rope in llama.cpp: no permutation
+    permute = cfg.arch == "llama"  # qwen2/qwen3/gemma3 use NEOX rope in llama.cpp: no permutation
+    gemma = cfg.arch == "gemma3"
 
     def get(name, shape):
         t = tensors.get(name)
@@ -413,8 +436,13 @@ def _pure_dict_from_tensors(cfg: LlamaConfig, tensors: dict[str, Any], path: Pat
     def cast(a):
         return np.ascontiguousarray(a).astype(dtype, copy=False)
 
+    def norm(name, shape):
+        # llama.cpp's Gemma converter stores norm weights + 1; the model adds the 1 back
+        w = get(name, shape)
+        return cast(w - np.float32(1.0) if gemma else w)
+
     out: dict = {"embed": {"embedding": cast(get("token_embd.weight", (cfg.vocab_size, H)))},
-                 "norm": {"weight": cast(get("output_norm.weight", (H,)))}}
+                 "norm": {"weight": norm("output_norm.weight", (H,))}}
     if not cfg.tie_embeddings:
         out["lm_head"] = {"kernel": cast(get("output.weight", (cfg.vocab_size, H)).T)}
     layers = {}
@@ -438,16 +466,22 @@ def _pure_dict_from_tensors(cfg: LlamaConfig, tensors: dict[str, Any], path: Pat
             attn["q_proj"]["bias"] = cast(bq)
             attn["k_proj"]["bias"] = cast(bk)
             attn["v_proj"]["bias"] = cast(get(p + "attn_v.bias", (nkv * D,)))
+        if cfg.qk_norm:
+            attn["q_norm"] = {"weight": norm(p + "attn_q_norm.weight", (D,))}
+            attn["k_norm"] = {"weight": norm(p + "attn_k_norm.weight", (D,))}
         layers[i] = {
-            "attn_norm": {"weight": cast(get(p + "attn_norm.weight", (H,)))},
+            "attn_norm": {"weight": norm(p + "attn_norm.weight", (H,))},
             "attn": attn,
-            "mlp_norm": {"weight": cast(get(p + "ffn_norm.weight", (H,)))},
+            "mlp_norm": {"weight": norm(p + "ffn_norm.weight", (H,))},
             "mlp": {
                 "gate_proj": {"kernel": cast(get(p + "ffn_gate.weight", (F, H)).T)},
                 "up_proj": {"kernel": cast(get(p + "ffn_up.weight", (F, H)).T)},
                 "down_proj": {"kernel": cast(get(p + "ffn_down.weight", (H, F)).T)},
             },
         }
+        if cfg.post_norms:
+            layers[i]["post_attn_norm"] = {"weight": norm(p + "post_attention_norm.weight", (H,))}
+            layers[i]["post_mlp_norm"] = {"weight": norm(p + "post_ffw_norm.weight", (H,))}
     out["layers"] = layers
     return out
 

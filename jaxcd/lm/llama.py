@@ -23,6 +23,20 @@ form, as in transformers) at integer position ``p``::
 
     Attn = softmax(q k^T / sqrt(D) + mask) v, then W_o.
 
+Variants (fields of :class:`LlamaConfig`, set from Hugging Face configs by
+:mod:`jaxcd.lm.hf_checkpoint` and from GGUF metadata by :mod:`jaxcd.lm.gguf_weights`):
+``qk_norm`` (Qwen3 / Gemma 3: RMSNorm of each q/k head before RoPE), ``o_bias``,
+``post_norms`` (Gemma: ``a = h + N_post(Attn(N(h)))``, ``h' = a + N'_post(MLP(N'(a)))``),
+``norm_offset`` (Gemma: ``RMSNorm(h) = (1 + w) * ĥ`` in float32), ``mlp_activation``
+(``gelu_tanh``: GeGLU), ``embed_scale`` (Gemma: ``√H``), ``query_scale`` (replaces
+``1/sqrt(D)``), ``attn_softcap`` / ``final_softcap`` (``c tanh(s / c)`` on scores /
+logits), RoPE scaling (``rope_scaling``: ``linear``, ``llama3``, ``yarn``; YaRN scales
+cos/sin by its attention factor), and sliding windows: layer ``l`` with
+``sliding_layers[l]`` lets a query at position ``i`` attend keys ``i - W < j <= i``
+(``W = sliding_window``) and may use its own RoPE base (``rope_local_theta``, Gemma 3).
+Inside the layer ``scan`` each layer picks its mask and its cos/sin table by index
+(``_pick``); the cache layout does not change (windowed layers keep every slot).
+
 Positions and padding
 ---------------------
 Prompts are LEFT-padded to ``[B, P]``. Row ``b`` has ``offset_b = P - len_b`` padding
