@@ -359,6 +359,48 @@ def table(summary: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _loop(setup, src, names, engines, timeout, t0, tag=""):
+    rows = {e: [] for e in engines}
+    for i, name in enumerate(names):
+        doc = src.read(name)
+        for e in engines:
+            r = run_one(setup, e, doc, timeout)
+            r["file"] = os.path.basename(name)
+            r["split"] = split_of(name)
+            rows[e].append(r)
+        if (i + 1) % 25 == 0 or i + 1 == len(names):
+            done = {e: sum(x["status"] == "ok" and x["valid_rejected"] == 0 and
+                           x["invalid_accepted"] == 0 for x in rows[e]) for e in engines}
+            print(f"[{tag}{i + 1}/{len(names)} {time.time() - t0:.0f}s] passing: {done}",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def run_all(setup, src, names, engines, timeout, jobs, t0):
+    """Rows per engine, in the order of ``names``; ``jobs`` forked workers."""
+    if jobs == 1:
+        return _loop(setup, src, names, engines, timeout, t0)
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="maskbench_"))
+    pids = []
+    for k in range(jobs):
+        shard = names[k::jobs]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                out = _loop(setup, src, shard, engines, timeout, t0, tag=f"w{k} ")
+                (tmp / f"{k}.json").write_text(json.dumps(out))
+            finally:
+                os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    parts = [json.loads((tmp / f"{k}.json").read_text()) for k in range(jobs)]
+    order = {os.path.basename(n): i for i, n in enumerate(names)}
+    return {e: sorted([r for p in parts for r in p[e]], key=lambda r: order[r["file"]])
+            for e in engines}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.environ.get("JAXCD_MASKBENCH", str(DEFAULT_DATA)),
@@ -371,6 +413,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIME_LIMIT)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_maskbench"))
     ap.add_argument("--files", nargs="*", help="only these file names (debugging)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="worker processes, each with its own forked child per compile "
+                         "(compile times then include the contention)")
     args = ap.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
@@ -384,20 +429,8 @@ def main(argv=None) -> int:
     print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
           file=sys.stderr)
     setup = Setup(engines)
-    rows = {e: [] for e in engines}
     t0 = time.time()
-    for i, name in enumerate(names):
-        doc = src.read(name)
-        for e in engines:
-            r = run_one(setup, e, doc, args.timeout)
-            r["file"] = os.path.basename(name)
-            r["split"] = split_of(name)
-            rows[e].append(r)
-        if (i + 1) % 50 == 0 or i + 1 == len(names):
-            done = {e: sum(x["status"] == "ok" and x["valid_rejected"] == 0 and
-                           x["invalid_accepted"] == 0 for x in rows[e]) for e in engines}
-            print(f"[{i + 1}/{len(names)} {time.time() - t0:.0f}s] passing: {done}",
-                  file=sys.stderr)
+    rows = run_all(setup, src, names, engines, args.timeout, max(1, args.jobs), t0)
     overall = {e: summarize(rows[e]) for e in engines}
     splits = sorted({split_of(n) for n in names})
     per_split = {s: {e: summarize([r for r in rows[e] if r["split"] == s]) for e in engines}
@@ -405,7 +438,7 @@ def main(argv=None) -> int:
     import platform
     meta = {"data": str(args.data), "files": len(names), "seed": args.seed,
             "full": args.full, "splits": args.splits, "engines": engines,
-            "time_limit_s": args.timeout, "mem_limit_bytes_above_parent": MEM_LIMIT,
+            "time_limit_s": args.timeout, "jobs": args.jobs, "mem_limit_bytes_above_parent": MEM_LIMIT,
             "wall_s": time.time() - t0, "machine": platform.platform(),
             "cpus": os.cpu_count(), "argv": sys.argv[1:]}
     try:

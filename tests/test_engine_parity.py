@@ -96,8 +96,10 @@ class Case:
             self.fa = compile_regex(source, vocab)
             self.pattern, flags = source, 0
         else:
-            self.fa = compile_json_schema(source, vocab, whitespace_pattern="")
-            self.pattern, _ = schema_to_regex(source, "")
+            # closed objects: the regex oracle has no form for open objects' extra keys
+            self.fa = compile_json_schema(source, vocab, whitespace_pattern="",
+                                          closed_objects=True)
+            self.pattern, _ = schema_to_regex(source, "", closed_objects=True)
             flags = regex.ASCII      # jaxcd compiles the JSON regex with re.ASCII
         self.oracle = Oracle(self.pattern, flags, vocab.token_bytes, ~vocab.is_special,
                              vocab.eos_id)

@@ -417,9 +417,9 @@ def test_recursion_depth_and_limits():
         dfa_of({"type": "array", "maxItems": 5000})
     with pytest.raises(AutomatonTooLargeError, match=r"minLength 5000 at /minLength"):
         dfa_of({"type": "string", "minLength": 5000})
-    # strict: a maxLength over max_count (1000) is tightened to 1000 characters
+    # strict: a maxLength over max_count (1000) is tightened to 256 characters
     d = dfa_of({"type": "string", "maxLength": 5000})
-    assert d.accepts(b'"' + b"a" * 1000 + b'"') and not d.accepts(b'"' + b"a" * 1001 + b'"')
+    assert d.accepts(b'"' + b"a" * 256 + b'"') and not d.accepts(b'"' + b"a" * 257 + b'"')
     assert dfa_of({"type": "string", "maxLength": 5000}, strict=False).accepts(b'"' + b"a" * 6000 + b'"')
 
 

@@ -43,6 +43,9 @@ from .regex import _Builder, regex_to_nfa
 from .utf8 import MAX_CODE_POINT, normalize_ranges
 
 DEFAULT_MAX_DEPTH = 2
+# strict mode: a maxLength above max_count is enforced as this tighter bound
+TIGHT_MAX_LENGTH = 256
+DEFAULT_FREE_DEPTH = 3            # containers nested in a free-form value
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
 
 # JSON Schema assertion/applicator keywords (drafts 4 to 2020-12); any other keyword
@@ -452,6 +455,9 @@ class SchemaBuilder:
     max_count: int = DEFAULT_MAX_COUNT
     closed_objects: bool = False
     property_order: str = "schema"
+    # nesting depth of free-form values ({}, true, extra properties of open objects);
+    # None: max(max_depth, DEFAULT_FREE_DEPTH)
+    max_free_depth: int | None = None
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # polarity: True while building an operand that is subtracted (oneOf's other
     # branches, not, the else branch's if): it is built as a superset (properties in
@@ -460,6 +466,12 @@ class SchemaBuilder:
     _neg: bool = False
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
+
+    @property
+    def free_depth(self) -> int:
+        if self.max_free_depth is not None:
+            return self.max_free_depth
+        return max(self.max_depth, DEFAULT_FREE_DEPTH)
 
     # -- errors ----------------------------------------------------------------------
     def unsupported(self, msg: str, path: str) -> None:
@@ -470,8 +482,8 @@ class SchemaBuilder:
 
     def count_bounds(self, schema: dict, lo_key: str, hi_key: str, path: str):
         """``(lo, hi)`` of a counting keyword pair, checked. A lower bound above
-        ``max_count`` raises; an upper one is tightened to ``max_count`` (``maxLength``,
-        strict), raises (``maxItems``/``maxProperties``, strict) or is dropped
+        ``max_count`` raises; an upper one is tightened to ``TIGHT_MAX_LENGTH``
+        (``maxLength``, strict), raises (``maxItems``/``maxProperties``, strict) or is dropped
         (strict=False, or inside a subtracted operand)."""
         lo = schema.get(lo_key, 0)
         hi = schema.get(hi_key)
@@ -495,9 +507,9 @@ class SchemaBuilder:
                 return lo, None          # a subtracted operand: a superset is enough
             if self.strict and hi_key == "maxLength":
                 # a tighter bound: every string built is valid; valid strings longer than
-                # max_count characters are refused (an exact counter needs ~10 DFA
+                # TIGHT_MAX_LENGTH characters are refused (an exact counter needs ~10 DFA
                 # states per character, which the token lifting cannot afford)
-                return lo, self.max_count
+                return lo, max(lo, min(self.max_count, TIGHT_MAX_LENGTH))
             if self.strict:
                 raise AutomatonTooLargeError(
                     f"{hi_key} {hi} at {path}/{hi_key} needs one automaton state per counted "
@@ -585,14 +597,14 @@ class SchemaBuilder:
 
     def _node(self, schema: Any, path: str) -> Node:
         if schema is True or schema == {}:
-            return self.any_value(self.max_depth)
+            return self.any_value(self.free_depth)
         if schema is False:
             return EMPTY
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {path or '/'} must be an object or boolean, "
                               f"got {type(schema).__name__}")
         if all(is_annotation(k) or k in ("$defs", "definitions") for k in schema):
-            return self.any_value(self.max_depth)         # {"description": ...}: any value
+            return self.any_value(self.free_depth)         # {"description": ...}: any value
         for key in schema:
             if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
                 continue
@@ -611,7 +623,7 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return self.any_value(self.max_depth) if self._neg else EMPTY
+                return self.any_value(self.free_depth) if self._neg else EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
