@@ -463,6 +463,10 @@ def load_tokenizer(gguf_path: str | os.PathLike | None = None, *, use_cache: boo
     Raises :class:`ModelFileError` if the file is missing, not GGUF or corrupt, and
     :class:`VocabularyError` if it describes no tokenizer or one jaxcd does not support.
     """
+    if gguf_path is not None and Path(gguf_path).is_dir():     # a Hugging Face folder
+        from .lm.hf_checkpoint import load_hf_tokenizer
+
+        return load_hf_tokenizer(gguf_path)
     path = resolve_gguf(gguf_path)
     folder = None
     if use_cache:

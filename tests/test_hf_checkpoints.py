@@ -342,3 +342,28 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ERR" in r.stdout
+
+
+def test_folder_model_everywhere(tmp_path, bpe_tokenizer, capsys):
+    """A checkpoint folder works where a Model works: the CLI's --model (GCD: every
+    output matches), jaxcd.generate with SMC, and the tokenizer/LM loaders that
+    hmm_distill's sampler calls (``--lm gguf:FOLDER``)."""
+    import re
+
+    from jaxcd.cli import main
+    from jaxcd.tokenizer import load_tokenizer
+
+    save_tiny("gemma3", tmp_path, bpe_tokenizer)
+    rx = "(ab|ba){2,4}"
+    rc = main(["generate", "--model", str(tmp_path), "--regex", rx, "--prompt", "hi",
+               "--budget", "12", "--num-samples", "2", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and out
+    for line in out:
+        texts = json.loads(line).get("texts") or [json.loads(line)["text"]]
+        assert all(re.fullmatch(rx, t) for t in texts), texts
+    res = jaxcd.generate("hi", regex=rx, method="smc", particles=4, budget=12,
+                         model=str(tmp_path), seed=0)
+    assert all(re.fullmatch(rx, t) for t in res.texts)
+    assert load_tokenizer(tmp_path).get_vocab() == bpe_tokenizer.get_vocab()
+    assert JaxLM.from_gguf(tmp_path).config.arch == "gemma3_text"
