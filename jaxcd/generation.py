@@ -249,7 +249,7 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
              closed_objects: bool = False, property_order: str = "schema",
              progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
              resample: str = "systematic", ess: float = 0.5,
-             predicate=None, strict: bool = True, batching: str = "static"):
+             predicate=None, strict: bool = True, batching: str = "auto"):
     """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
@@ -292,7 +292,8 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
     unequal output lengths; its ``stats`` add ``occupancy`` (the share of row-steps that
     decoded a live request), ``inserts``, ``chunks`` and ``shifts``. Each row draws with
     its own key (``fold_in(PRNGKey(seed), row)``), so the two modes give different (equally
-    distributed) samples.
+    distributed) samples. ``"auto"`` (default): continuous when there are more rows
+    (prompts × samples) than ``batch_size``, else static.
 
     Example::
 
@@ -328,8 +329,11 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
                                    whitespace_pattern=whitespace_pattern, strict=strict)
     if predicate is not None:
         raise ValueError("predicate= is for method='awrs'")
-    if batching not in ("static", "continuous"):
-        raise ValueError(f"batching must be 'static' or 'continuous', got {batching!r}")
+    if batching not in ("auto", "static", "continuous"):
+        raise ValueError(f"batching must be 'auto', 'static' or 'continuous', got {batching!r}")
+    if batching == "auto":
+        batching = "continuous" if method in METHODS and \
+            len(prompts) * num_samples > batch_size else "static"
     if batching == "continuous" and method not in METHODS:
         raise ValueError(f"batching='continuous' is for methods {METHODS}, not {method!r}")
     if batch:
