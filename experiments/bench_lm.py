@@ -160,7 +160,8 @@ def fmt(xs, scale=1.0):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", default=None, help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--gguf", default=None, help="GGUF file or model name (qwen2.5-coder-0.5b, "
+                    "gemma-3-270m; default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -200,13 +200,15 @@ def load_checkpoint(path=None, dtype=None, mesh=None, attn_block: int | None = 1
         params = lm.params_from_pure_dict(load_hf_weights(folder, cfg, _np_dtype(dtype)))
         where = str(folder)
     else:
-        from .lm.gguf_weights import load_gguf, read_gguf_config
+        from .lm.gguf_weights import _open_reader, load_gguf, read_config
         from .tokenizer import load_tokenizer
 
         p = resolve_gguf(path)
-        _check_load(read_gguf_config(p), dtype, device, shards, p)
+        reader = _open_reader(p)          # once: gguf's reader is slow on big vocabularies
+        _check_load(read_config(reader, p), dtype, device, shards, p)
         tok = load_tokenizer(p)
-        cfg, pure = load_gguf(p, dtype=np.float32)
+        cfg, pure = load_gguf(p, dtype=np.float32, reader=reader)
+        del reader
         lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block)
         params = lm.params_from_pure_dict(pure)
         del pure

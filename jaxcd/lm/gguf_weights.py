@@ -486,7 +486,7 @@ def _pure_dict_from_tensors(cfg: LlamaConfig, tensors: dict[str, Any], path: Pat
     return out
 
 
-def load_gguf(path: str | os.PathLike | None = None, dtype=np.float32
+def load_gguf(path: str | os.PathLike | None = None, dtype=np.float32, reader=None
               ) -> tuple[LlamaConfig, dict]:
     """Read a Llama-family GGUF file.
 
@@ -495,6 +495,8 @@ def load_gguf(path: str | os.PathLike | None = None, dtype=np.float32
         (:func:`jaxcd.model_files.default_gguf_path`).
       dtype: numpy dtype of the returned weights (float32 by default; de-quantisation
         is always done in float32 first).
+      reader: an open ``gguf.GGUFReader`` of the same file, to avoid building a second
+        one (it parses every metadata string: about a minute for Gemma's 262k tokens).
 
     Returns:
       ``(config, params)`` where ``params`` is a nested dict of numpy arrays, per layer
@@ -511,8 +513,8 @@ def load_gguf(path: str | os.PathLike | None = None, dtype=np.float32
     from ..model_files import resolve_gguf
 
     p = resolve_gguf(path)
-    reader = _open_reader(p)
-    cfg = read_config(reader, p)
+    reader = _open_reader(p) if reader is None else reader   # building one takes seconds
+    cfg = read_config(reader, p)                             # (a minute for 262k tokens)
     tensors = {t.name: t for t in reader.tensors}
     params = _pure_dict_from_tensors(cfg, tensors, p, dtype)
     return cfg, params
