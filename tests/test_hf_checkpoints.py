@@ -299,6 +299,12 @@ def test_sharded_checkpoint_bf16_and_memory_refusal(tmp_path, bpe_tokenizer, mon
     a = np.asarray(p1["layers"]["mlp"]["up_proj"]["kernel"][...])
     b = np.asarray(p2["layers"]["mlp"]["up_proj"]["kernel"][...]).astype(np.float32)
     assert b.dtype == np.float32 and np.abs(a - b).max() <= np.abs(a).max() * 2 ** -8
+    ids, lens = jnp.asarray([[5, 17, 99, 3, 250, 7]]), jnp.asarray([6])
+    _, lp1 = lm1.prefill(p1, ids, lens, 8)
+    _, lp2 = lm2.prefill(p2, ids, lens, 8)          # bf16 weights/activations, f32 softmax
+    assert lp2.dtype == jnp.float32
+    err = np.abs(np.asarray(lp1) - np.asarray(lp2)).max()
+    assert 0 < err < 0.15, err
     monkeypatch.setenv("JAXCD_MEMORY_LIMIT_GB", "0.00001")
     with pytest.raises(ModelFileError, match=r"needs 0\.\d+ GiB.*only 0\.00 GiB"):
         load_checkpoint(str(tmp_path / "one"))
