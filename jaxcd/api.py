@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -56,14 +57,39 @@ def _cached(kind: str, source: str, options: dict, vocab: Vocabulary, build, cac
         path = root / f"{key}.npz"
         if path.exists():
             try:
-                return TensorizedAutomaton.load(path)
+                fa = TensorizedAutomaton.load(path)
+                os.utime(path)                       # recently used: kept by the eviction
+                return fa
             except Exception:
                 path.unlink(missing_ok=True)
     with _gc_paused():
         fa = tensorize(build(), vocab, key=f"{kind}:{source[:80]}")
     if path is not None:
         fa.save(path)
+        _evict(path.parent, AUTOMATON_CACHE_MAX_BYTES)
     return fa
+
+
+#: Bound of the on-disk automaton cache; least recently used files go first.
+AUTOMATON_CACHE_MAX_BYTES = int(os.environ.get("JAXCD_AUTOMATON_CACHE_BYTES", 1 << 30))
+
+
+def _evict(root: Path, max_bytes: int) -> None:
+    """Delete the least recently used ``*.npz`` of ``root`` until it holds at most
+    ``max_bytes`` (files that vanish meanwhile — another process — are skipped)."""
+    files = []
+    for f in root.glob("*.npz"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        files.append((st.st_mtime, st.st_size, f))
+    total = sum(x[1] for x in files)
+    for _, size, f in sorted(files):
+        if total <= max_bytes:
+            break
+        f.unlink(missing_ok=True)
+        total -= size
 
 
 def _part(kind: str, text: str) -> str:

@@ -15,7 +15,7 @@ from jaxcd.model_files import enable_compile_cache
 # xdist workers share it): most of the suite's time is XLA compiling the LM step and the
 # SMC/decode programs; a rerun on the same machine loads them instead. Tracing, and every
 # assertion, still run. JAXCD_COMPILE_CACHE=0 runs the suite without it.
-enable_compile_cache(min_compile_s=0.5)
+enable_compile_cache(min_compile_s=0.1)
 
 
 @pytest.fixture(scope="session")

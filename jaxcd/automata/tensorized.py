@@ -257,10 +257,28 @@ jax.tree_util.register_pytree_with_keys(TensorizedAutomaton, _flatten_with_keys,
                                         _flatten)
 
 
+_COMPILER_HASH: list[str] = []
+
+
+def compiler_hash() -> str:
+    """A hash of the constraint compiler's source (``jaxcd/automata/*.py`` and the
+    vocabulary code): part of every automaton cache key, so a change to the compiler
+    never serves an automaton built by older code."""
+    if not _COMPILER_HASH:
+        h = hashlib.sha256()
+        here = Path(__file__).resolve().parent
+        for f in sorted(here.glob("*.py")) + [here.parent / "vocab.py"]:
+            if f.exists():
+                h.update(f.name.encode())
+                h.update(f.read_bytes())
+        _COMPILER_HASH.append(h.hexdigest()[:16])
+    return _COMPILER_HASH[0]
+
+
 def cache_key(kind: str, source: str, options: dict, vocab: Vocabulary) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([kind, source, options, vocab.fingerprint, FORMAT_VERSION],
-                        sort_keys=True, default=str).encode())
+    h.update(json.dumps([kind, source, options, vocab.fingerprint, FORMAT_VERSION,
+                         compiler_hash()], sort_keys=True, default=str).encode())
     return h.hexdigest()[:40]
 
 
