@@ -11,7 +11,11 @@ one sample per request:
    load them in milliseconds and differ only in how they decode;
 1. **one by one**: each request is its own ``generate`` call (batch of 1);
 2. **mixed batches of 16**: the same 200 requests as ``generate(prompts, constraints=...)``
-   calls of 16 rows, one constraint per row (stacked automata).
+   calls of 16 rows, one constraint per row (stacked automata);
+3. **continuous batching, 16 rows**: the same 200 requests as ONE
+   ``generate(..., batching="continuous")`` call (:mod:`jaxcd.decoding.serve`): a row
+   whose output ended takes the next request, after a warm-up call of one request per
+   automaton bucket.
 
 XLA compiles are counted with ``jax.monitoring`` (:mod:`jaxcd.decoding.compile_stats`); JAX's
 persistent compilation cache is **off**, so every new program is a real compile. A
@@ -28,6 +32,12 @@ requests.
 Usage::
 
     python -m experiments.bench_serving [--n 200] [--budget 64] [--batch 16] [--quick]
+        [--single K] [--modes single,static,continuous]
+
+``--single K`` runs the one-by-one phase on a seeded sample of ``K`` requests (its
+throughput is an estimate from that sample; the other phases serve all of them). Each
+phase records its wall time, its process CPU time and the load average: on a shared
+machine the requests per CPU-second compare more fairly than the wall clock.
 """
 
 from __future__ import annotations
@@ -108,8 +118,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="24 constraints, batch 8")
+    ap.add_argument("--single", type=int, default=0,
+                    help="one-by-one phase on a seeded sample of this many requests (0: all)")
+    ap.add_argument("--modes", default="single,static,continuous",
+                    help="comma-separated phases to run: single, static, continuous")
     ap.add_argument("--out", default=str(RESULTS / "bench_serving"))
     a = ap.parse_args(argv)
+    a.modes = set(a.modes.split(","))
     if a.quick:
         a.n, a.batch = 24, 8
     m = load_model()
@@ -142,73 +157,60 @@ def main(argv=None) -> int:
     def key_of(r, rows):
         return (tuple(r["bucket"]), N, prompt_bucket(len(m.encode_prompt(r["prompt"]))), rows)
 
-    # 1. one by one
-    seen, single = set(), []
-    load = {"phase1_start": os.getloadavg()}      # the two phases compare fairly only at equal load
-    t1 = time.perf_counter()
-    for i, r in enumerate(reqs):
-        k = key_of(r, 1)
-        warm = k in seen
-        seen.add(k)
-        c0 = compile_stats.snapshot()
-        t0 = time.perf_counter()
-        out = jaxcd.generate(r["prompt"], **{r["kind"]: r["spec"]}, method="gcd",
-                             budget=a.budget, seed=i, model=m, progress=False)
-        wall = time.perf_counter() - t0
-        d = compile_stats.snapshot() - c0
-        s = out.stats
-        single.append({"name": r["name"], "warm": warm, "wall_s": wall,
-                       "automaton_s": r["automaton_s"], "load_s": s["automaton_s"],
-                       "xla_compiles": d.backend_compiles, "traces": d.traces,
-                       "xla_compile_s": d.compile_s, "decode_s": s["decode_s"],
-                       "setup_s": max(wall - s["decode_s"] - s["automaton_s"], 0.0),
-                       "steps": s["steps"], "valid": out.valid[0]})
-        if i % 20 == 0:
-            print(f"  one-by-one {i}/{len(reqs)}: wall {wall:.2f}s, compiles {d.backend_compiles}",
-                  flush=True)
-    t_single = time.perf_counter() - t1
+    load = {}
+    phases = {}
 
-    # 2. mixed batches
-    load["phase1_end"] = load["phase2_start"] = os.getloadavg()
-    batches = []
-    t2 = time.perf_counter()
-    for j in range(0, len(reqs), a.batch):
-        part = reqs[j:j + a.batch]
-        c0 = compile_stats.snapshot()
-        t0 = time.perf_counter()
-        outs = jaxcd.generate([r["prompt"] for r in part],
-                              constraints=[{r["kind"]: r["spec"]} for r in part],
-                              method="gcd", budget=a.budget, seed=1000 + j, model=m,
-                              batch_size=a.batch, progress=False)
-        wall = time.perf_counter() - t0
-        d = compile_stats.snapshot() - c0
-        s = outs[0].stats
-        bk = (tuple(s["bucket"]), N, s["prompt_bucket"], s["batch_rows"])
-        batches.append({"size": len(part), "wall_s": wall, "decode_s": s["decode_s"],
-                        "xla_compiles": d.backend_compiles, "traces": d.traces,
-                        "xla_compile_s": d.compile_s, "steps": s["steps"], "key": list(map(str, bk)),
-                        "valid": sum(o.valid[0] for o in outs), "warm": bk in seen})
-        seen.add(bk)
-        print(f"  batch {j // a.batch}: {len(part)} requests, wall {wall:.2f}s, compiles "
-              f"{d.backend_compiles}, valid {batches[-1]['valid']}/{len(part)}", flush=True)
-    t_batch = time.perf_counter() - t2
-    load["phase2_end"] = os.getloadavg()
+    def phase(name):
+        """Wall, process CPU time and load average around a phase: on a shared machine
+        the requests per CPU-second compare more fairly than the wall clock."""
+        class _P:
+            def __enter__(self):
+                load[name + "_start"] = os.getloadavg()
+                self.t, self.c = time.perf_counter(), time.process_time()
+                return self
 
-    warm_single = [x for x in single if x["warm"]]
-    warm_batches = [x for x in batches if x["warm"]]
-    buckets = sorted({tuple(r["bucket"]) for r in reqs})
-    res = {
-        "command": "python -m experiments.bench_serving " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-                    "jax": jax.__version__, "device": str(jax.devices()[0])},
-        "model": Path(m.path).name, "budget": a.budget, "budget_bucket": N, "batch": a.batch,
-        "n": len(reqs), "skipped": skipped, "persistent_compile_cache": False,
-        "load_average": load,
-        "automaton_buckets": [list(b) for b in buckets],
-        "program_keys": len(seen),
-        "one_by_one": {
-            "wall_s": t_single, "requests_per_s": len(reqs) / t_single,
-            "decode_requests_per_s": len(reqs) / sum(x["decode_s"] for x in single),
+            def __exit__(self, *exc):
+                phases[name] = {"wall_s": time.perf_counter() - self.t,
+                                "cpu_s": time.process_time() - self.c}
+                load[name + "_end"] = os.getloadavg()
+        return _P()
+
+    res_single = res_batch = res_cont = None
+    seen = set()
+    # 1. one by one (all requests, or a seeded sample of --single of them)
+    if "single" in a.modes:
+        pick = sorted(random.Random(a.seed + 1).sample(range(len(reqs)), a.single)) \
+            if 0 < a.single < len(reqs) else list(range(len(reqs)))
+        single = []
+        with phase("single"):
+            for n_i, i in enumerate(pick):
+                r = reqs[i]
+                k = key_of(r, 1)
+                warm = k in seen
+                seen.add(k)
+                c0 = compile_stats.snapshot()
+                t0 = time.perf_counter()
+                out = jaxcd.generate(r["prompt"], **{r["kind"]: r["spec"]}, method="gcd",
+                                     budget=a.budget, seed=i, model=m, progress=False)
+                wall = time.perf_counter() - t0
+                d = compile_stats.snapshot() - c0
+                st = out.stats
+                single.append({"name": r["name"], "warm": warm, "wall_s": wall,
+                               "automaton_s": r["automaton_s"], "load_s": st["automaton_s"],
+                               "xla_compiles": d.backend_compiles, "traces": d.traces,
+                               "xla_compile_s": d.compile_s, "decode_s": st["decode_s"],
+                               "setup_s": max(wall - st["decode_s"] - st["automaton_s"], 0.0),
+                               "steps": st["steps"], "valid": out.valid[0]})
+                if n_i % 10 == 0:
+                    print(f"  one-by-one {n_i}/{len(pick)}: wall {wall:.2f}s, compiles "
+                          f"{d.backend_compiles}", flush=True)
+        warm_single = [x for x in single if x["warm"]]
+        ph = phases["single"]
+        res_single = {
+            "requests": len(pick), "sampled": len(pick) < len(reqs), **ph,
+            "requests_per_s": len(pick) / ph["wall_s"],
+            "requests_per_cpu_s": len(pick) / ph["cpu_s"],
+            "decode_requests_per_s": len(pick) / sum(x["decode_s"] for x in single),
             "xla_compiles": sum(x["xla_compiles"] for x in single),
             "xla_compiles_warm": sum(x["xla_compiles"] for x in warm_single),
             "traces_warm": sum(x["traces"] for x in warm_single),
@@ -217,58 +219,171 @@ def main(argv=None) -> int:
             "steps": sum(x["steps"] for x in single),
             "latency": {k: {"p50": pct([x[k] for x in warm_single], 50),
                             "p95": pct([x[k] for x in warm_single], 95)}
-                        for k in ("wall_s", "automaton_s", "xla_compile_s", "setup_s", "decode_s")},
-            "automaton_s_all": {"p50": pct([r["automaton_s"] for r in reqs], 50),
-                                "p95": pct([r["automaton_s"] for r in reqs], 95)},
-            "requests": single,
-        },
-        "mixed_batches": {
-            "wall_s": t_batch, "requests_per_s": len(reqs) / t_batch,
+                        for k in ("wall_s", "automaton_s", "xla_compile_s", "setup_s",
+                                  "decode_s")},
+            "per_request": single,
+        }
+
+    # 2. static mixed batches
+    if "static" in a.modes:
+        batches = []
+        with phase("static"):
+            for j in range(0, len(reqs), a.batch):
+                part = reqs[j:j + a.batch]
+                c0 = compile_stats.snapshot()
+                t0 = time.perf_counter()
+                outs = jaxcd.generate([r["prompt"] for r in part],
+                                      constraints=[{r["kind"]: r["spec"]} for r in part],
+                                      method="gcd", budget=a.budget, seed=1000 + j, model=m,
+                                      batch_size=a.batch, progress=False)
+                wall = time.perf_counter() - t0
+                d = compile_stats.snapshot() - c0
+                st = outs[0].stats
+                bk = (tuple(st["bucket"]), N, st["prompt_bucket"], st["batch_rows"])
+                batches.append({"size": len(part), "wall_s": wall, "decode_s": st["decode_s"],
+                                "xla_compiles": d.backend_compiles, "traces": d.traces,
+                                "xla_compile_s": d.compile_s, "steps": st["steps"],
+                                "key": list(map(str, bk)),
+                                "valid": sum(o.valid[0] for o in outs), "warm": bk in seen})
+                seen.add(bk)
+                print(f"  batch {j // a.batch}: {len(part)} requests, wall {wall:.2f}s, "
+                      f"compiles {d.backend_compiles}, valid {batches[-1]['valid']}/{len(part)}",
+                      flush=True)
+        ph = phases["static"]
+        warm_b = [x for x in batches if x["warm"]]
+        res_batch = {
+            "requests": len(reqs), **ph, "requests_per_s": len(reqs) / ph["wall_s"],
+            "requests_per_cpu_s": len(reqs) / ph["cpu_s"],
             "decode_requests_per_s": len(reqs) / sum(x["decode_s"] for x in batches),
             "xla_compiles": sum(x["xla_compiles"] for x in batches),
-            "xla_compiles_warm": sum(x["xla_compiles"] for x in warm_batches),
-            "warm_batches": len(warm_batches),
-            "valid": sum(x["valid"] for x in batches),
-            "steps": sum(x["steps"] for x in batches),
-            "batches": batches,
-        },
+            "xla_compiles_warm": sum(x["xla_compiles"] for x in warm_b),
+            "warm_batches": len(warm_b), "valid": sum(x["valid"] for x in batches),
+            "steps": sum(x["steps"] for x in batches), "batches": batches,
+        }
+
+    # 3. continuous batching: one stream of all requests through `batch` rows, after a
+    # warm-up call (one request per automaton bucket plus the longest prompt, so that the
+    # stream's common bucket and prompt bucket are the same) that compiles its programs
+    if "continuous" in a.modes:
+        longest = max(reqs, key=lambda r: len(m.encode_prompt(r["prompt"])))
+        firsts = {}
+        for r in reqs:
+            firsts.setdefault(tuple(r["bucket"]), r)
+        warm_reqs = list(firsts.values()) + [longest]
+        with phase("continuous_warmup"):
+            c0 = compile_stats.snapshot()
+            jaxcd.generate([r["prompt"] for r in warm_reqs],
+                           constraints=[{r["kind"]: r["spec"]} for r in warm_reqs],
+                           method="gcd", budget=a.budget, seed=3000, model=m,
+                           batch_size=a.batch, progress=False, batching="continuous")
+            d_warm = compile_stats.snapshot() - c0
+        with phase("continuous"):
+            c0 = compile_stats.snapshot()
+            outs = jaxcd.generate([r["prompt"] for r in reqs],
+                                  constraints=[{r["kind"]: r["spec"]} for r in reqs],
+                                  method="gcd", budget=a.budget, seed=2000, model=m,
+                                  batch_size=a.batch, progress=False, batching="continuous")
+            d_cont = compile_stats.snapshot() - c0
+        ph, pw = phases["continuous"], phases["continuous_warmup"]
+        st = outs[0].stats
+        res_cont = {
+            "requests": len(reqs), **ph, "warmup": {**pw, "requests": len(warm_reqs),
+                                                    "xla_compiles": d_warm.backend_compiles},
+            "requests_per_s": len(reqs) / ph["wall_s"],
+            "requests_per_cpu_s": len(reqs) / ph["cpu_s"],
+            "requests_per_s_with_warmup": len(reqs) / (ph["wall_s"] + pw["wall_s"]),
+            "decode_requests_per_s": len(reqs) / st["decode_s"],
+            "xla_compiles": d_cont.backend_compiles, "traces": d_cont.traces,
+            "valid": sum(o.valid[0] for o in outs), "steps": st["steps"],
+            "row_steps": sum(len(o.token_ids[0]) + int(o.ended[0]) for o in outs),
+            "occupancy": st["occupancy"], "inserts": st["inserts"], "chunks": st["chunks"],
+            "shifts": st["shifts"], "insert_s": st["insert_s"], "decode_s": st["decode_s"],
+            "groups": st["buckets"],
+        }
+        print(f"  continuous: {len(reqs)} requests, wall {ph['wall_s']:.1f}s (+ warm-up "
+              f"{pw['wall_s']:.1f}s, {d_warm.backend_compiles} compiles), compiles "
+              f"{d_cont.backend_compiles}, valid {res_cont['valid']}, occupancy "
+              f"{st['occupancy']:.2f}", flush=True)
+
+    buckets = sorted({tuple(r["bucket"]) for r in reqs})
+    res = {
+        "command": "python -m experiments.bench_serving " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+                    "jax": jax.__version__, "device": str(jax.devices()[0])},
+        "model": Path(m.path).name, "budget": a.budget, "budget_bucket": N, "batch": a.batch,
+        "n": len(reqs), "skipped": skipped, "persistent_compile_cache": False,
+        "load_average": load,
+        "automaton_s_all": {"p50": pct([r["automaton_s"] for r in reqs], 50),
+                            "p95": pct([r["automaton_s"] for r in reqs], 95)},
+        "automaton_buckets": [list(b) for b in buckets],
+        "one_by_one": res_single, "mixed_batches": res_batch, "continuous": res_cont,
         "total_s": time.perf_counter() - t_all,
     }
-    o, b = res["one_by_one"], res["mixed_batches"]
-    res["speedup_requests_per_s"] = b["requests_per_s"] / o["requests_per_s"]
-    res["speedup_decode_requests_per_s"] = b["decode_requests_per_s"] / o["decode_requests_per_s"]
-    lat = o["latency"]
+    o, b, cb = res_single, res_batch, res_cont
+    for name, x in (("static", b), ("continuous", cb)):
+        if o and x:
+            res[f"{name}_speedup_requests_per_s"] = x["requests_per_s"] / o["requests_per_s"]
+            res[f"{name}_speedup_requests_per_cpu_s"] = \
+                x["requests_per_cpu_s"] / o["requests_per_cpu_s"]
+    if o and cb:
+        res["continuous_speedup_with_warmup"] = cb["requests_per_s_with_warmup"] / o["requests_per_s"]
+
+    def ld(name):
+        st_, en = load.get(name + "_start"), load.get(name + "_end")
+        return f"{st_[0]:.1f}→{en[0]:.1f}" if st_ and en else "–"
+
     lines = [
         "# Serving benchmark: constraints as data", "",
         f"`{res['command']}` — {res['machine']['cpu']}, {res['machine']['cores']} cores, "
-        f"{res['model']}, GCD, budget {a.budget} (bucket {N}), persistent compile cache off; "
-        f"1-min load average at the phases' start/end: one by one "
-        f"{load['phase1_start'][0]:.1f}/{load['phase1_end'][0]:.1f}, batches "
-        f"{load['phase2_start'][0]:.1f}/{load['phase2_end'][0]:.1f}.", "",
+        f"{res['model']}, GCD, budget {a.budget} (bucket {N}), persistent compile cache off.", "",
         f"{len(reqs)} distinct constraints ({sum(r['kind'] == 'schema' for r in reqs)} BFCL "
         f"schemas, {sum(r['kind'] == 'regex' for r in reqs)} regexes; {len(skipped)} candidates "
         f"skipped: unsupported or above the budget), **{len(buckets)} automaton buckets**: "
-        + ", ".join(f"({', '.join(map(str, x))})" for x in buckets)
-        + f"; {len(seen)} program keys (automaton × budget × prompt bucket × rows).", "",
-        "| mode | requests/s | decode-only requests/s | XLA compiles (all) | on warm requests | "
-        "valid | steps run |", "|---|---|---|---|---|---|---|",
-        f"| one by one | {o['requests_per_s']:.3f} | {o['decode_requests_per_s']:.3f} | "
-        f"{o['xla_compiles']} | {o['xla_compiles_warm']} ({o['warm_requests']} warm) | "
-        f"{o['valid']}/{len(reqs)} | {o['steps']} |",
-        f"| mixed batches of {a.batch} | {b['requests_per_s']:.3f} | "
-        f"{b['decode_requests_per_s']:.3f} | {b['xla_compiles']} | {b['xla_compiles_warm']} "
-        f"({b['warm_batches']} warm) | {b['valid']}/{len(reqs)} | {b['steps']} |", "",
-        f"Mixed batches / one by one: **{res['speedup_requests_per_s']:.2f}×** requests/s end to "
-        f"end, {res['speedup_decode_requests_per_s']:.2f}× decode only.", "",
-        "Per-request latency, one by one, warm requests (seconds):", "",
-        "| part | p50 | p95 |", "|---|---|---|",
-    ] + [f"| {k} | {v['p50']:.4f} | {v['p95']:.4f} |" for k, v in lat.items()] + [
-        "",
-        f"`automaton_s`: the constraint's cold compile (phase 0; all {len(reqs)}: p50 "
-        f"{o['automaton_s_all']['p50']:.3f}, p95 {o['automaton_s_all']['p95']:.3f} s); "
-        "`setup_s`: everything else beyond decode in the call (loading the cached automaton, "
-        "padding, β tables, prompt encoding); `xla_compile_s`: tracing + compiling.",
+        + ", ".join(f"({', '.join(map(str, x))})" for x in buckets) + ".", "",
+        "| mode | requests | requests/s (wall) | requests per CPU-s | XLA compiles | on warm "
+        "requests | valid | steps run | 1-min load (start→end) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    if o:
+        lines.append(
+            f"| one by one{' (seeded sample)' if o['sampled'] else ''} | {o['requests']} | "
+            f"{o['requests_per_s']:.3f} | {o['requests_per_cpu_s']:.3f} | {o['xla_compiles']} | "
+            f"{o['xla_compiles_warm']} ({o['warm_requests']} warm) | {o['valid']}/{o['requests']} "
+            f"| {o['steps']} | {ld('single')} |")
+    if b:
+        lines.append(
+            f"| static mixed batches of {a.batch} | {b['requests']} | {b['requests_per_s']:.3f} | "
+            f"{b['requests_per_cpu_s']:.3f} | {b['xla_compiles']} | {b['xla_compiles_warm']} "
+            f"({b['warm_batches']} warm batches) | {b['valid']}/{b['requests']} | {b['steps']} | "
+            f"{ld('static')} |")
+    if cb:
+        lines.append(
+            f"| continuous batching, {a.batch} rows | {cb['requests']} | "
+            f"{cb['requests_per_s']:.3f} | {cb['requests_per_cpu_s']:.3f} | {cb['xla_compiles']} "
+            f"(warm-up call: {cb['warmup']['xla_compiles']}) | {cb['xla_compiles']} (all warm) | "
+            f"{cb['valid']}/{cb['requests']} | {cb['steps']} | {ld('continuous')} |")
+    lines.append("")
+    for name, label in (("static", "Static mixed batches"), ("continuous", "Continuous batching")):
+        if f"{name}_speedup_requests_per_s" in res:
+            lines.append(f"{label} / one by one: **{res[f'{name}_speedup_requests_per_s']:.2f}×** "
+                         f"requests/s (wall), {res[f'{name}_speedup_requests_per_cpu_s']:.2f}× "
+                         "requests per CPU-second.")
+    if cb:
+        lines += ["", f"Continuous batching: occupancy {cb['occupancy']:.2f} (share of row-steps "
+                  f"that decoded a live request), {cb['inserts']} insert calls "
+                  f"({cb['insert_s']:.1f} s), {cb['chunks']} decode calls, {cb['shifts']} cache "
+                  f"shifts; its warm-up call ({cb['warmup']['requests']} requests, "
+                  f"{cb['warmup']['wall_s']:.1f} s) counted as overhead: "
+                  + (f"{res['continuous_speedup_with_warmup']:.2f}×." if o else "–")]
+    if o:
+        lines += ["", "Per-request latency, one by one, warm requests (seconds):", "",
+                  "| part | p50 | p95 |", "|---|---|---|"]
+        lines += [f"| {k} | {v['p50']:.4f} | {v['p95']:.4f} |" for k, v in o["latency"].items()]
+        lines += ["", f"`automaton_s`: the constraint's cold compile (phase 0; all {len(reqs)}: "
+                  f"p50 {res['automaton_s_all']['p50']:.3f}, p95 "
+                  f"{res['automaton_s_all']['p95']:.3f} s); `setup_s`: everything else beyond "
+                  "decode in the call (loading the cached automaton, padding, β tables, prompt "
+                  "encoding); `xla_compile_s`: tracing + compiling."]
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out + ".json").write_text(json.dumps(res, indent=1, default=str))
     Path(a.out + ".md").write_text("\n".join(lines) + "\n")
