@@ -1258,6 +1258,14 @@ class SchemaBuilder:
                 key = rx(STRING, 8)
             if declared:
                 key = self.exclude_keys(key, declared)
+            # additionalProperties applies only to keys that match no patternProperties
+            # regex: those keys are left to their pattern's schema
+            for pkey, _ in extras:
+                if key.kind == "empty":
+                    break
+                d = self._product(_node_dfa(key), _node_dfa(pkey), path,
+                                  "patternProperties", difference)
+                key = Node("dfa", (d,), d.num_states + 1)
             value = self.node(True if addl is True else addl, f"{path}/additionalProperties")
             extras.append((key, value))
         extra = None
