@@ -1,4 +1,5 @@
-"""`jaxcd generate` end to end (subprocess): outputs are valid and within the budget
+"""`jaxcd generate` end to end (two tests through a subprocess, the rest through
+``jaxcd.cli.main`` in this process): outputs are valid and within the budget
 (checked with `re.fullmatch` / `jsonschema`, not jaxcd), stdout carries only the text,
 and user errors give one clear message, exit status 2 and no traceback."""
 
@@ -18,6 +19,27 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
 def jaxcd(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jaxcd", *args], capture_output=True,
                           text=True, env=ENV, timeout=timeout)
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``jaxcd ...`` in this process (``jaxcd.cli.main``; argparse's own errors exit
+    with status 2): the model and compiled programs are shared with the rest of the
+    worker instead of being loaded again by a subprocess. Two tests below keep the real
+    ``python -m jaxcd`` entry point."""
+    from jaxcd import cli as jcli
+    from jaxcd import model_files
+    monkeypatch.setattr(model_files, "enable_compile_cache", lambda *a, **k: None)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = jcli.main(list(args))
+        except SystemExit as e:
+            code = e.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), code, out.out, out.err)
+    return run
 
 
 def assert_user_error(r: subprocess.CompletedProcess, *needles: str) -> None:
@@ -44,12 +66,12 @@ def test_generate_regex_valid_within_budget(smol_tokenizer):
     assert "ms/step" in r.stderr          # stats go to stderr, not stdout
 
 
-def test_generate_schema_file(tmp_path):
+def test_generate_schema_file(tmp_path, cli):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
               "additionalProperties": False}
     f = tmp_path / "s.json"
     f.write_text(json.dumps(schema))
-    r = jaxcd("generate", "--schema", str(f), "--prompt", "Give me a JSON object.",
+    r = cli("generate", "--schema", str(f), "--prompt", "Give me a JSON object.",
               "--budget", "10", "--num-samples", "2", "--whitespace", "")
     assert r.returncode == 0, r.stderr[-3000:]
     import jsonschema
@@ -69,30 +91,30 @@ def test_generate_schema_file(tmp_path):
     (["--regex", "a", "--num-samples", "0"], ["num_samples"]),
     (["--model", "/nonexistent/model.gguf", "--regex", "a"], ["model.gguf"]),
 ])
-def test_user_errors(args, needles):
-    assert_user_error(jaxcd("generate", *args), *needles)
+def test_user_errors(args, needles, cli):
+    assert_user_error(cli("generate", *args), *needles)
 
 
-def test_mutually_exclusive_constraints():
-    r = jaxcd("generate", "--regex", "a", "--keywords", "b")
+def test_mutually_exclusive_constraints(cli):
+    r = cli("generate", "--regex", "a", "--keywords", "b")
     assert r.returncode == 2 and "not allowed with" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bad_files(tmp_path):
+def test_bad_files(tmp_path, cli):
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("{not json")
-    assert_user_error(jaxcd("generate", "--schema", str(bad_json)), "not valid JSON")
+    assert_user_error(cli("generate", "--schema", str(bad_json)), "not valid JSON")
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF" + os.urandom(256))
-    assert_user_error(jaxcd("generate", "--model", str(corrupt), "--regex", "a"),
+    assert_user_error(cli("generate", "--model", str(corrupt), "--regex", "a"),
                       "corrupt.gguf")
     unsupported = tmp_path / "schema.json"
     unsupported.write_text(json.dumps({"type": "array", "uniqueItems": True}))
-    assert_user_error(jaxcd("generate", "--schema", str(unsupported)), "--no-strict")
+    assert_user_error(cli("generate", "--schema", str(unsupported)), "--no-strict")
 
 
-def test_prompt_longer_than_context():
-    r = jaxcd("generate", "--regex", "a", "--budget", "4", "--prompt", "hello " * 9000)
+def test_prompt_longer_than_context(cli):
+    r = cli("generate", "--regex", "a", "--budget", "4", "--prompt", "hello " * 9000)
     assert_user_error(r, "context length")
 
 
@@ -126,23 +148,23 @@ def test_generate_smc_and_awrs_json_lines(tmp_path):
                 assert x["valid"] and re.fullmatch(pattern, x["text"]), x
 
 
-def test_smc_user_errors(tmp_path):
+def test_smc_user_errors(tmp_path, cli):
     import numpy as np
     from hmm_distill import HMMParams
     from hmm_distill.checkpoint import save_checkpoint
-    r = jaxcd("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead")
+    r = cli("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead")
     assert_user_error(r, "--hmm", "hmm-distill")
     ck = save_checkpoint(tmp_path / "tiny.safetensors",
                          HMMParams(np.ones(2) / 2, np.ones((2, 2)) / 2, np.ones((2, 10)) / 10),
                          fingerprint="tiny", eos_token_id=0)
-    r = jaxcd("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead",
-              "--hmm", str(ck), "--budget", "8")
+    r = cli("generate", "--regex", "a+", "--method", "smc", "--proposal", "lookahead",
+            "--hmm", str(ck), "--budget", "8")
     assert_user_error(r, "hmm-distill", "vocabulary")
-    r = jaxcd("generate", "--method", "awrs", "--predicate", "no_such_module:f")
+    r = cli("generate", "--method", "awrs", "--predicate", "no_such_module:f")
     assert_user_error(r, "predicate")
 
 
-def test_requests_file_continuous_batching(tmp_path):
+def test_requests_file_continuous_batching(tmp_path, cli):
     """--requests FILE.jsonl (continuous batching by default): one JSON line per request,
     in input order, each valid for its own constraint (re / jsonschema)."""
     import jsonschema
@@ -155,8 +177,8 @@ def test_requests_file_continuous_batching(tmp_path):
             {"prompt": "Answer.", "regex": "(maybe|perhaps)!"}]
     f = tmp_path / "r.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in reqs) + "\n")
-    r = jaxcd("generate", "--requests", str(f), "--budget", "12", "--batch-size", "2",
-              "--whitespace", "")
+    r = cli("generate", "--requests", str(f), "--budget", "12", "--batch-size", "2",
+            "--whitespace", "")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["id"] for x in rows] == list(range(len(reqs)))
