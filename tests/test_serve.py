@@ -17,7 +17,6 @@ References:
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,25 +25,11 @@ from jaxcd.decoding import compile_stats
 from jaxcd.decoding.buckets import automaton_bucket, bucket_automaton, budget_bucket
 from jaxcd.decoding.decode import sample, tables_for
 from jaxcd.decoding.serve import Request, ServeStats, serve, stack_bytes
-from jaxcd.lm import TableLM, pad_prompts
+from jaxcd.lm import pad_prompts
 
-TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"-", b"0", b"1", b"01", b"x"]
-EOS = 0
-V = len(TOKENS)
-VOCAB = Vocabulary.from_token_bytes(TOKENS, eos_id=EOS)
+from test_constraints_as_data import EOS, TOKENS, V, VOCAB, toy_lm  # noqa: E402
+
 PATTERNS = [r"(ab|b)*a?-?", r"[01]{2,5}", r"x(a|b)+x", r"-?(0|1(0|1)*)", r"-[01]{0,80}"]
-
-
-def toy_lm(depth=3, seed=3):
-    rng = np.random.default_rng(seed)
-    table = {}
-
-    def fn(prefix):
-        if prefix not in table:
-            table[prefix] = rng.dirichlet(np.ones(V) * 0.7) + 1e-3
-        return table[prefix]
-
-    return TableLM.from_function(fn, V, depth, eos_token_id=EOS)
 
 
 def text_of(row, tokens=TOKENS, eos=EOS):
