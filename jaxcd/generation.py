@@ -11,7 +11,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Sequence
 
 import jax
@@ -20,7 +19,6 @@ import numpy as np
 from .api import compile_json_schema, compile_keywords, compile_regex, compile_tool_call
 from .decoding import compile_stats as _compile_stats
 from .decoding.decode import METHODS, sample, tables_for
-from .errors import JaxcdError
 from .lm.interface import pad_prompts
 from .vocab import Vocabulary
 
