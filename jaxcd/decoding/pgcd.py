@@ -78,11 +78,12 @@ class PGCDTables(NamedTuple):
     """``β^P`` for budget ``n``: ``mant [n+1, S, H]`` (max 1 per state, or all 0) and
     ``log_scale [n+1, S]`` (``−inf`` where ``β^P_t(·, s) = 0``), so
     ``β^P_t(h, s) = mant[t, s, h] · exp(log_scale[t, s])``. ``B`` is the HMM emission
-    matrix in the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
+    matrix, transposed (``Bt [V, H]``: a token's emission column is a contiguous row), in
+    the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
 
     mant: jax.Array
     log_scale: jax.Array
-    B: jax.Array
+    Bt: jax.Array
     n: jax.Array | None = None      # the budget (int32, may be traced); None: N = rows - 1
 
     @property
@@ -326,7 +327,7 @@ def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
     mant = jnp.concatenate([mant_n[None].astype(table_dtype), mants], axis=0)
     ls = jnp.concatenate([ls_n[None], lss], axis=0)
     idx = jnp.clip(n - jnp.arange(budget + 1), 0, budget)
-    return PGCDTables(mant[idx], ls[idx], B.astype(table_dtype), n)
+    return PGCDTables(mant[idx], ls[idx], B.T.astype(table_dtype), n)
 
 
 def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
@@ -383,31 +384,38 @@ def hmm_update(A: jax.Array, B: jax.Array, u: jax.Array, token: jax.Array) -> ja
 def _edge_of_token(fa: TensorizedAutomaton, state: jax.Array, D: int
                    ) -> tuple[jax.Array, jax.Array]:
     """For every token: the index ``d < D`` of the out-edge of ``state`` whose label set
-    holds it, and whether one of the first ``D`` out-edges does. Read from the cumulative
-    masks: with ``D' = min(deg, D)`` rows, a token on edge ``j < D'`` is in ``D' − j`` of
-    them, so ``d(v) = D' − (number of rows holding v)``."""
+    holds it, and whether one of the first ``D' = min(deg, D)`` out-edges does.
+
+    The cumulative rows of a state are nested (row ``i`` is ``L_0 ∪ … ∪ L_i``), so a
+    token's edge is the first row that holds it: a binary search, ``⌈log₂(D+1)⌉`` rounds
+    of one bit read per token — ``O(V log D)``, never the ``[D, V]`` unpacked rows."""
     V = fa.vocab_size
     start = fa.out_start[state]
     deg = jnp.minimum(fa.out_start[state + 1] - start, D)
-    rows = jnp.minimum(start + state + 1 + jnp.arange(D), fa.row_index.shape[0] - 1)
-    words = fa.cum_masks[fa.row_index[rows]]                             # [D, W]
-    # unpack by shifts and a reshape (a per-token gather of words is slow on CPU)
-    bit = (words[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & jnp.uint32(1)
-    bit = bit.reshape(D, -1)[:, :V]                                      # [D, V]
-    bit = bit.astype(jnp.int32) * (jnp.arange(D) < deg)[:, None]
-    inside = jnp.sum(bit, axis=0)                                       # rows holding v
-    has = inside > 0
-    d = jnp.clip(deg - inside, 0, D - 1)
-    return d, has
+    rows = fa.row_index[jnp.minimum(start + state + 1 + jnp.arange(D),
+                                    fa.row_index.shape[0] - 1)]         # [D]
+    v = jnp.arange(V, dtype=jnp.int32)
+    word, sh = v >> 5, (v & 31).astype(jnp.uint32)
+    lo = jnp.zeros((V,), jnp.int32)
+    hi = jnp.broadcast_to(deg.astype(jnp.int32), (V,))
+    for _ in range(max(int(D), 1).bit_length()):     # invariant: answer in [lo, hi]
+        mid = (lo + hi) >> 1
+        row = rows[jnp.minimum(mid, D - 1)]
+        bit = ((fa.cum_masks[row, word] >> sh) & jnp.uint32(1)) > 0
+        go = lo < hi
+        hi = jnp.where(go & bit, mid, hi)
+        lo = jnp.where(go & ~bit, mid + 1, lo)
+    has = lo < deg
+    return jnp.minimum(lo, D - 1), has
 
 
 def check_tables(fa: TensorizedAutomaton, tables: PGCDTables) -> None:
     """Raise :class:`HMMMismatchError` if ``tables`` were not built for ``fa`` (shapes are
     static, so this also works while tracing)."""
     S = int(np.prod(np.shape(fa.dist)))              # a stack's flattened size
-    if tables.mant.shape[1] != S or tables.B.shape[1] != fa.vocab_size:
+    if tables.mant.shape[1] != S or tables.Bt.shape[0] != fa.vocab_size:
         raise HMMMismatchError(
-            f"P-GCD tables for {tables.mant.shape[1]} states and {tables.B.shape[1]} tokens "
+            f"P-GCD tables for {tables.mant.shape[1]} states and {tables.Bt.shape[0]} tokens "
             f"do not fit this automaton ({S} states, {fa.vocab_size} tokens): "
             "build them with pgcd.backward(fa, hmm, budget)")
 
@@ -425,9 +433,10 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     mant = tables.mant[tn, dsts]                                         # [D, H]
     ls = tables.log_scale[tn, dsts]                                      # [D]
     acc = st.u.dtype
-    sd = tables.B.dtype
+    sd = tables.Bt.dtype
     rows = jnp.concatenate([st.u[None].astype(sd), (st.u[None] * mant.astype(acc)).astype(sd)])
-    P = jnp.dot(rows, tables.B, preferred_element_type=acc)             # [1 + D, V]
+    P = jax.lax.dot_general(rows, tables.Bt, (((1,), (1,)), ((), ())),
+                            preferred_element_type=acc)                  # [1 + D, V]
     den = P[0]
     d, has = _edge_of_token(fa, s, D)
     Pn = jnp.take_along_axis(P[1:], d[None], axis=0)[0]                 # [V]
@@ -436,6 +445,61 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     log_num = jnp.where(ok, jnp.log(jnp.where(ok, Pn, 1.0)) + jnp.where(ok, l_d, 0.0), -jnp.inf)
     log_den = jnp.where(den > 0, jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
     return log_num, log_den
+
+
+def _kernel_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:
+    """Whether this call takes the native kernel (decided at trace time): on CPU, with
+    ``B`` in float32/bfloat16 and the particles' ``u`` in float32, when the kernel builds
+    (:mod:`jaxcd.decoding.kernels`). ``path``: ``"auto"``, ``"kernel"`` (or an error
+    saying why not) or ``"xla"``."""
+    if path not in ("auto", "kernel", "xla"):
+        raise ValueError(f"path={path!r}: expected 'auto', 'kernel' or 'xla'")
+    if path == "xla":
+        return False
+    from . import kernels
+    why = None
+    if jax.default_backend() != "cpu":
+        why = f"the kernel is CPU-only (backend {jax.default_backend()!r})"
+    elif tables.Bt.dtype not in (jnp.float32, jnp.bfloat16) or sts.u.dtype != jnp.float32:
+        why = (f"the kernel takes float32/bfloat16 B and float32 u (got {tables.Bt.dtype}, "
+               f"{sts.u.dtype})")
+    elif not kernels.pgcd_kernel_available():
+        why = f"the kernel is unavailable: {kernels.build_error()}"
+    if why is not None and path == "kernel":
+        raise JaxcdError(why)
+    return why is None
+
+
+def _kernel_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
+    """:func:`scores` for particles with leading axes (``sts.u [..., H]``) through the
+    native kernel (``kernels/pgcd_scores.cc``): each allowed token's column of ``B`` times
+    the ``β^P`` column of its own successor, ``2·H`` multiply-adds per (particle, allowed
+    token), the token → edge lookup word by word over the nested cumulative rows."""
+    from .kernels import TARGET
+    check_tables(fa, tables)
+    D = fa.out_dst.shape[1]
+    V, H = tables.Bt.shape
+    n = tables.limit()
+    s, t, u = sts.cs.state, sts.cs.t, sts.u
+    lead = u.shape[:-1]
+    tn = jnp.minimum(t + 1, n)
+    start = fa.out_start[s]
+    deg = jnp.minimum(fa.out_start[s + 1] - start, D).astype(jnp.int32)      # [...]
+    k = jnp.arange(D)
+    rows = fa.row_index[jnp.minimum(start[..., None] + s[..., None] + 1 + k,
+                                    fa.row_index.shape[0] - 1)].astype(jnp.int32)
+    dsts = fa.out_dst[s]                                                    # [..., D]
+    mant = tables.mant[tn[..., None], dsts].astype(jnp.float32)             # [..., D, H]
+    ls = tables.log_scale[tn[..., None], dsts].astype(jnp.float32)          # [..., D]
+    ls = jnp.where((k < deg[..., None]) & (t < n)[..., None], ls, -jnp.inf)
+    W = u[..., None, :] * mant
+    out = jax.ShapeDtypeStruct(lead + (V,), jnp.float32)
+    log_num, logpsi = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="expand_dims")(
+        tables.Bt, fa.cum_masks.astype(jnp.uint32), W, ls, u, rows, deg)
+    z = jax.nn.logsumexp(log_num, axis=-1)
+    zf = jnp.isfinite(z)[..., None]
+    lprod = jnp.where(zf, log_num - jnp.where(zf, z[..., None], 0.0), -jnp.inf)
+    return logpsi, z, lprod
 
 
 def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> jax.Array:
@@ -454,29 +518,30 @@ def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> j
 def token_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
     """``log ψ(x_{1:t} v)`` for every token ``v``: float ``[V]``; ``−inf`` off the GCD
     mask, where ``β^P = 0``, and where the HMM gives ``v`` probability 0."""
-    log_num, log_den = _log_num_den(fa, tables, st)
-    ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
-    return jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
+    return scores(fa, tables, st)[0]
 
 
 def product_logprobs(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
     """``log p_prod(v | x_{1:t})``: float ``[V]``, normalised (all ``−inf`` if
     ``ψ(x_{1:t}) = 0``)."""
-    log_num, _ = _log_num_den(fa, tables, st)
-    z = jax.nn.logsumexp(log_num)
-    return jnp.where(jnp.isfinite(z), log_num - jnp.where(jnp.isfinite(z), z, 0.0), -jnp.inf)
+    return scores(fa, tables, st)[2]
 
 
 def prefix_logpsi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, st: PGCDState) -> jax.Array:
     """``log ψ(x_{1:t}) = log Σ_v num(v)``: the HMM probability that the prefix is
     completed validly within the budget (``log ψ(∅)`` at the start)."""
-    log_num, _ = _log_num_den(fa, tables, st)
-    return jax.nn.logsumexp(log_num)
+    return scores(fa, tables, st)[1]
 
 
-def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | None = None):
+def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | None = None,
+           *, path: str = "auto"):
     """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass, over the
-    first ``D`` out-edges (default: all)."""
+    first ``D`` out-edges (default: all). ``path``: ``"kernel"`` (the native ``K·H·V``
+    kernel, :func:`_kernel_scores`), ``"xla"`` (a ``[1 + D, H] @ [H, V]`` matmul, one
+    column kept per token) or ``"auto"`` (the kernel where it runs; see
+    :func:`_kernel_ok`)."""
+    if D is None and _kernel_ok(tables, st, path):
+        return _kernel_scores(fa, tables, st)
     log_num, log_den = _log_num_den(fa, tables, st, D)
     ok = jnp.isfinite(log_num) & jnp.isfinite(log_den)
     logpsi = jnp.where(ok, log_num - jnp.where(ok, log_den, 0.0), -jnp.inf)
@@ -486,17 +551,23 @@ def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | 
     return logpsi, z, lprod
 
 
-def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
-    """:func:`scores` for a batch of particles (``sts`` with a leading axis ``K``) in one
+def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState, *,
+                   path: str = "auto"):
+    """:func:`scores` for a batch of particles (``sts`` with a leading axis ``K``).
+
+    On CPU (``path="auto"``, the kernel built) one call of the native kernel:
+    ``O(K·H·V)`` whatever the out-degree. Otherwise (``path="xla"``, GPU/TPU, float64) one
     ``[K·(1+D'), H] @ [H, V]`` matmul, where ``D'`` is the smallest power of two (or the
     automaton's largest out-degree) that covers every particle's :func:`live_degree` —
     chosen at run time with ``lax.switch``, so a step pays for the out-edges that can
     still lead to a valid output, not for the automaton's worst state. Exact: edges past
     a particle's live degree have ``β^P = 0``."""
+    if _kernel_ok(tables, sts, path):
+        return _kernel_scores(fa, tables, sts)
     D = fa.out_dst.shape[1]
     caps = sorted({min(1 << i, D) for i in range(max(D, 1).bit_length() + 1)})
     need = jnp.max(jax.vmap(live_degree, in_axes=(None, None, 0))(fa, tables, sts))
     branch = jnp.sum(jnp.asarray(caps) < need)
-    fns = [partial(lambda c, sts: jax.vmap(scores, in_axes=(None, None, 0, None))(
-        fa, tables, sts, c), c) for c in caps]
+    fns = [partial(lambda c, sts: jax.vmap(partial(scores, path="xla"), in_axes=(
+        None, None, 0, None))(fa, tables, sts, c), c) for c in caps]
     return jax.lax.switch(branch, fns, sts)

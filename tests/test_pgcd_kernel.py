@@ -1,0 +1,234 @@
+"""P-GCD's native scoring kernel (``jaxcd/decoding/kernels/pgcd_scores.cc``) against
+independent references:
+
+* brute-force enumeration in float64 (``test_pgcd_exact.Reference``: every token
+  sequence, Python's ``re``), for the float32 kernel;
+* a host-side product over ``δ`` (``fa.next_state``, one token at a time, dense float64
+  ``β^P``) on an automaton whose states have up to 46 out-edges, several of them
+  leading to states with ``β^P = 0``;
+* the bfloat16 error bound derived below, against the same tables in float32.
+
+Skipped where the kernel cannot be built (no C++ compiler); the fallback itself is
+tested in a subprocess with the compiler hidden.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcd import Vocabulary, compile_regex, gcd, pgcd
+from jaxcd.decoding import kernels
+from jaxcd.errors import JaxcdError
+from jaxcd.hmm import HMMParams
+
+from test_pgcd_exact import CASES, VOCAB, Reference, prefixes, random_hmm
+
+pytestmark = pytest.mark.skipif(not kernels.pgcd_kernel_available(),
+                                reason=f"P-GCD kernel unavailable: {kernels.build_error()}")
+
+_kernel = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="kernel"))
+_xla = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="xla"))
+_advance = jax.jit(pgcd.advance)
+
+
+def _f32(hmm):
+    return HMMParams(*(jnp.asarray(np.asarray(a), jnp.float32) for a in hmm))
+
+
+def _states(fa, hmm, seqs):
+    out = []
+    for p in seqs:
+        st = pgcd.init_state(fa, hmm)
+        for v in p:
+            st = _advance(fa, hmm, st, jnp.int32(v))
+        out.append(st)
+    return jax.tree.map(lambda *x: jnp.stack(x), *out)
+
+
+@pytest.mark.parametrize("pattern,n,H", CASES)
+@pytest.mark.parametrize("zeros", [False, True])
+def test_float32_kernel_equals_enumeration(pattern, n, H, zeros):
+    """ψ(x·v) for every reachable prefix x and token v, float32 kernel vs float64
+    enumeration: relative 1e-4 where ψ > 0, and exactly −inf where ψ = 0 or the HMM
+    gives the token probability 0."""
+    hmm64 = random_hmm(H, seed=len(pattern) * 7 + n, zeros=zeros)
+    hmm = _f32(hmm64)
+    fa = compile_regex(pattern, VOCAB)
+    ref = Reference(pattern, n, hmm64)
+    tables = pgcd.backward(fa, hmm, n)
+    ps = prefixes(fa, n)
+    logpsi, logz, lprod = (np.asarray(x) for x in _kernel(fa, tables, _states(fa, hmm, ps)))
+    for i, p in enumerate(ps):
+        want = ref.token_psi(p)
+        pos = np.nan_to_num(want) > 0
+        assert np.all(logpsi[i][~pos] == -np.inf), p
+        np.testing.assert_allclose(np.exp(logpsi[i][pos]), want[pos], rtol=1e-4)
+        psi_p = ref.psi(p)
+        if np.nan_to_num(psi_p) > 0:
+            np.testing.assert_allclose(np.exp(logz[i]), psi_p, rtol=1e-4)
+            assert abs(np.exp(lprod[i]).sum() - 1) < 1e-4
+        else:
+            assert logz[i] == -np.inf and np.all(lprod[i] == -np.inf)
+
+
+# an automaton of large out-degree: tokens a, aa, …, a^45, b, c, EOS; "a{40,44}c?" (a run
+# of a's is one state per length, so the start state has 45 out-edges by token length),
+# and with a short budget many of those edges lead to states that cannot finish: β^P = 0.
+_A = [b"a" * k for k in range(1, 46)]
+WIDE = Vocabulary.from_token_bytes([b"<eos>"] + _A + [b"b", b"c"], eos_id=0)
+WIDE_PATTERN = "a{40,44}c?"
+
+
+def _host_scores(fa, hmm, beta, st, n):
+    """log ψ(x·v) from δ on the host: num(v) = Σ_h u B[h, v] β_{t+1}(h, δ(s, v))."""
+    A_, B = (np.asarray(a, np.float64) for a in (hmm.A, hmm.B))
+    del A_
+    s, t = int(st.cs.state), int(st.cs.t)
+    u = np.asarray(st.u, np.float64)
+    out = np.full(B.shape[1], -np.inf)
+    for v in range(B.shape[1]):
+        d = fa.next_state(s, v)
+        if d == fa.dead_state or t >= n:
+            continue
+        num = float(u @ (B[:, v] * beta[min(t + 1, n), d]))
+        den = float(u @ B[:, v])
+        if num > 0 and den > 0:
+            out[v] = np.log(num) - np.log(den)
+    return out
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_wide_out_degree_and_dead_successors(n):
+    fa = compile_regex(WIDE_PATTERN, WIDE)
+    deg = np.diff(np.asarray(fa.out_start))
+    assert deg.max() > 32                                 # above any one-word shortcut
+    rng = np.random.default_rng(n)
+    H = 8
+    V = fa.vocab_size
+    hmm = HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(H), size=H), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(V) * 0.5, size=H), jnp.float32))
+    tables = pgcd.backward(fa, hmm, n)
+    with jax.enable_x64(True):
+        hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
+        beta = np.asarray(pgcd.backward(fa, hmm64, n).beta())
+    seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (30, 9), (1, 1), (10, 10)]
+    seqs = [p for p in seqs if len(p) < n - 1]
+    sts = _states(fa, hmm, seqs)
+    got = np.asarray(_kernel(fa, tables, sts)[0])
+    xla = np.asarray(_xla(fa, tables, sts)[0])
+    dead_succ = 0
+    for i, p in enumerate(seqs):
+        st = jax.tree.map(lambda x: x[i], sts)
+        want = _host_scores(fa, hmm, beta, st, n)
+        fin = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got[i]), fin)
+        np.testing.assert_array_equal(np.isfinite(xla[i]), fin)
+        np.testing.assert_allclose(got[i][fin], want[fin], rtol=0, atol=2e-5)
+        np.testing.assert_allclose(xla[i][fin], want[fin], rtol=0, atol=2e-5)
+        s = int(st.cs.state)
+        dead_succ += sum(1 for v in range(fa.vocab_size)
+                         if fa.next_state(s, v) != fa.dead_state and not fin[v])
+    assert dead_succ > 0                     # allowed by the automaton, β^P = 0 within n
+
+
+def test_bfloat16_error_bound():
+    """With ``table_dtype=bfloat16``, ``B`` and the ``β^P`` mantissas are float32 values
+    rounded to nearest bfloat16: relative error ≤ u = 2⁻⁹ each. Every term of ``num(v) =
+    Σ_h u_h B[h,v] β[h]`` is nonnegative, so ``num`` is off by a factor in
+    ``[(1−u)², (1+u)²]`` and ``den`` in ``[1−u, 1+u]``: ``|Δ log ψ| ≤ −3·log(1−u)``
+    (≈ 0.00587), plus float32 accumulation (≤ H·2⁻²⁴ relative, here < 1e-5)."""
+    fa = compile_regex(WIDE_PATTERN, WIDE)
+    rng = np.random.default_rng(0)
+    H = 32
+    V = fa.vocab_size
+    hmm = HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(H), size=H), jnp.float32),
+                    jnp.asarray(rng.dirichlet(np.ones(V) * 0.5, size=H), jnp.float32))
+    n = 6
+    t32 = pgcd.backward(fa, hmm, n)
+    t16 = pgcd.backward(fa, hmm, n, table_dtype=jnp.bfloat16)
+    assert t16.Bt.dtype == jnp.bfloat16 and t16.mant.dtype == jnp.bfloat16
+    seqs = [(), (1,), (20,), (39,), (30, 9), (10, 10, 10)]
+    sts = _states(fa, hmm, seqs)
+    a = np.asarray(_kernel(fa, t32, sts)[0])
+    b = np.asarray(_kernel(fa, t16, sts)[0])
+    fin = np.isfinite(a)
+    assert fin.sum() > 20
+    np.testing.assert_array_equal(fin, np.isfinite(b))
+    u = 2.0 ** -9
+    bound = -3 * np.log1p(-u) + 1e-5
+    err = np.abs(a[fin] - b[fin]).max()
+    assert err <= bound, (err, bound)
+    assert err > 1e-4                      # the bfloat16 path really rounds
+
+
+def test_vmap_of_single_particle_scores_uses_one_kernel_call():
+    """``pgcd.scores`` vmapped over particles (vmap's expand_dims rule) equals the batched
+    call, and the single-particle API agrees with it."""
+    pattern, n, H = CASES[3]
+    hmm = _f32(random_hmm(H, seed=5))
+    fa = compile_regex(pattern, VOCAB)
+    tables = pgcd.backward(fa, hmm, n)
+    sts = _states(fa, hmm, prefixes(fa, n, limit=12))
+    batched = _kernel(fa, tables, sts)
+    vm = jax.jit(jax.vmap(pgcd.scores, in_axes=(None, None, 0)))(fa, tables, sts)
+    hlo = jax.jit(jax.vmap(pgcd.scores, in_axes=(None, None, 0))).lower(
+        fa, tables, sts).as_text()
+    assert hlo.count(kernels.TARGET) == 1
+    for x, y in zip(batched, vm):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    one = jax.tree.map(lambda x: x[2], sts)
+    np.testing.assert_array_equal(np.asarray(pgcd.token_logpsi(fa, hmm, tables, one)),
+                                  np.asarray(batched[0][2]))
+
+
+def test_path_argument_and_mode():
+    pattern, n, H = CASES[0]
+    hmm = _f32(random_hmm(H, seed=1))
+    fa = compile_regex(pattern, VOCAB)
+    tables = pgcd.backward(fa, hmm, n)
+    sts = _states(fa, hmm, [()])
+    with pytest.raises(ValueError, match="path="):
+        pgcd.batched_scores(fa, tables, sts, path="gpu")
+    with jax.enable_x64(True):                 # float64 particles: the kernel says why not
+        sts64 = sts._replace(u=sts.u.astype(jnp.float64))
+        with pytest.raises(JaxcdError, match="float32"):
+            pgcd.batched_scores(fa, tables, sts64, path="kernel")
+
+
+_FALLBACK = textwrap.dedent("""
+    import warnings, numpy as np, jax.numpy as jnp
+    from jaxcd import compile_regex, pgcd
+    from jaxcd.decoding import kernels
+    from jaxcd.hmm import HMMParams
+    from test_pgcd_exact import VOCAB, random_hmm
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        hmm = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float32) for a in random_hmm(3, 2)))
+        fa = compile_regex("[ab]{2,4}", VOCAB)
+        tables = pgcd.backward(fa, hmm, 5)
+        lp = pgcd.token_logpsi(fa, hmm, tables, pgcd.init_state(fa, hmm))
+        lp = pgcd.token_logpsi(fa, hmm, tables, pgcd.init_state(fa, hmm))
+    msgs = [str(x.message) for x in w if "XLA scoring path" in str(x.message)]
+    assert len(msgs) == 1, msgs
+    assert "no C++ compiler" in msgs[0], msgs
+    assert not kernels.pgcd_kernel_available()
+    print("ok", float(np.max(np.asarray(lp))))
+""")
+
+
+def test_without_a_compiler_falls_back_with_one_warning(tmp_path):
+    env = dict(os.environ, CXX="jaxcd-no-such-compiler", JAXCD_CACHE=str(tmp_path),
+               JAX_PLATFORMS="cpu")
+    env.pop("JAXCD_PGCD_KERNEL", None)
+    r = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
+                       text=True, cwd=os.path.dirname(__file__), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok")
