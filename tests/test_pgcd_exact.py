@@ -272,7 +272,7 @@ def test_scaling_finite_at_long_budget():
     fa = compile_regex(r"[ab]{400}-", VOCAB)      # ≥ 201 tokens from the start
     tables = pgcd.backward(fa, hmm, 512)
     gt = np.asarray(gcd.backward(fa, 512).beta)
-    mant, ls = np.asarray(tables.mant), np.asarray(tables.log_scale)
+    mant, ls = np.asarray(tables.mant), np.asarray(tables.log_scale_by_t())
     assert np.all(np.isfinite(mant))
     assert np.all(np.isfinite(ls[gt]))              # live (t, s): finite scale
     assert np.all(ls[~gt] == -np.inf)                # dead: exactly -inf

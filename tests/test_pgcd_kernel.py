@@ -232,3 +232,20 @@ def test_without_a_compiler_falls_back_with_one_warning(tmp_path):
                        text=True, cwd=os.path.dirname(__file__), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("ok")
+
+
+def test_memory_estimate_and_limit():
+    """The estimate's table part is exactly the bytes the tables take (rows 0..N by
+    remaining steps, written once); past ``max_bytes`` the error names the estimate, the
+    limit and the bfloat16 alternative, before anything is allocated."""
+    pattern, n, H = CASES[1]
+    hmm = _f32(random_hmm(H, seed=4))
+    fa = compile_regex(pattern, VOCAB)
+    tables = pgcd.backward(fa, hmm, n, steps=16)
+    est = pgcd.backward_nbytes(fa, H, 16)
+    assert tables.mant.shape[0] == 17
+    assert est["tables"] == tables.mant.nbytes + tables.log_scale.nbytes
+    assert est["Bt"] == tables.Bt.nbytes
+    with pytest.raises(pgcd.TablesTooLargeError, match=r"bfloat16 \(about .* GiB\)"):
+        pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"] - 1)
+    pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"])          # at the limit: ok

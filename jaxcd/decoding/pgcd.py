@@ -64,7 +64,8 @@ from ..automata.tensorized import TensorizedAutomaton
 from ..errors import JaxcdError
 from . import gcd
 
-__all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "edge_masses", "backward",
+__all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "TablesTooLargeError",
+           "backward_nbytes", "edge_masses", "backward",
            "init_state", "advance", "token_logpsi", "product_logprobs", "prefix_logpsi",
            "check_hmm", "tables_nbytes"]
 
@@ -74,10 +75,21 @@ class HMMMismatchError(JaxcdError, ValueError):
     EOS, budget of the tables)."""
 
 
+class TablesTooLargeError(JaxcdError, MemoryError):
+    """The ``β^P`` tables (and the work to build them) would exceed the memory limit
+    (``max_bytes=``, ``$JAXCD_PGCD_MAX_BYTES``, default 8 GiB)."""
+
+
+#: default limit on :func:`backward`'s memory estimate; ``$JAXCD_PGCD_MAX_BYTES`` overrides
+DEFAULT_MAX_BYTES = 8 << 30
+
+
 class PGCDTables(NamedTuple):
-    """``β^P`` for budget ``n``: ``mant [n+1, S, H]`` (max 1 per state, or all 0) and
-    ``log_scale [n+1, S]`` (``−inf`` where ``β^P_t(·, s) = 0``), so
-    ``β^P_t(h, s) = mant[t, s, h] · exp(log_scale[t, s])``. ``B`` is the HMM emission
+    """``β^P`` for budget ``n``, stored by **remaining steps** ``r = n − t`` (so one table
+    of static length ``N ≥ n`` serves every budget up to ``N``, and building it writes
+    each row once): ``mant [N+1, S, H]`` (max 1 per state, or all 0) and ``log_scale
+    [N+1, S]`` (``−inf`` where ``β^P = 0``), so ``β^P_t(h, s) = mant[r, s, h] ·
+    exp(log_scale[r, s])`` with ``r = n − t`` (:meth:`row`). ``Bt`` is the HMM emission
     matrix, transposed (``Bt [V, H]``: a token's emission column is a contiguous row), in
     the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
 
@@ -98,10 +110,19 @@ class PGCDTables(NamedTuple):
     def limit(self):
         return self.steps if self.n is None else self.n
 
+    def row(self, t):
+        """The stored row of step ``t`` for budget ``n``: ``r = n − t`` (clipped)."""
+        return jnp.clip(self.limit() - t, 0, self.steps)
+
+    def log_scale_by_t(self) -> jax.Array:
+        """``log_scale`` indexed by step ``t = 0..n`` (``[n+1, S]``; tests, reports)."""
+        return self.log_scale[self.row(jnp.arange(self.budget + 1))]
+
     def beta(self) -> jax.Array:
-        """Dense ``β^P`` as ``[n+1, S, H]`` (tests; may underflow in float32)."""
-        m = self.mant.astype(self.log_scale.dtype)
-        return jnp.where(m > 0, m * jnp.exp(self.log_scale)[..., None], 0.0)
+        """Dense ``β^P`` by step, ``[n+1, S, H]`` (tests; may underflow in float32)."""
+        idx = self.row(jnp.arange(self.budget + 1))
+        m = self.mant[idx].astype(self.log_scale.dtype)
+        return jnp.where(m > 0, m * jnp.exp(self.log_scale[idx])[..., None], 0.0)
 
 
 class PGCDState(NamedTuple):
@@ -142,6 +163,50 @@ def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
     S = int(np.prod(np.shape(fa.dist)))
     return ((budget + 1) * S * hidden_size * item
             + (budget + 1) * S * 4 + hidden_size * fa.vocab_size * item)
+
+
+def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
+                    table_dtype=jnp.float32, work_dtype=jnp.float32) -> dict[str, int]:
+    """Memory estimate of :func:`backward` before it allocates anything: the tables
+    (rows ``0..budget`` of ``S·H`` mantissas and ``S`` log-scales), ``Bt``, and the work
+    of the recursion (the edge masses ``C [H, E]``, one ``[E, H]`` product and four
+    ``[S, H]`` carries/temporaries). Keys: ``tables``, ``Bt``, ``work``, ``total``."""
+    item, w = jnp.dtype(table_dtype).itemsize, jnp.dtype(work_dtype).itemsize
+    S = int(np.prod(np.shape(fa.dist)))
+    E = int(np.prod(np.shape(fa.edge_src)))
+    H, V = int(hidden_size), int(fa.vocab_size)
+    out = {"tables": (budget + 1) * S * (H * item + 4), "Bt": V * H * item,
+           "work": 2 * E * H * w + 4 * S * H * w}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _gib(x: int) -> str:
+    return f"{x / 2**30:.2f} GiB"
+
+
+def check_memory(fa: TensorizedAutomaton, hidden_size: int, steps: int, table_dtype,
+                 work_dtype, max_bytes: int | None = None) -> dict[str, int]:
+    """Raise :class:`TablesTooLargeError` (with the estimate, the limit and what to
+    change) if :func:`backward_nbytes` exceeds ``max_bytes`` (default
+    ``$JAXCD_PGCD_MAX_BYTES`` or :data:`DEFAULT_MAX_BYTES`); return the estimate."""
+    import os
+    if max_bytes is None:
+        max_bytes = int(os.environ.get("JAXCD_PGCD_MAX_BYTES", DEFAULT_MAX_BYTES))
+    est = backward_nbytes(fa, hidden_size, steps, table_dtype, work_dtype)
+    if est["total"] > max_bytes:
+        S = int(np.prod(np.shape(fa.dist)))
+        hint = ""
+        if jnp.dtype(table_dtype).itemsize > 2:
+            bf = backward_nbytes(fa, hidden_size, steps, jnp.bfloat16, work_dtype)["total"]
+            hint = f"table_dtype=jnp.bfloat16 (about {_gib(bf)}), "
+        raise TablesTooLargeError(
+            f"P-GCD tables for H={hidden_size}, {steps} steps and {S} automaton states need "
+            f"about {_gib(est['total'])} (tables {_gib(est['tables'])}, B "
+            f"{_gib(est['Bt'])}, work {_gib(est['work'])}), above the limit of "
+            f"{_gib(max_bytes)} (max_bytes= or $JAXCD_PGCD_MAX_BYTES): use {hint}a smaller "
+            "budget or a smaller HMM")
+    return est
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,18 +385,18 @@ def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
         # ⊥: β^P = 1 exactly (the recursion gives Σ_h' A[h, h'] = 1 up to rounding)
         mant2 = jnp.where(final[:, None], 1.0, mant2)
         ls2 = jnp.where(final, 0.0, ls2)
-        return (mant2, ls2), (mant2.astype(table_dtype), ls2)
+        # emit the rows before the step: row r = the carry after r steps (r = 0: ⊥ only)
+        return (mant2, ls2), (mant.astype(table_dtype), ls)
 
-    # rows by remaining steps r = n - t (r = 0: ⊥ only), then indexed by t for budget n
-    _, (mants, lss) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget)
-    mant = jnp.concatenate([mant_n[None].astype(table_dtype), mants], axis=0)
-    ls = jnp.concatenate([ls_n[None], lss], axis=0)
-    idx = jnp.clip(n - jnp.arange(budget + 1), 0, budget)
-    return PGCDTables(mant[idx], ls[idx], B.T.astype(table_dtype), n)
+    # rows by remaining steps r = 0..N, written once into the scan's output (no
+    # concatenation or reindexing copy: the tables are the largest arrays of P-GCD); the
+    # last step's result is not needed
+    _, (mant, ls) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget + 1)
+    return PGCDTables(mant, ls, B.T.astype(table_dtype), n)
 
 
 def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
-             steps: int | None = None) -> PGCDTables:
+             steps: int | None = None, max_bytes: int | None = None) -> PGCDTables:
     """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``steps`` steps,
     default ``n``; with a larger ``steps`` — a budget bucket — the compiled program
     serves every budget up to it). ``fa`` may be a stack of automata (one per prompt
@@ -340,12 +405,20 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     Checks first (host side): the HMM's vocabulary equals the automaton's, and the budget
     can be met (:class:`~jaxcd.errors.BudgetTooSmallError` naming the smallest budget).
     ``table_dtype``: storage dtype of the tables (default: the HMM's dtype;
-    ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`)."""
+    ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`).
+
+    Memory: the estimate of :func:`backward_nbytes` is checked against ``max_bytes``
+    (default ``$JAXCD_PGCD_MAX_BYTES`` or 8 GiB) before anything is allocated:
+    :class:`TablesTooLargeError` names the estimate and what to change."""
     from .buckets import flatten
     check_hmm(fa, hmm)
     gcd.check_budget(fa, budget)
     steps = int(budget) if steps is None else int(steps)
     gcd.check_steps(budget, steps)
+    dt = jnp.result_type(*(jax.dtypes.canonicalize_dtype(                 # x64 off: f32
+        getattr(x, "dtype", None) or np.asarray(x).dtype) for x in (hmm.A, hmm.B, hmm.pi)))
+    check_memory(fa, int(np.shape(hmm.A)[0]), steps, jnp.dtype(table_dtype or dt), dt,
+                 max_bytes)
     fa = flatten(jax.device_get(fa))
     A = jnp.asarray(hmm.A)
     B = jnp.asarray(hmm.B)
@@ -428,10 +501,10 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     D = fa.out_dst.shape[1] if D is None else D
     n = tables.limit()
     s, t = st.cs.state, st.cs.t
-    tn = jnp.minimum(t + 1, n)
+    r = tables.row(t + 1)
     dsts = fa.out_dst[s, :D]                                             # [D]
-    mant = tables.mant[tn, dsts]                                         # [D, H]
-    ls = tables.log_scale[tn, dsts]                                      # [D]
+    mant = tables.mant[r, dsts]                                          # [D, H]
+    ls = tables.log_scale[r, dsts]                                       # [D]
     acc = st.u.dtype
     sd = tables.Bt.dtype
     rows = jnp.concatenate([st.u[None].astype(sd), (st.u[None] * mant.astype(acc)).astype(sd)])
@@ -482,15 +555,15 @@ def _kernel_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
     n = tables.limit()
     s, t, u = sts.cs.state, sts.cs.t, sts.u
     lead = u.shape[:-1]
-    tn = jnp.minimum(t + 1, n)
+    r = tables.row(t + 1)
     start = fa.out_start[s]
     deg = jnp.minimum(fa.out_start[s + 1] - start, D).astype(jnp.int32)      # [...]
     k = jnp.arange(D)
     rows = fa.row_index[jnp.minimum(start[..., None] + s[..., None] + 1 + k,
                                     fa.row_index.shape[0] - 1)].astype(jnp.int32)
     dsts = fa.out_dst[s]                                                    # [..., D]
-    mant = tables.mant[tn[..., None], dsts].astype(jnp.float32)             # [..., D, H]
-    ls = tables.log_scale[tn[..., None], dsts].astype(jnp.float32)          # [..., D]
+    mant = tables.mant[r[..., None], dsts].astype(jnp.float32)              # [..., D, H]
+    ls = tables.log_scale[r[..., None], dsts].astype(jnp.float32)           # [..., D]
     ls = jnp.where((k < deg[..., None]) & (t < n)[..., None], ls, -jnp.inf)
     W = u[..., None, :] * mant
     out = jax.ShapeDtypeStruct(lead + (V,), jnp.float32)
@@ -508,10 +581,10 @@ def live_degree(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState) -> j
     sorted by their destination's distance to ``⊥``, so these are usually the first
     few."""
     n = tables.limit()
-    tn = jnp.minimum(st.cs.t + 1, n)
     D = fa.out_dst.shape[1]
     deg = fa.out_start[st.cs.state + 1] - fa.out_start[st.cs.state]
-    live = jnp.isfinite(tables.log_scale[tn, fa.out_dst[st.cs.state]]) & (jnp.arange(D) < deg)
+    live = jnp.isfinite(tables.log_scale[tables.row(st.cs.t + 1), fa.out_dst[st.cs.state]]) \
+        & (jnp.arange(D) < deg) & (st.cs.t < n)
     return jnp.max(jnp.where(live, jnp.arange(1, D + 1), 0))
 
 
