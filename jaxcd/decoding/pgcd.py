@@ -567,9 +567,10 @@ def _kernel_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
     ls = jnp.where((k < deg[..., None]) & (t < n)[..., None], ls, -jnp.inf)
     W = u[..., None, :] * mant
     out = jax.ShapeDtypeStruct(lead + (V,), jnp.float32)
-    log_num, logpsi = jax.ffi.ffi_call(TARGET, (out, out), vmap_method="expand_dims")(
-        tables.Bt, fa.cum_masks.astype(jnp.uint32), W, ls, u, rows, deg)
-    z = jax.nn.logsumexp(log_num, axis=-1)
+    log_num, logpsi, z = jax.ffi.ffi_call(
+        TARGET, (out, out, jax.ShapeDtypeStruct(lead, jnp.float32)),
+        vmap_method="expand_dims")(tables.Bt, fa.cum_masks.astype(jnp.uint32), W, ls, u,
+                                   rows, deg)
     zf = jnp.isfinite(z)[..., None]
     lprod = jnp.where(zf, log_num - jnp.where(zf, z[..., None], 0.0), -jnp.inf)
     return logpsi, z, lprod
