@@ -179,7 +179,7 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
   const int64_t WB = std::max<int64_t>(1, std::min<int64_t>(WMAX, 2048 / std::max<int64_t>(H, 1)));
   alignas(32) float pn[32 * WMAX], dn[32 * WMAX], sc[32 * WMAX], ln[32 * WMAX], lp[32 * WMAX];
   int16_t edge[32 * WMAX];
-  uint32_t prev[WMAX];
+  uint32_t prev[WMAX], plane[16][WMAX];
   for (int64_t wb = w0; wb < w1; wb += WB) {
     const int64_t nw = std::min(w1, wb + WB) - wb;
     const int64_t v0 = wb * 32, nv = std::min<int64_t>(32 * nw, V - v0);
@@ -189,23 +189,36 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
       const float* uk = u + k * H;
       const float* lsk = ls + k * D;
       const int32_t* rk = rows + k * D;
-      // 1. token -> out-edge: a token is on edge i when it is new in (nested) row i
-      for (int64_t j = 0; j < 32 * nw; ++j) edge[j] = -1;
+      // 1. token -> out-edge: a token is on edge i when it is new in (nested) row i.
+      //    Branch-free: the edge index is accumulated in bit planes (plane p holds bit p
+      //    of the index of every token of a word), then read out per token.
+      int np_ = 0;
+      while ((int64_t{1} << np_) < dk) ++np_;
+      for (int p = 0; p < np_; ++p)
+        for (int64_t w = 0; w < nw; ++w) plane[p][w] = 0;
       for (int64_t w = 0; w < nw; ++w) prev[w] = 0;
       for (int64_t i = 0; i < dk; ++i) {
         const int64_t r = std::min<int64_t>(std::max<int32_t>(rk[i], 0), R - 1);
         const uint32_t* row = cum + r * Wd + wb;
-        const bool live = lsk[i] > ninf;
+        uint32_t nb[WMAX];
         for (int64_t w = 0; w < nw; ++w) {
-          uint32_t nb = row[w] & ~prev[w];
+          nb[w] = row[w] & ~prev[w];
           prev[w] |= row[w];
-          if (!live) continue;
-          while (nb) {
-            const int b = __builtin_ctz(nb);
-            nb &= nb - 1;
-            edge[w * 32 + b] = static_cast<int16_t>(i);
-          }
         }
+        for (int p = 0; p < np_; ++p) {
+          const uint32_t m = 0u - static_cast<uint32_t>((i >> p) & 1);
+          for (int64_t w = 0; w < nw; ++w) plane[p][w] |= nb[w] & m;
+        }
+      }
+      for (int64_t w = 0; w < nw; ++w) {
+        int32_t e32[32] = {0};
+        for (int p = 0; p < np_; ++p) {
+          const uint32_t pw = plane[p][w];
+          for (int b = 0; b < 32; ++b) e32[b] |= static_cast<int32_t>((pw >> b) & 1u) << p;
+        }
+        const uint32_t pv = prev[w];
+        for (int b = 0; b < 32; ++b)
+          edge[w * 32 + b] = static_cast<int16_t>(((pv >> b) & 1u) ? e32[b] : -1);
       }
       // 2. products, in token order (Bt rows stream), eight tokens at a time
       for (int64_t j0 = 0; j0 < nv; j0 += 8) {
@@ -213,7 +226,7 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
         for (int t = 0; t < 8; ++t) {
           const int64_t j = j0 + t;
           const int e = j < nv ? edge[j] : -1;
-          if (e < 0) {
+          if (e < 0 || !(lsk[e] > ninf)) {
             an[t] = f8{0};
             ad[t] = f8{0};
             sc[j] = 0.f;
@@ -227,21 +240,25 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
       }
       // 3. logs (vectorised), then the rare exact fix-ups (zeros, subnormals)
       for (int64_t j = 0; j < nv; j += 8) {  // the arrays have room for whole vectors
-        const f8 a = log8(load8(pn + j)) + load8(sc + j);
-        const f8 c = a - log8(load8(dn + j));
+        const f8 x = load8(pn + j), y = load8(dn + j);
+        const f8 a = log8(x) + load8(sc + j);
+        const f8 c = a - log8(y);
         std::memcpy(ln + j, &a, sizeof a);
         std::memcpy(lp + j, &c, sizeof c);
-      }
-      int odd = 0;
-      for (int64_t j = 0; j < nv; ++j)
-        odd += static_cast<int>(!is_normal_pos(pn[j])) | static_cast<int>(!is_normal_pos(dn[j]));
-      if (odd) {
-        for (int64_t j = 0; j < nv; ++j) {
-          if (!is_normal_pos(pn[j]))
-            ln[j] = pn[j] > 0.f && std::isfinite(pn[j]) ? std::log(pn[j]) + sc[j] : ninf;
-          if (!is_normal_pos(pn[j]) || !is_normal_pos(dn[j]))
-            lp[j] = ln[j] > ninf && dn[j] > 0.f && std::isfinite(dn[j])
-                        ? ln[j] - std::log(dn[j]) : ninf;
+        const i8v bad = ~((x >= std::numeric_limits<float>::min()) &
+                          (x <= std::numeric_limits<float>::max()) &
+                          (y >= std::numeric_limits<float>::min()) &
+                          (y <= std::numeric_limits<float>::max()));
+        int any = 0;
+        for (int l = 0; l < 8; ++l) any |= bad[l];
+        if (any) {  // off every live edge or a zero product: -inf; subnormals: std::log
+          for (int64_t q = j; q < std::min(nv, j + 8); ++q) {
+            if (!is_normal_pos(pn[q]))
+              ln[q] = pn[q] > 0.f && std::isfinite(pn[q]) ? std::log(pn[q]) + sc[q] : ninf;
+            if (!is_normal_pos(pn[q]) || !is_normal_pos(dn[q]))
+              lp[q] = ln[q] > ninf && dn[q] > 0.f && std::isfinite(dn[q])
+                          ? ln[q] - std::log(dn[q]) : ninf;
+          }
         }
       }
       // running log-sum-exp of log_num for this particle: (max, Σ exp(ln − max))
