@@ -347,6 +347,9 @@ def main(argv=None):
     ap.add_argument("--precompute-budget", type=int, default=128)
     ap.add_argument("--product-hidden", type=int, nargs="*", default=[256],
                     help="hidden sizes whose SMC call with the product proposal is timed")
+    ap.add_argument("--workload-hidden", type=int, default=256,
+                    help="hidden size of the whole SMC decode of the largest workload "
+                         "constraint (next to its SMC-GCD decode)")
     ap.add_argument("--memory-hidden", type=int, nargs="*", default=[4096],
                     help="β^P build at budget --precompute-budget on the largest constraint, "
                          "peak memory measured in a fresh process")
@@ -371,6 +374,7 @@ def main(argv=None):
     if args.quick:
         args.rounds, args.hidden, args.e2e_hidden = 1, [64], [64]
         args.precompute_hidden, args.product_hidden, args.memory_hidden = [64], [64], []
+        args.workload_hidden = 64
 
     import jax
     import jax.numpy as jnp
@@ -455,16 +459,27 @@ def main(argv=None):
     # --- programs ---------------------------------------------------------------------------
     run_params = inspect.signature(smc._run).parameters
 
-    def smc_call(key, proposal, H=None, ess=0.5):
+    # a whole decode of the largest workload constraint (its own budget and tables)
+    wl_H = args.workload_hidden
+    wl = None
+    if wl_H in hmms:
+        wl_budget = big.min_budget + args.margin
+        wl = {"fa": big_d, "budget": wl_budget, "gtables": tables_for(big_d, "gcd", wl_budget),
+              "ptables": {wl_H: pgcd.backward(big, hmms[wl_H], wl_budget)}}
+
+    def smc_call(key, proposal, H=None, ess=0.5, w=None):
+        fa_, gt, b_ = (fa_d, dtables["gcd"], budget) if w is None else (
+            w["fa"], w["gtables"], w["budget"])
         kw = dict(key=key, lm=lm, params=params, prompt_ids=ids1, prompt_lengths=lens1,
-                  fa=fa_d, gtables=dtables["gcd"], ptables=None, hpi=None, hA=None, hB=None,
-                  temperature=jnp.asarray(1.0, jnp.float32), budget=budget, K=K,
+                  fa=fa_, gtables=gt, ptables=None, hpi=None, hA=None, hB=None,
+                  temperature=jnp.asarray(1.0, jnp.float32), budget=b_, K=K,
                   proposal=proposal, resample="systematic")
         if "limit" in run_params:
-            kw.update(limit=jnp.asarray(budget, jnp.int32), pre=None)
+            kw.update(limit=jnp.asarray(b_, jnp.int32), pre=None)
         if H is not None:
             h = hmms[H]
-            kw.update(ptables=ptables[H], hpi=h.pi, hA=h.A, hB=h.B)
+            kw.update(ptables=(ptables if w is None else w["ptables"])[H], hpi=h.pi, hA=h.A,
+                      hB=h.B)
         if "ess_threshold" in run_params:
             kw["ess_threshold"] = jnp.asarray(ess, jnp.float32)
         return smc._run(**kw)
@@ -488,6 +503,10 @@ def main(argv=None):
     for H in args.product_hidden:
         if H in hmms:
             configs[f"product H={H}"] = lambda k, H=H: smc_call(k, "product", H=H)
+    if wl is not None:
+        configs[f"{big_name}: smc-gcd"] = lambda k: smc_call(k, "gcd", w=wl)
+        configs[f"{big_name}: lookahead H={wl_H}"] = lambda k: smc_call(k, "lookahead", H=wl_H,
+                                                                       w=wl)
     names = list(configs)
 
     compile_s = {}
@@ -517,7 +536,8 @@ def main(argv=None):
 
     # --- rows -----------------------------------------------------------------------------
     def pre(m):
-        return "prefill1" if m.startswith(("smc", "lookahead", "product")) else "prefill16"
+        return ("prefill1" if m.startswith(("smc", "lookahead", "product")) or ":" in m
+                else "prefill16")
 
     def per_round(m, decode):
         # per step actually run: the decoders stop once every row has emitted EOS
@@ -604,6 +624,12 @@ def main(argv=None):
     for H, c in big_comps.items():
         goals[f"scoring_over_floor_{big_name}_H{H}"] = {
             "ratio": c["scores_over_floor"], "limit": 2.0, "met": c["scores_over_floor"] <= 2.0}
+    if wl is not None:
+        a, b = rows.get(f"{big_name}: lookahead H={wl_H}"), rows.get(f"{big_name}: smc-gcd")
+        if a and b:
+            r = a["decode_ms_per_step"][0] / b["decode_ms_per_step"][0]
+            goals[f"lookahead_over_smc_gcd_{big_name}_H{wl_H}"] = {
+                "ratio": r, "limit": 1.3, "met": r <= 1.3, "estimate": False}
     results["goals"] = goals
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
