@@ -24,17 +24,21 @@ per-state log-scale** (a per-step scale alone underflows for states far from ``�
 a state with ``β^P = 0`` has mantissa 0 and log-scale ``−inf`` exactly (no epsilon).
 Cost per step: ``E·H`` (edge products and segment sums) + ``S·H²`` (one matmul).
 
-**Per step** (one particle; ``vmap`` over particles — the ``[D, H] @ [H, V]`` products
-of ``K`` particles then run as one ``[K·D, H] @ [H, V]`` matmul that reads ``B`` once).
-With the HMM predictive vector ``u = p(z_{t+1} | x_{1:t})`` (``u = π`` first) and
-automaton state ``s`` after ``t`` tokens, for the ``D`` out-edges ``e_d`` of ``s``::
+**Per step**, with the HMM predictive vector ``u = p(z_{t+1} | x_{1:t})`` (``u = π``
+first) and automaton state ``s`` after ``t`` tokens, for the ``D`` out-edges ``e_d`` of
+``s``::
 
     num(v) = Σ_h' u[h'] B[h', v] β^P_{t+1}(h', dst e_d)      (v ∈ L_{e_d}; 0 off every edge)
     den(v) = Σ_h' u[h'] B[h', v]                             (= p_hmm(v | x_{1:t}))
     ψ(x_{1:t} v) = num(v) / den(v),     p_prod(v | x_{1:t}) = num(v) / Σ_v num(v)
 
-so the work is ``D·H·V`` per particle (``D`` = the automaton's largest out-degree),
-never ``S·H·V``. ``ψ`` is a probability (``0 ≤ ψ ≤ 1``), ``−inf`` in log space exactly
+Each token has one successor, so the floor is ``H·V`` per particle for ``num`` (and as
+much for ``den``). On CPU the native kernel (:mod:`jaxcd.decoding.kernels`) reaches it:
+each allowed token's row of ``Bt`` is paired with the ``β^P`` column of its own
+successor, ``B`` read once per block of tokens for all particles. The XLA path (GPU/TPU,
+float64, or no C++ compiler) runs ``[K·(1+D'), H] @ [H, V]`` and keeps one column per
+token (``D'``: the batch's largest live out-degree); see ``docs/pgcd.md``. Never
+``S·H·V``. ``ψ`` is a probability (``0 ≤ ψ ≤ 1``), ``−inf`` in log space exactly
 where ``β^P = 0`` — in particular off the GCD mask — and also where the HMM gives ``v``
 probability 0 (``den = 0``; a distilled HMM has pseudocounts, so this does not occur).
 ``Σ_v num(v) = ψ(x_{1:t})``. After emitting ``v``: ``u ← normalise(u ∘ B[:, v]) · A``.
