@@ -199,3 +199,61 @@ def test_tables_equal_token_automaton_smol(smol_vocab):
     same hex tokens): stored once, and still exactly the DFA's transitions."""
     fa = check_tables(dfa_of(r"[0-9a-f]{6}-(x|yz)"), smol_vocab)
     assert fa.cum_masks.shape[0] < 0.6 * len(fa.row_index)
+
+
+# ---------------------------------------------------------------------------------------
+# delta lifting (a state lifted as a few bytes' difference from its main successor):
+# open objects' "any key but the declared ones"
+# ---------------------------------------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from jaxcd.automata.json_schema import schema_to_nfa  # noqa: E402
+from jaxcd.automata.lifting import _delta_states  # noqa: E402
+
+_KEY_CHARS = st.sampled_from(["a", "b", "c", "1", "é", "€", " "])
+
+
+def open_object_dfa(keys, required):
+    schema = {"type": "object", "properties": {k: {"type": "string", "maxLength": 3}
+                                               for k in keys},
+              "required": [k for k in keys if k in required],
+              "additionalProperties": {"type": "integer"}}
+    nfa, _ = schema_to_nfa(schema, "")
+    return minimize(determinize(nfa))
+
+
+@settings(max_examples=25, deadline=None)
+@given(keys=st.lists(st.text(_KEY_CHARS, min_size=1, max_size=4), min_size=1, max_size=4,
+                     unique=True),
+       required=st.sets(st.text(_KEY_CHARS, min_size=1, max_size=4), max_size=2),
+       seed=st.integers(0, 2))
+def test_delta_lifting_equals_brute_force(keys, required, seed):
+    """Random declared key sets: the delta lifting (forced on every candidate state,
+    with and without the bulk-row budget) gives exactly the brute-force transitions."""
+    vocab = toy_vocab(seed)
+    dfa = open_object_dfa(keys, required)
+    ref, ref_states = reference_set(dfa, vocab)
+    for kw in ({}, {"max_delta_fraction": 1.0},
+               {"max_delta_fraction": 1.0, "max_delta_rows": 0, "min_run_bytes": 1,
+                "min_run_tokens": 1}):
+        got, states = lifted_set(dfa, vocab, **kw)
+        assert states == ref_states, kw
+        assert got == ref, kw
+
+
+@pytest.mark.parametrize("keys", [["name", "age", "email", "city", "country"],
+                                  ["a", "ab", "abc", "b\u00e9", "x_y"]])
+def test_delta_lifting_equals_plain_smol(smol_vocab, keys):
+    """SmolLM2 vocabulary: delta lifting on and off give the same transitions, and the
+    open object's key-prefix states are lifted as deltas."""
+    dfa = open_object_dfa(keys, keys[:1])
+    q, r = _delta_states(dfa, smol_vocab.trie, 0.25)
+    assert len(q) >= len(keys)
+    plain = lift_transitions(dfa, smol_vocab, delta=False)
+    for kw in ({}, {"max_delta_rows": 0}):
+        fast = lift_transitions(dfa, smol_vocab, **kw)
+        assert np.array_equal(plain.states, fast.states)
+        a = np.stack(plain.triples(smol_vocab.vocab_size))
+        b = np.stack(fast.triples(smol_vocab.vocab_size))
+        key = lambda t: np.lexsort(t[::-1])
+        assert np.array_equal(a[:, key(a)], b[:, key(b)])

@@ -787,9 +787,154 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
             np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
 
 
+def _delta_states(dfa: DFA, trie, max_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """States ``q`` to lift from a reference state ``r`` (``q``'s most common successor):
+    where ``q`` and ``r`` go to the same state on byte ``b``, every token starting with
+    ``b`` goes from ``q`` where it goes from ``r``. Kept when the tokens starting with a
+    byte on which they differ (and ``q`` lives) are at most ``max_fraction`` of the
+    tokens ``q`` can start; references are never lifted this way themselves.
+    (An open object's "any key but the declared ones": after ``"na`` of a declared
+    ``"name"``, every byte but ``m``, ``"`` and ``\\`` acts as in the plain key body.)
+    Returns ``(q, r)`` arrays."""
+    trans = dfa.trans
+    Q, C = trans.shape
+    if Q < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # tokens per byte class (first byte), then per state: the most tokens to one successor
+    cls_tok = np.bincount(dfa.byte_class, weights=trie.tokens_by_first_byte, minlength=C)
+    key = np.arange(Q)[:, None] * (Q + 1) + (trans + 1)          # [Q, C]
+    flat = key.ravel()
+    w = np.broadcast_to(cls_tok, (Q, C)).ravel()
+    uk, inv = np.unique(flat, return_inverse=True)
+    tot = np.bincount(inv.ravel(), weights=w, minlength=len(uk))
+    rows_k, succ = uk // (Q + 1), uk % (Q + 1) - 1
+    tot[succ < 0] = -1                                            # dead is no reference
+    tot[succ == rows_k] = -1                                      # nor q itself
+    o = np.lexsort((-tot, rows_k))
+    firsts = o[np.searchsorted(rows_k[o], np.arange(Q))]
+    ref = np.where(tot[firsts] > 0, succ[firsts], -1)
+    q = np.nonzero(ref >= 0)[0]
+    r = ref[q]
+    alive_tok = ((trans[q] >= 0) * cls_tok).sum(1)
+    differ = (trans[q] != trans[r]) & (trans[q] >= 0)
+    walk_tok = (differ * cls_tok).sum(1)
+    ok = (walk_tok <= max_fraction * alive_tok) & (alive_tok > 0)
+    q, r = q[ok], r[ok]
+    keep = ~np.isin(q, r)                                         # references stay plain
+    return q[keep].astype(np.int64), r[keep].astype(np.int64)
+
+
+def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src, bulk_dst,
+                 bulk_row, rows, n_rows: int, W: int, max_pairs: int, max_rows: int) -> int:
+    """Transitions of the states of :func:`_delta_states`: their reference's, for the
+    tokens whose first byte acts alike (bulk rows masked to those tokens; past
+    ``max_rows`` new rows, expanded to individual transitions), and a walk for the
+    others. Appends to the lists; returns the new row count."""
+    V = vocab.vocab_size
+    mat, lens = vocab.byte_matrix
+    ids = vocab.ordinary_ids
+    fb = np.full(V, 256, np.int64)
+    fb[ids[lens > 0]] = mat[lens > 0, 0]
+    bc = table.bc
+    # the reference states' transitions so far (individual, then bulk), by source
+    isrc = np.concatenate(out[0]) if out[0] else np.zeros(0, np.int64)
+    itok = np.concatenate(out[1]) if out[1] else np.zeros(0, np.int64)
+    idst = np.concatenate(out[2]) if out[2] else np.zeros(0, np.int64)
+    refs = np.unique(delta_r)
+    sel = np.nonzero(np.isin(isrc, refs))[0]
+    sel = sel[np.argsort(isrc[sel], kind="stable")]
+    isrc, itok, idst = isrc[sel], itok[sel], idst[sel]
+    i_lo = np.searchsorted(isrc, refs)
+    i_hi = np.searchsorted(isrc, refs, side="right")
+    bs = np.concatenate(bulk_src) if bulk_src else np.zeros(0, np.int64)
+    bd = np.concatenate(bulk_dst) if bulk_dst else np.zeros(0, np.int64)
+    br = np.concatenate(bulk_row) if bulk_row else np.zeros(0, np.int64)
+    allrows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
+    bsel = np.nonzero(np.isin(bs, refs))[0]
+    bsel = bsel[np.argsort(bs[bsel], kind="stable")]
+    bs, bd, br = bs[bsel], bd[bsel], br[bsel]
+    b_lo = np.searchsorted(bs, refs)
+    b_hi = np.searchsorted(bs, refs, side="right")
+    masks: dict = {}
+    masked: dict = {}
+    new_rows = []
+    ws, wn, wc = [], [], []
+    bytes_ = np.arange(256)
+    tab_q = table[delta_q]                                   # [n, 256]
+    tab_r = table[delta_r]
+    for i, (q, r) in enumerate(zip(delta_q.tolist(), delta_r.tolist())):
+        k = int(np.searchsorted(refs, r))
+        same = tab_q[i] == tab_r[i]                          # bool [256]
+        # walk the tokens whose first byte differs (and keeps q alive)
+        wb = np.nonzero(~same & (tab_q[i] != dead) & (trie.first_node >= 0))[0]
+        if len(wb):
+            ws.append(np.full(len(wb), q, np.int64))
+            wn.append(trie.first_node[wb])
+            wc.append(tab_q[i][wb].astype(np.int64))
+        # individual transitions of r for the bytes that act alike
+        a, b = i_lo[k], i_hi[k]
+        if b > a:
+            t = itok[a:b]
+            ok = np.concatenate([same, [False]])[fb[t]]
+            n = int(np.count_nonzero(ok))
+            if n:
+                _count(out, n)
+                out[0].append(np.full(n, q, np.int64))
+                out[1].append(t[ok])
+                out[2].append(idst[a:b][ok])
+        a, b = b_lo[k], b_hi[k]
+        if b <= a:
+            continue
+        diff_key = np.packbits(~same).tobytes()
+        if diff_key not in masks:
+            masks[diff_key] = _pack_bool(np.concatenate([~same, [True]])[fb], W)
+        drop = masks[diff_key]
+        for j in range(a, b):
+            row_id = int(br[j])
+            mk = (row_id, diff_key)
+            if mk not in masked:
+                if len(new_rows) < max_rows:
+                    row = allrows[row_id] & ~drop
+                    if not row.any():
+                        masked[mk] = -1
+                    else:
+                        masked[mk] = n_rows + len(new_rows)
+                        new_rows.append(row)
+                else:
+                    masked[mk] = None
+            m = masked[mk]
+            if m is None:                                    # past the row budget
+                t = np.nonzero(unpack_bits(allrows[row_id] & ~drop, V))[0]
+                _count(out, len(t))
+                out[0].append(np.full(len(t), q, np.int64))
+                out[1].append(t)
+                out[2].append(np.full(len(t), int(bd[j]), np.int64))
+            elif m >= 0:
+                bulk_src.append(np.array([q], np.int64))
+                bulk_dst.append(np.array([bd[j]], np.int64))
+                bulk_row.append(np.array([m], np.int64))
+    if new_rows:
+        rows.append(np.stack(new_rows))
+        n_rows += len(new_rows)
+    if ws:
+        s, n, c = np.concatenate(ws), np.concatenate(wn), np.concatenate(wc)
+        for i in range(0, len(s), max_pairs):
+            _walk(trie, table, dead, s[i:i + max_pairs], n[i:i + max_pairs],
+                  c[i:i + max_pairs], max_pairs, out)
+    return n_rows
+
+
+def _pack_bool(x: np.ndarray, W: int) -> np.ndarray:
+    """bool ``[V]`` -> uint32 ``[W]`` (bit ``t & 31`` of word ``t >> 5``)."""
+    pad = np.zeros(W * 32, bool)
+    pad[:len(x)] = x
+    return np.packbits(pad, bitorder="little").view(np.uint32)
+
+
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                      min_run_bytes: int = 8, min_run_tokens: int = 64,
-                     min_fragment_members: int = 64) -> Lifted:
+                     min_fragment_members: int = 64, delta: bool = True,
+                     max_delta_fraction: float = 0.25, max_delta_rows: int = 4096) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
     Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
@@ -814,6 +959,11 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     bulk_src, bulk_dst, bulk_row, rows = [], [], [], []
     n_rows = 0
     shortcut = np.zeros(Q, bool)
+    # states lifted as a few bytes' difference from another state (see _delta_states);
+    # they take no part in the runs and walks below
+    delta_q, delta_r = _delta_states(dfa, trie, max_delta_fraction) if delta else \
+        (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    shortcut[delta_q] = True
     groups = list(_run_groups(dfa, min_run_bytes))
     # runs with multi-byte characters first: their members and the states inside their
     # characters in bulk (see _fragment_run)
@@ -916,6 +1066,10 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                 fi, bi = fi[keep], bi[keep]
             if len(fi):
                 _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
+
+    if len(delta_q):
+        n_rows = _lift_deltas(trie, table, Q, vocab, delta_q, delta_r, out, bulk_src, bulk_dst,
+                              bulk_row, rows, n_rows, W, max_pairs, max_delta_rows)
 
     def cat(parts, dtype=np.int32):
         """Concatenate (int32: states and tokens fit) and free the parts."""
