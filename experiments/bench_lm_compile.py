@@ -188,6 +188,108 @@ def child_steps(before: str, batches: list[int], rounds: int) -> dict:
     return out
 
 
+def layer_forms(depths: list[int], batches: list[int], rounds: int) -> dict:
+    """Prototype for the decode step's weight copy (issue 20): a stack of ``L`` blocks at
+    SmolLM2-135M's matmul shapes (H=576, q/k/v/o 576x576/192/192/576, SwiGLU F=1536; the
+    attention over the cache left out, it is the same in every form), one token per row,
+    in three formulations:
+
+    * ``stacked-scan``: weights stacked ``[L, ...]``, ``lax.scan`` over them as ``xs``
+      (what :mod:`jaxcd.lm.llama` does; XLA:CPU copies each layer's slice before its dot);
+    * ``switch-dot``: weights stored per layer (``L`` separate arrays), a ``lax.scan`` over
+      the layer index, each matmul a ``lax.switch`` over ``L`` one-dot branches (the
+      branch reads its operand in place: no copy; the branches are single dots, so the
+      compile grows only by ``L`` tiny computations per matmul);
+    * ``unrolled``: a Python loop over per-layer arrays (the pre-scan reference; compile
+      grows with ``L``).
+
+    Reports the first-call (trace + compile) time per depth and the warm ms per call,
+    interleaved rounds, per batch size at depth 30."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    H, F, QD, KD = 576, 1536, 576, 192
+    shapes = {"q": (H, QD), "k": (H, KD), "v": (H, KD), "o": (QD, H), "gate": (H, F),
+              "up": (H, F), "down": (F, H)}
+
+    def block(x, mm):
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5)
+        q, k, v = mm("q", h), mm("k", h), mm("v", h)
+        a = q + jnp.tile(k + v, (1, QD // KD))          # stands in for attention
+        x = x + mm("o", a)
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-5)
+        return x + mm("down", jax.nn.silu(mm("gate", h)) * mm("up", h))
+
+    def stacked_scan(x, W):
+        def body(x, w):
+            return block(x, lambda n, h: h @ w[n]), None
+        return jax.lax.scan(body, x, W)[0]
+
+    def switch_dot(x, Wl):
+        L = len(Wl["q"])
+
+        def mm(l):
+            def f(n, h):
+                return jax.lax.switch(l, [lambda h, ws, i=i: h @ ws[i] for i in range(L)],
+                                      h, Wl[n])
+            return f
+
+        def body(x, l):
+            return block(x, mm(l)), None
+        return jax.lax.scan(body, x, jnp.arange(L, dtype=jnp.int32))[0]
+
+    def unrolled(x, Wl):
+        for i in range(len(Wl["q"])):
+            x = block(x, lambda n, h, i=i: h @ Wl[n][i])
+        return x
+
+    forms = {"stacked-scan": stacked_scan, "switch-dot": switch_dot, "unrolled": unrolled}
+    rng = np.random.default_rng(0)
+
+    def weights(L):
+        W = {n: jnp.asarray(rng.standard_normal((L, *sh), np.float32) * 0.03)
+             for n, sh in shapes.items()}
+        Wl = {n: [jnp.array(np.asarray(w[i])) for i in range(L)] for n, w in W.items()}
+        return W, Wl
+
+    out = {"compile_s": {}, "warm_ms": {}}
+    keep = {}
+    for L in depths:
+        W, Wl = weights(L)
+        x = jnp.asarray(rng.standard_normal((1, H), np.float32))
+        ref = None
+        for name, f in forms.items():
+            jf = jax.jit(f)
+            t = time.perf_counter()
+            y = jf(x, W if name == "stacked-scan" else Wl).block_until_ready()
+            out["compile_s"].setdefault(name, {})[L] = time.perf_counter() - t
+            ref = y if ref is None else ref
+            assert float(jnp.abs(y - ref).max()) < 1e-3, (name, L)
+            if L == 30:
+                keep[name] = (jf, W if name == "stacked-scan" else Wl)
+        print("  depth", L, {n: round(v[L], 2) for n, v in out["compile_s"].items()}, flush=True)
+    for B in batches:
+        x = jnp.asarray(rng.standard_normal((B, H), np.float32))
+        runs = {n: [] for n in keep}
+        for n, (jf, w) in keep.items():
+            jf(x, w).block_until_ready()
+        for r in range(rounds):
+            names = list(keep)[r % len(keep):] + list(keep)[:r % len(keep)]
+            for n in names:
+                jf, w = keep[n]
+                t = time.perf_counter()
+                for _ in range(4):
+                    y = jf(x, w)
+                y.block_until_ready()
+                runs[n].append((time.perf_counter() - t) / 4 * 1000)
+        out["warm_ms"][B] = {n: {"median": statistics.median(v), "min": min(v), "runs": v}
+                             for n, v in runs.items()}
+        print(f"  B={B}: " + ", ".join(f"{n} {statistics.median(v):.1f} ms (min {min(v):.1f})"
+                                      for n, v in runs.items()), flush=True)
+    return out
+
+
 def run_child(impl: str | None, model: str, warm: int, steps: int) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model", model, "--warm", str(warm),
            "--steps", str(steps)] + (["--impl", impl] if impl else [])
@@ -212,7 +314,23 @@ def main():
     ap.add_argument("--rounds", type=int, default=8, help="rounds of the interleaved step timing")
     ap.add_argument("--child-steps", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_lm_compile.json"))
+    ap.add_argument("--layer-forms", action="store_true",
+                    help="only the layer-formulation prototype (stacked scan / per-layer "
+                    "switch / unrolled): compile time per depth, warm ms per batch size")
     a = ap.parse_args()
+    if a.layer_forms:
+        import platform
+        t0 = time.time()
+        load0 = os.getloadavg()
+        res = layer_forms([8, 30, 60], [int(b) for b in a.step_batches.split(",")], a.rounds)
+        res.update(command="python experiments/bench_lm_compile.py --layer-forms",
+                   load_avg_start=load0, load_avg_end=os.getloadavg(),
+                   cpus=os.cpu_count(), machine=platform.machine(),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)))
+        dst = Path(a.out).with_name("bench_lm_layer_forms.json")
+        dst.write_text(json.dumps(res, indent=1))
+        print(f"wrote {dst}")
+        return
     if a.child:
         print(json.dumps(child(a.impl, a.model, a.warm, a.steps)))
         return

@@ -84,6 +84,14 @@ read its weight at a dynamic offset of the stacked array, so each scan iteration
 copies its layer's weights, one extra pass over all weights per call (~540 MB for
 SmolLM2-135M in float32). Measured on a shared 2-core CPU: a decode step ~20-30%
 slower at batch 16 and ~35-55% at batch 1 than the unrolled loop it replaced.
+Tried against this (``experiments/bench_lm_compile.py --layer-forms``,
+``results/bench_lm_layer_forms.json``, a 7-matmul block at SmolLM2's shapes): weights
+stored per layer with each matmul a ``lax.switch`` over one-dot branches reads every
+weight in place and runs as fast as the unrolled loop (2.5x the stacked scan at batch 1,
+1.4x at batch 16), but its compile grows with depth like the unrolled loop (XLA:CPU
+compiles every branch), so it does not meet the flat-compile requirement. Static slices
+inside the branches copy again. What is left: a CPU matmul kernel (XLA FFI) that reads
+layer ``l`` of the stacked weight at an offset.
 
 Called eagerly (outside a caller's jit), :meth:`JaxLM.step` cannot update the cache in
 place and copies it; host loops should use :func:`step_donated`, which donates the
