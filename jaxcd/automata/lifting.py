@@ -855,72 +855,75 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     bs, bd, br = bs[bsel], bd[bsel], br[bsel]
     b_lo = np.searchsorted(bs, refs)
     b_hi = np.searchsorted(bs, refs, side="right")
-    masks: dict = {}
-    masked: dict = {}
-    new_rows = []
-    ws, wn, wc = [], [], []
-    bytes_ = np.arange(256)
     tab_q = table[delta_q]                                   # [n, 256]
-    tab_r = table[delta_r]
-    for i, (q, r) in enumerate(zip(delta_q.tolist(), delta_r.tolist())):
-        k = int(np.searchsorted(refs, r))
-        same = tab_q[i] == tab_r[i]                          # bool [256]
-        # walk the tokens whose first byte differs (and keeps q alive)
-        wb = np.nonzero(~same & (tab_q[i] != dead) & (trie.first_node >= 0))[0]
-        if len(wb):
-            ws.append(np.full(len(wb), q, np.int64))
-            wn.append(trie.first_node[wb])
-            wc.append(tab_q[i][wb].astype(np.int64))
+    same = tab_q == table[delta_r]
+    # walk the tokens whose first byte differs (and keeps q alive)
+    wi, wb = np.nonzero(~same & (tab_q != dead) & (trie.first_node >= 0)[None, :])
+    if len(wi):
+        ws, wn, wc = delta_q[wi], trie.first_node[wb], tab_q[wi, wb].astype(np.int64)
+    # states with the same reference and the same differing bytes share their copies
+    gkey = np.concatenate([delta_r[:, None].astype(np.int64),
+                           np.packbits(same, axis=1).astype(np.int64)], axis=1)
+    _, ginv = np.unique(gkey, axis=0, return_inverse=True)
+    ginv = ginv.ravel()
+    order = np.argsort(ginv, kind="stable")
+    bounds = np.searchsorted(ginv[order], np.arange(int(ginv.max()) + 2))
+    new_rows, nq, nd, nr = [], [], [], []
+    n_new = 0
+    for g in range(len(bounds) - 1):
+        members = order[bounds[g]:bounds[g + 1]]
+        qs = delta_q[members]
+        i0 = int(members[0])
+        k = int(np.searchsorted(refs, delta_r[i0]))
+        ok_b = np.concatenate([same[i0], [False]])
         # individual transitions of r for the bytes that act alike
         a, b = i_lo[k], i_hi[k]
         if b > a:
             t = itok[a:b]
-            ok = np.concatenate([same, [False]])[fb[t]]
-            n = int(np.count_nonzero(ok))
-            if n:
-                _count(out, n)
-                out[0].append(np.full(n, q, np.int64))
-                out[1].append(t[ok])
-                out[2].append(idst[a:b][ok])
+            ok = ok_b[fb[t]]
+            t, dd = t[ok], idst[a:b][ok]
+            if len(t):
+                _count(out, len(t) * len(qs))
+                out[0].append(np.repeat(qs, len(t)))
+                out[1].append(np.tile(t, len(qs)))
+                out[2].append(np.tile(dd, len(qs)))
+        # bulk transitions of r, rows masked to those tokens
         a, b = b_lo[k], b_hi[k]
         if b <= a:
             continue
-        diff_key = np.packbits(~same).tobytes()
-        if diff_key not in masks:
-            masks[diff_key] = _pack_bool(np.concatenate([~same, [True]])[fb], W)
-        drop = masks[diff_key]
-        for j in range(a, b):
-            row_id = int(br[j])
-            mk = (row_id, diff_key)
-            if mk not in masked:
-                if len(new_rows) < max_rows:
-                    row = allrows[row_id] & ~drop
-                    if not row.any():
-                        masked[mk] = -1
-                    else:
-                        masked[mk] = n_rows + len(new_rows)
-                        new_rows.append(row)
-                else:
-                    masked[mk] = None
-            m = masked[mk]
-            if m is None:                                    # past the row budget
-                t = np.nonzero(unpack_bits(allrows[row_id] & ~drop, V))[0]
-                _count(out, len(t))
-                out[0].append(np.full(len(t), q, np.int64))
-                out[1].append(t)
-                out[2].append(np.full(len(t), int(bd[j]), np.int64))
-            elif m >= 0:
-                bulk_src.append(np.array([q], np.int64))
-                bulk_dst.append(np.array([bd[j]], np.int64))
-                bulk_row.append(np.array([m], np.int64))
-    if new_rows:
-        rows.append(np.stack(new_rows))
-        n_rows += len(new_rows)
-    if ws:
-        s, n, c = np.concatenate(ws), np.concatenate(wn), np.concatenate(wc)
-        for i in range(0, len(s), max_pairs):
-            _walk(trie, table, dead, s[i:i + max_pairs], n[i:i + max_pairs],
-                  c[i:i + max_pairs], max_pairs, out)
+        drop = _pack_bool(~ok_b[fb], W)
+        rid = br[a:b]
+        urid, rinv = np.unique(rid, return_inverse=True)
+        m = allrows[urid] & ~drop
+        nz = m.any(1)
+        if n_new + int(nz.sum()) <= max_rows:
+            idx = np.full(len(urid), -1, np.int64)
+            idx[nz] = n_rows + n_new + np.arange(int(nz.sum()))
+            new_rows.append(m[nz])
+            n_new += int(nz.sum())
+            e = idx[rinv.ravel()]
+            live = e >= 0
+            nq.append(np.repeat(qs, int(live.sum())))
+            nd.append(np.tile(bd[a:b][live], len(qs)))
+            nr.append(np.tile(e[live], len(qs)))
+        else:                                                # past the row budget
+            for j in range(a, b):
+                t = np.nonzero(unpack_bits(allrows[br[j]] & ~drop, V))[0]
+                if len(t):
+                    _count(out, len(t) * len(qs))
+                    out[0].append(np.repeat(qs, len(t)))
+                    out[1].append(np.tile(t, len(qs)))
+                    out[2].append(np.full(len(t) * len(qs), int(bd[j]), np.int64))
+    if n_new:
+        rows.append(np.concatenate(new_rows))
+        n_rows += n_new
+        bulk_src.append(np.concatenate(nq))
+        bulk_dst.append(np.concatenate(nd))
+        bulk_row.append(np.concatenate(nr))
+    if len(wi):
+        for i in range(0, len(ws), max_pairs):
+            _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
+                  wc[i:i + max_pairs], max_pairs, out)
     return n_rows
 
 
