@@ -577,3 +577,46 @@ def test_builder_state_limit_is_compile_limits():
         compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=sizes[1] - 1))
     assert e.value.limit == "max_nfa_states" and e.value.value == sizes[1] - 1
     assert "max_nfa_states" in str(e.value) and "subschema at" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# decimal multipleOf (0.25, 0.01, 1.5, ...) against jsonschema with exact decimals
+# ---------------------------------------------------------------------------------------
+def _dfa_accepts(dfa, text: str) -> bool:
+    q = dfa.run(text.encode())
+    return q >= 0 and bool(dfa.accepting[q])
+
+
+@pytest.mark.parametrize("step", [0.25, 0.01, 1.5, 0.05, 0.125, 2.5, 0.3])
+@pytest.mark.parametrize("bounds", [{}, {"minimum": -3, "exclusiveMaximum": 7.5}])
+def test_decimal_multiple_of_equals_jsonschema(step, bounds):
+    """Every number text of a sample (multiples, rounded floats, random decimals with
+    trailing zeros) is accepted iff jsonschema, reading the schema and the instance as
+    exact decimals, says it is valid."""
+    import random
+    schema = {"type": "number", "multipleOf": step, **bounds}
+    nfa, _ = schema_to_nfa(schema, "")
+    dfa = minimize(determinize(nfa))
+    ref = jsonschema.Draft202012Validator(json.loads(json.dumps(schema), parse_float=Decimal))
+    rng = random.Random(hash(step) & 0xFFFF)
+    texts = set()
+    for _ in range(1500):
+        u = rng.random()
+        if u < 0.4:
+            texts.add(json.dumps(rng.randint(-60, 60) * step))
+        elif u < 0.7:
+            texts.add(json.dumps(round(rng.uniform(-10, 10), rng.randint(0, 4))))
+        else:
+            texts.add(f"{rng.randint(-99, 99)}." + "".join(
+                rng.choice("0123456789") for _ in range(rng.randint(1, 4))))
+    n_valid = 0
+    for t in texts:
+        want = ref.is_valid(json.loads(t, parse_float=Decimal))
+        n_valid += want
+        assert _dfa_accepts(dfa, t) == want, (schema, t)
+    assert n_valid >= 5
+
+
+def test_decimal_multiple_of_limit():
+    with pytest.raises(UnsupportedSchemaError, match=r"multipleOf 1\.234567e-05.*limit is 100000"):
+        compile_json_schema({"type": "number", "multipleOf": 1.234567e-5}, None)

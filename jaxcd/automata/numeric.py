@@ -325,3 +325,54 @@ def multiple_of_dfa(m: int) -> DFA:
     acc[2] = True
     acc[3] = True
     return minimize(DFA(trans, acc, byte_class))
+
+
+#: Largest ``M * (k + 2)`` of :func:`decimal_multiple_of_dfa` (its state count).
+MAX_DECIMAL_MULTIPLE_STATES = 100_000
+
+
+def decimal_multiple_of_dfa(m: int, k: int) -> DFA:
+    """Canonical decimal text ``-?(0|[1-9][0-9]*)(\\.[0-9]+)?`` whose value is a multiple
+    of ``m / 10**k`` (``multipleOf: 0.25`` is ``m=25, k=2``). The state is the value in
+    units of ``10**-k`` modulo ``m`` (the integer part, then each fraction digit); past
+    ``k`` fraction digits only zeros can follow. Raises ``ValueError`` past
+    :data:`MAX_DECIMAL_MULTIPLE_STATES` states."""
+    m, k = int(m), int(k)
+    if m < 1 or k < 1:
+        raise ValueError("decimal_multiple_of_dfa needs m >= 1 and k >= 1 fraction digits")
+    if m * (k + 2) > MAX_DECIMAL_MULTIPLE_STATES:
+        raise ValueError(f"multipleOf {m}e-{k} needs {m * (k + 2)} states (the limit is "
+                         f"{MAX_DECIMAL_MULTIPLE_STATES})")
+    # states: 0 start, 1 after '-', 2 after a leading '0', 3 + r: integer part = r (mod m),
+    # 3 + m + j*m + r: j fraction digits read (j = 0 .. k), value r (mod m)
+    Q = 3 + m + (k + 1) * m
+    byte_class = np.zeros(256, np.int32)       # class 0: other bytes
+    byte_class[ord("-")] = 1
+    byte_class[ord(".")] = 12
+    for d in range(10):
+        byte_class[ord("0") + d] = 2 + d
+    trans = np.full((Q, 13), -1, np.int32)
+
+    def frac(j, r):
+        return 3 + m + j * m + r
+
+    trans[0, 1] = 1
+    for s in (0, 1):
+        trans[s, 2] = 2
+        for d in range(1, 10):
+            trans[s, 2 + d] = 3 + d % m
+    trans[2, 12] = frac(0, 0)
+    acc = np.zeros(Q, bool)
+    acc[2] = True
+    for r in range(m):
+        for d in range(10):
+            trans[3 + r, 2 + d] = 3 + (10 * r + d) % m
+        trans[3 + r, 12] = frac(0, r)
+        acc[3 + r] = (r * 10 ** k) % m == 0
+        for j in range(k):
+            for d in range(10):
+                trans[frac(j, r), 2 + d] = frac(j + 1, (10 * r + d) % m)
+        trans[frac(k, r), 2] = frac(k, r)                   # trailing zeros
+        for j in range(1, k + 1):
+            acc[frac(j, r)] = (r * 10 ** (k - j)) % m == 0
+    return minimize(DFA(trans, acc, byte_class))

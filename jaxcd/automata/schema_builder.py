@@ -38,7 +38,7 @@ from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from ..limits import current_limits, too_large
 from .fsa import DFA, NFA, determinize, difference, intersect, is_empty, minimize
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
-                      multiple_of_dfa, to_decimal)
+                      multiple_of_dfa, decimal_multiple_of_dfa, to_decimal)
 from .regex import _Builder, regex_to_nfa
 from .utf8 import MAX_CODE_POINT, normalize_ranges
 
@@ -1074,18 +1074,22 @@ class SchemaBuilder:
                 raise SchemaError(f"{path}/multipleOf must be > 0")
             if md == md.to_integral_value():
                 return self.integer(schema, path)
+            # a decimal m / 10**k (0.25, 0.01, 1.5): the value in units of 10**-k, mod m
             exp = md.normalize().as_tuple()
-            if exp.digits == (1,) and exp.exponent < 0:          # 0.1, 0.01, ...
-                k = -exp.exponent
-                r = (decimal_range_regex(lo, hi, not lo_x, not hi_x)
-                     if lo is not None or hi is not None else r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
-                if r is None:
-                    return EMPTY
-                frac = rf"-?(?:0|[1-9][0-9]*)(?:\.[0-9]{{1,{k}}})?"
-                dfa = intersect(_dfa_of(r), _dfa_of(frac))
+            k = -exp.exponent
+            mi = int(md.scaleb(k))
+            r = (decimal_range_regex(lo, hi, not lo_x, not hi_x)
+                 if lo is not None or hi is not None else r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+            if r is None:
+                return EMPTY
+            try:
+                mult = decimal_multiple_of_dfa(mi, k)
+            except ValueError as e:
+                self.unsupported(f"multipleOf {schema['multipleOf']} on a number: {e}",
+                                 f"{path}/multipleOf")
+            else:
+                dfa = intersect(_dfa_of(r), mult)
                 return Node("dfa", (dfa,), dfa.num_states + 1)
-            self.unsupported(f"multipleOf {schema['multipleOf']} on a number (only integers, "
-                             "and 0.1, 0.01, ...)", f"{path}/multipleOf")
         if lo is None and hi is None:
             return rx(NUMBER, 12)
         r = decimal_range_regex(lo, hi, not lo_x, not hi_x)
