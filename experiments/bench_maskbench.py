@@ -413,6 +413,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIME_LIMIT)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_maskbench"))
     ap.add_argument("--files", nargs="*", help="only these file names (debugging)")
+    ap.add_argument("--from-rows", nargs="+", metavar="RESULTS.json",
+                    help="run nothing: write the tables from the per-file rows of earlier "
+                         "results files (an engine's rows from the last file that has it; "
+                         "every engine must cover the same files), e.g. a new jaxcd run "
+                         "beside the earlier llguidance/xgrammar rows of the same sample")
     ap.add_argument("--jobs", type=int, default=1,
                     help="worker processes, each with its own forked child per compile "
                          "(compile times then include the contention)")
@@ -424,13 +429,31 @@ def main(argv=None) -> int:
     if args.splits != "dev":
         print("note: held-out splits are for an outside check; do not tune on them",
               file=sys.stderr)
-    src = Source(Path(args.data))
-    names = args.files or select(src, args.splits, None if args.full else args.n, args.seed)
-    print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
-          file=sys.stderr)
-    setup = Setup(engines)
-    t0 = time.time()
-    rows = run_all(setup, src, names, engines, args.timeout, max(1, args.jobs), t0)
+    sources = []
+    if args.from_rows:
+        rows = {}
+        for f in args.from_rows:
+            d = json.loads(Path(f).read_text())
+            rows.update(d["rows"])
+            for so in sources:                 # engines taken over by this file
+                so["engines"] = [e for e in so["engines"] if e not in d["rows"]]
+            sources.append({"file": f, "argv": d["meta"].get("argv"),
+                            "engines": list(d["rows"]),
+                            "wall_s": d["meta"].get("wall_s"), "jobs": d["meta"].get("jobs")})
+        engines = list(rows)
+        names = [r["file"] for r in rows[engines[0]]]
+        for e in engines:
+            if sorted(r["file"] for r in rows[e]) != sorted(names):
+                ap.error(f"--from-rows: engine {e} covers other files than {engines[0]}")
+        t0 = time.time()
+    else:
+        src = Source(Path(args.data))
+        names = args.files or select(src, args.splits, None if args.full else args.n, args.seed)
+        print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
+              file=sys.stderr)
+        setup = Setup(engines)
+        t0 = time.time()
+        rows = run_all(setup, src, names, engines, args.timeout, max(1, args.jobs), t0)
     overall = {e: summarize(rows[e]) for e in engines}
     splits = sorted({split_of(n) for n in names})
     per_split = {s: {e: summarize([r for r in rows[e] if r["split"] == s]) for e in engines}
@@ -441,6 +464,9 @@ def main(argv=None) -> int:
             "time_limit_s": args.timeout, "jobs": args.jobs, "mem_limit_bytes_above_parent": MEM_LIMIT,
             "wall_s": time.time() - t0, "machine": platform.platform(),
             "cpus": os.cpu_count(), "argv": sys.argv[1:]}
+    if sources:
+        meta["merged_from"] = sources
+        meta["wall_s"] = None
     try:
         import llguidance
         meta["llguidance"] = getattr(llguidance, "__version__", "?")
@@ -455,11 +481,23 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(
         {"meta": meta, "overall": overall, "per_split": per_split, "rows": rows}, indent=1))
-    md = ["# MaskBench acceptance (experiments/bench_maskbench.py)", "",
-          f"`python -m experiments.bench_maskbench {' '.join(sys.argv[1:])}`: {len(names)} files, "
-          f"{args.splits} splits, seed {args.seed}; wall {meta['wall_s']:.0f} s on "
-          f"{meta['cpus']} CPUs. Limits per compile: 60 s, 4 GiB above the parent.", "",
-          table(overall, "Overall")]
+    md = ["# MaskBench acceptance (experiments/bench_maskbench.py)", ""]
+    if sources:
+        md.append(f"{len(names)} files; tables from the rows of earlier runs "
+                  f"(`--from-rows`), each on {meta['cpus']} CPUs with limits per compile of "
+                  "60 s and 4 GiB above the parent:")
+        for so in sources:
+            wall = "" if so["wall_s"] is None else f", wall {so['wall_s']:.0f} s"
+            md.append(f"- {', '.join(so['engines'])}: "
+                      f"`python -m experiments.bench_maskbench {' '.join(so['argv'] or [])}`"
+                      f"{wall}")
+        md.append("")
+    else:
+        md += [f"`python -m experiments.bench_maskbench {' '.join(sys.argv[1:])}`: "
+               f"{len(names)} files, {args.splits} splits, seed {args.seed}; wall "
+               f"{meta['wall_s']:.0f} s on {meta['cpus']} CPUs. Limits per compile: 60 s, "
+               "4 GiB above the parent.", ""]
+    md.append(table(overall, "Overall"))
     for s in splits:
         md.append(table(per_split[s], s))
     # why jaxcd fails

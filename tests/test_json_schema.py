@@ -371,7 +371,7 @@ def test_gcd_walks_validate(smol_vocab):
 # strictness, annotations, errors
 # ---------------------------------------------------------------------------------------
 def test_strict_refuses_and_non_strict_ignores():
-    s = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    s = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}   # infinite items
     with pytest.raises(UnsupportedSchemaError, match=r"'uniqueItems' .* at /uniqueItems.*"
                                                      r"strict=False / --no-strict"):
         dfa_of(s)
@@ -532,14 +532,15 @@ def test_fuzz_schemas(schema):
 
 def test_generate_strict_flag():
     """``jaxcd.generate(strict=...)`` is ``compile_json_schema``'s: ``True`` refuses
-    ``uniqueItems`` (not regular), ``False`` ignores it and every output still validates
+    ``uniqueItems`` over 21 item values (past ``MAX_UNIQUE_VALUES``), ``False`` ignores it and every output still validates
     against the rest of the schema (``jsonschema``)."""
     import jaxcd
     from jaxcd import generation as G
     model = G.load_model()
     schema = {"type": "object", "additionalProperties": False, "required": ["tags"],
               "properties": {"tags": {"type": "array", "maxItems": 3, "uniqueItems": True,
-                                      "items": {"enum": ["red", "green", "blue"]}}}}
+                                      "items": {"type": "integer", "minimum": 0,
+                                                "maximum": 20}}}}
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
         jaxcd.generate("Pick colours.", schema=schema, budget=24, model=model)
     out = jaxcd.generate("Pick colours as JSON.", schema=schema, strict=False, budget=24,
@@ -620,3 +621,80 @@ def test_decimal_multiple_of_equals_jsonschema(step, bounds):
 def test_decimal_multiple_of_limit():
     with pytest.raises(UnsupportedSchemaError, match=r"multipleOf 1\.234567e-05.*limit is 100000"):
         compile_json_schema({"type": "number", "multipleOf": 1.234567e-5}, None)
+
+
+# ---------------------------------------------------------------------------------------
+# ^ / $ anchors inside pattern groups, against re.search
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pattern", [r"(^a|b)c", r"x(y$|z)", r"(^|-)ab($|-)", r"((^a)|b)+",
+                                     r"(a$)?", r"^(a|^b)c$", r"(^$)", r"a(^b)", r"(a|$)(b|^)",
+                                     r"(?:^| )a(?: |$)"])
+def test_pattern_inner_anchors_equal_re_search(pattern):
+    """Every string of up to 4 characters over a small alphabet (no newline, where
+    Python's ``$`` and ECMA's agree): the schema accepts it iff ``re.search`` finds the
+    pattern; a string schema compiled end to end agrees on a few."""
+    import itertools
+    from jaxcd.automata.schema_builder import json_string_content_nfa
+    dfa = minimize(determinize(json_string_content_nfa(pattern, True)))
+    n = 0
+    for k in range(5):
+        for t in itertools.product("abcxyz- ", repeat=k):
+            s = "".join(t)
+            want = re.search(pattern, s, re.ASCII) is not None
+            n += want
+            assert dfa.accepts(json.dumps(s)[1:-1].encode()) == want, (pattern, s)
+    assert n > 0 or pattern == "a(^b)"                     # a(^b) matches nothing
+    nfa, _ = schema_to_nfa({"type": "string", "pattern": pattern}, "")
+    full = minimize(determinize(nfa))
+    for s in ["ac", "bc", "xac", "xy", "xyz", "-ab-", "a", "", "ab"]:
+        assert full.accepts(json.dumps(s).encode()) == (re.search(pattern, s) is not None)
+
+
+def test_pattern_word_boundary_still_refused():
+    with pytest.raises(UnsupportedSchemaError, match=r"anchor .* only \^/\\A at the very start"):
+        schema_to_nfa({"type": "string", "pattern": r"(a\b)"}, "")
+
+
+# ---------------------------------------------------------------------------------------
+# uniqueItems over a finite, small item language, against jsonschema
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("schema, pool", [
+    ({"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True},
+     ["a", "b", "c", "d"]),
+    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3},
+      "uniqueItems": True, "minItems": 2}, [0, 1, 2, 3, 4]),
+    ({"type": "array", "items": {"enum": [1, 1.0, True, None, {"x": 1}]}, "uniqueItems": True},
+     [1, 1.0, True, None, {"x": 1}, 2]),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "maxItems": 5},
+     [True, False]),
+])
+def test_unique_items_equal_jsonschema(schema, pool):
+    """Every array of up to 4 items from ``pool``, in both separator styles: accepted iff
+    the schema without ``uniqueItems`` accepts it and jsonschema (with it) finds it valid
+    (so exactly the arrays with equal items, 1 == 1.0, are removed)."""
+    import itertools
+    nfa, _ = schema_to_nfa(schema)
+    dfa = minimize(determinize(nfa))
+    plain_nfa, _ = schema_to_nfa({k: v for k, v in schema.items() if k != "uniqueItems"})
+    plain = minimize(determinize(plain_nfa))
+    ref = jsonschema.Draft202012Validator(schema)
+    n_dup = n_ok = 0
+    for k in range(5):
+        for arr in itertools.product(pool, repeat=k):
+            for sep in (None, (",", ":")):
+                t = json.dumps(list(arr), separators=sep).encode()
+                want = plain.accepts(t) and ref.is_valid(list(arr))
+                n_ok += want
+                n_dup += plain.accepts(t) and not ref.is_valid(list(arr))
+                assert dfa.accepts(t) == want, (schema, t)
+    assert n_ok > 5 and n_dup > 5
+
+
+@pytest.mark.parametrize("items, limit", [({"type": "string"}, "MAX_UNIQUE_SPELLINGS"),
+                                          ({"type": "integer", "minimum": 0, "maximum": 20},
+                                           "21 distinct values; the limit is 10")])
+def test_unique_items_limits(items, limit):
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    with pytest.raises(UnsupportedSchemaError, match=rf"uniqueItems.*{limit}.*at /uniqueItems"):
+        schema_to_nfa(schema)
+    schema_to_nfa(schema, strict=False)                   # ignored knowingly

@@ -170,12 +170,50 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n - 3] + "..."
 
 
+_LINE_ANCHORS = {C.AT_BEGINNING: "^", C.AT_BEGINNING_STRING: "^",
+                 C.AT_END: "$", C.AT_END_STRING: "$"}
+
+
+def anchor_product(nfa: NFA, anchor_edges: list) -> NFA:
+    """Resolve anchors anywhere in a pattern (``(^a|b)c``, ``x(y$|z)``) exactly: each
+    state is paired with two bits, "a byte was read" and "the end was asserted".
+    A ``^`` edge needs no byte read yet; a ``$`` edge asserts the end (no byte may
+    follow); a byte sets the first bit. ``$`` is the end of the text (ECMA-262
+    semantics, as ``\\Z``). Four copies of the NFA (within ``max_nfa_states``)."""
+    trans, eps = nfa.trans, nfa.eps
+    N = nfa.num_states
+    out = NFA()
+    out._grow(4 * N)
+    for _ in range(4 * N):
+        out.add_state()
+    for q in range(N):
+        for bits in range(4):
+            s = 4 * q + bits
+            for d in eps[q]:
+                out.add_epsilon(s, 4 * d + bits)
+            if not bits & 2:
+                for lo, hi, d in trans[q]:
+                    out.add_byte_range(s, 4 * d + (bits | 1), lo, hi)
+    for src, dst, kind in anchor_edges:
+        for bits in range(4):
+            if kind == "^" and not bits & 1:
+                out.add_epsilon(4 * src + bits, 4 * dst + bits)
+            elif kind == "$":
+                out.add_epsilon(4 * src + bits, 4 * dst + (bits | 2))
+    out.start = 4 * nfa.start
+    out.accepting = {4 * a + bits for a in nfa.accepting for bits in range(4)}
+    return out
+
+
 class _Builder:
     def __init__(self, nfa: NFA, pattern: str):
         self.nfa = nfa
         self.pattern = pattern
         self._charsets: dict[tuple[int, int], tuple] = {}
         self._sizes: dict[int, int] = {}
+        # None: inner anchors raise; a list: they become marked epsilon edges
+        # (src, dst, "^" or "$") for the caller to resolve (see anchor_product)
+        self.anchor_edges: list | None = None
 
     # -- size of the NFA before building it ------------------------------------------
     def class_ranges(self, op, av, flags: int) -> tuple:
@@ -253,6 +291,11 @@ class _Builder:
                 if av in (C.AT_BEGINNING, C.AT_BEGINNING_STRING) and at_start:
                     continue
                 if av in (C.AT_END, C.AT_END_STRING) and at_end:
+                    continue
+                if self.anchor_edges is not None and av in _LINE_ANCHORS:
+                    nxt = self.nfa.add_state()
+                    self.anchor_edges.append((cur, nxt, _LINE_ANCHORS[av]))
+                    cur = nxt
                     continue
                 raise UnsupportedRegexError(
                     f"anchor {av} at item {i} of {self.pattern!r}: only ^/\\A at the very start "

@@ -39,7 +39,7 @@ from ..limits import current_limits, too_large
 from .fsa import DFA, NFA, determinize, difference, intersect, is_empty, minimize
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
                       multiple_of_dfa, decimal_multiple_of_dfa, to_decimal)
-from .regex import _Builder, regex_to_nfa
+from .regex import _Builder, anchor_product, regex_to_nfa
 from .utf8 import MAX_CODE_POINT, normalize_ranges
 
 DEFAULT_MAX_DEPTH = 2
@@ -163,6 +163,10 @@ PROPERTY_ORDERS = ("schema", "any")
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
 MAX_ANY_ORDER_PROPERTIES = 10
+#: ``uniqueItems``: the item language must be finite, with at most this many spellings
+#: and this many distinct values (the array automaton tracks the subset of values used)
+MAX_UNIQUE_SPELLINGS = 256
+MAX_UNIQUE_VALUES = 10
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -299,6 +303,7 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     nfa.start = start
     end = nfa.add_state()
     b = _Builder(nfa, pattern)
+    b.anchor_edges = []                          # anchors inside groups: anchor_product
     anychar = [(0, MAX_CODE_POINT)]
     for alt_items in alternatives:
         s = nfa.add_state()
@@ -320,6 +325,8 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
             e = loop
         nfa.add_epsilon(e, end)
     nfa.accepting = {end}
+    if b.anchor_edges:
+        return anchor_product(nfa, b.anchor_edges)
     return nfa
 
 
@@ -1150,9 +1157,7 @@ class SchemaBuilder:
     # -- arrays ----------------------------------------------------------------------
     def array(self, schema: dict, path: str) -> Node:
         lo, hi = self.count_bounds(schema, "minItems", "maxItems", path)
-        if schema.get("uniqueItems") is True and not (hi is not None and hi <= 1):
-            self.unsupported("keyword 'uniqueItems' cannot be enforced by an automaton",
-                             f"{path}/uniqueItems")
+        unique = schema.get("uniqueItems") is True and not (hi is not None and hi <= 1)
         prefix = schema.get("prefixItems")
         items = schema.get("items")
         if isinstance(items, list):              # draft-04 tuple form
@@ -1164,7 +1169,80 @@ class SchemaBuilder:
             items = True
         item_nodes = [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(prefix)]
         rest = self.node(items, f"{path}/items") if items is not False else EMPTY
+        if unique:
+            why = "it is enforced only without prefixItems" if item_nodes else \
+                self._unique_values(rest)
+            if isinstance(why, str):
+                self.unsupported(f"keyword 'uniqueItems' ({why})", f"{path}/uniqueItems")
+            else:
+                return self._unique_list(why, lo, hi, path)
         return self._list(item_nodes, rest, lo, hi, "[", "]", ",")
+
+    def _unique_values(self, item: Node):
+        """The item language as ``[node per distinct JSON value]`` (each node: the
+        value's spellings), or a string saying which limit it exceeds."""
+        if item.kind == "empty":
+            return []
+        dfa = _node_dfa(item)
+        texts = _finite_texts(dfa, MAX_UNIQUE_SPELLINGS)
+        if texts is None:
+            return (f"the items must take finitely many values, spelled in at most "
+                    f"{MAX_UNIQUE_SPELLINGS} ways (MAX_UNIQUE_SPELLINGS)")
+        groups: dict = {}
+        for t in texts:
+            try:
+                v = json.loads(t, parse_float=Decimal, parse_int=Decimal)
+            except ValueError:
+                return "an item spelling is not one JSON value"
+            groups.setdefault(_canon(v), []).append(t)
+        if len(groups) > MAX_UNIQUE_VALUES:
+            return (f"the items take {len(groups)} distinct values; the limit is "
+                    f"{MAX_UNIQUE_VALUES} (MAX_UNIQUE_VALUES)")
+        return [alt(*(lit(t.decode("utf-8")) for t in sorted(g))) for g in groups.values()]
+
+    def _unique_list(self, values: list, lo: int, hi: int | None, path: str) -> Node:
+        """``[v1, v2, ...]`` with pairwise distinct values, ``lo..hi`` of them: one NFA
+        state per subset of values used."""
+        K = len(values)
+        hi = K if hi is None else min(hi, K)
+        if lo > hi:
+            return EMPTY
+        size = (1 << K) * (sum(v.size for v in values) + 8)
+        if size > self.max_nfa_states:
+            raise AutomatonTooLargeError(
+                f"uniqueItems at {path or '/'}: one copy of the {K} item values per subset "
+                f"(about {size} NFA states); the limit is max_nfa_states={self.max_nfa_states}")
+        nfa = NFA()
+        em = _NFAEmitter(nfa, "")
+        start = nfa.add_state()
+        nfa.start = start
+        final = nfa.add_state()
+        open_ = em.emit(self.ws, em.emit(lit("["), start))
+        if lo == 0:
+            nfa.add_epsilon(em.emit(lit("]"), open_), final)
+        after = {}
+
+        def state(S):
+            if S not in after:
+                after[S] = nfa.add_state()
+            return after[S]
+        for v in range(K):
+            nfa.add_epsilon(em.emit(values[v], open_), state(1 << v))
+        for S in range(1, 1 << K):
+            c = bin(S).count("1")
+            if c > hi:
+                continue
+            q = state(S)
+            if c >= lo:
+                nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), q), final)
+            if c < hi:
+                sep = em.emit(seq(self.ws, lit(","), self.ws), q)
+                for v in range(K):
+                    if not S >> v & 1:
+                        nfa.add_epsilon(em.emit(values[v], sep), state(S | 1 << v))
+        nfa.accepting = {final}
+        dfa = minimize(determinize(nfa))
+        return Node("dfa", (dfa,), dfa.num_states + 1)
 
     def _list(self, head: list[Node], rest: Node, lo: int, hi: int | None,
               open_: str, close: str, sep: str) -> Node:
@@ -1379,6 +1457,45 @@ def _first_bytes(node: Node) -> frozenset:
         row = d.trans[0][d.byte_class]
         return frozenset(int(b) for b in np.nonzero(row >= 0)[0])
     return _ALL_BYTES
+
+
+def _finite_texts(dfa: DFA, limit: int) -> list[bytes] | None:
+    """Every string of ``dfa`` if there are at most ``limit`` (else ``None``)."""
+    if dfa.num_states == 0:
+        return []
+    out: list[bytes] = []
+    stack = [(0, b"")]
+    bytes_of = [np.nonzero(dfa.byte_class == c)[0].tolist() for c in range(dfa.num_classes)]
+    steps = 0
+    while stack:
+        q, t = stack.pop()
+        steps += 1
+        if dfa.accepting[q]:
+            out.append(t)
+            if len(out) > limit:
+                return None
+        if steps > 64 * limit or len(t) > 4096:          # a loop or a very long item
+            return None
+        for c in range(dfa.num_classes):
+            d = int(dfa.trans[q, c])
+            if d >= 0:
+                for b in bytes_of[c]:
+                    stack.append((d, t + bytes([b])))
+                if len(stack) > 64 * limit:
+                    return None
+    return out
+
+
+def _canon(v):
+    """A hashable key equal for JSON values equal under JSON Schema (1 == 1.0;
+    true != 1; object key order ignored)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, Decimal):
+        return ("num", v.normalize() if v != 0 else Decimal(0))
+    if isinstance(v, list):
+        return ("list", tuple(_canon(x) for x in v))
+    return ("obj", tuple(sorted((k, _canon(x)) for k, x in v.items())))
 
 
 def _json_type(v) -> str:
