@@ -1,8 +1,11 @@
 """Decode speed of the JAX (Flax NNX) Llama vs the transformers PyTorch model.
 
-Both load the same GGUF (default: SmolLM2-135M-Instruct Q4_1), de-quantised to float32,
-on this machine, in one run. For batch sizes 1 and 16, a ~32-token prompt and 64 new
-tokens (greedy), we time
+Both load the same GGUF (default: SmolLM2-135M-Instruct Q4_1; ``--models`` takes a
+comma-separated list, e.g. ``default,qwen2.5-coder-0.5b,gemma-3-270m``, benchmarked one
+after the other in the same run, the results files rewritten after each model),
+de-quantised to float32, on this machine. Per model: the load time of each (GGUF ->
+weights in memory), and for batch sizes 1 and 16, a ~32-token prompt and 64 new tokens
+(greedy), we time
 
 * ``torch (Nt)``: transformers' model, manual greedy loop ``model(tok, past_key_values=
   cache)`` (DynamicCache, ``torch.inference_mode``), i.e. what ``generate`` does minus
@@ -41,7 +44,11 @@ Table 2).
 
 Usage::
 
-    HF_HUB_OFFLINE=1 python experiments/bench_lm.py [--gguf PATH] [--repeats 5] [--quick]
+    HF_HUB_OFFLINE=1 python experiments/bench_lm.py [--gguf PATH | --models A,B,C]
+        [--repeats 5] [--new-tokens 64] [--no-scan] [--quick]
+
+``prefill tok/s`` = batch x prompt tokens / prefill wall time (the first new token's
+argmax included).
 
 Writes ``experiments/results/bench_lm.json`` and ``bench_lm.md``.
 """
@@ -158,55 +165,8 @@ def fmt(xs, scale=1.0):
     return m, sd
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", default=None, help="GGUF file or model name (qwen2.5-coder-0.5b, "
-                    "gemma-3-270m; default: SmolLM2-135M-Instruct Q4_1)")
-    ap.add_argument("--batches", default="1,16")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--slow-factor", type=float, default=4.0,
-                    help="implementations slower than this x the fastest (warm-up) get 1 repeat")
-    ap.add_argument("--quick", action="store_true",
-                    help="1 repeat, 16 new tokens (smoke test; numbers are not meaningful)")
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_lm"))
-    ap.add_argument("--render", metavar="JSON", default=None,
-                    help="only re-render the summary and the .md of an earlier run's JSON")
-    args = ap.parse_args(argv)
-    if args.render:
-        src = Path(args.render)
-        result = json.loads(src.read_text())
-        result["summary"] = summarize(result["rows"])
-        src.write_text(json.dumps(result, indent=2))
-        src.with_suffix(".md").write_text(to_markdown(result))
-        print(to_markdown(result))
-        return
-    if args.quick:
-        args.repeats, args.new_tokens = 1, 16
-    t_start = time.perf_counter()
-    load_start = os.getloadavg()
-
-    import jax
-    import torch
-
-    from jaxcd.lm.llama import JaxLM
-    from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
-    from jaxcd.model_files import resolve_gguf
-
-    path = resolve_gguf(args.gguf)
-    t = time.perf_counter()
-    lm = JaxLM.from_gguf(path)
-    jax_load = time.perf_counter() - t
-    t = time.perf_counter()
-    hf = load_hf_model_from_gguf(path, torch.float32)
-    torch_load = time.perf_counter() - t
-    torch_threads = torch.get_num_threads()
-    print(f"model: {path.name}  ({lm!r})")
-    print(f"load: jax {jax_load:.1f}s, torch {torch_load:.1f}s; jax {jax.__version__} "
-          f"backend={jax.default_backend()}, torch {torch.__version__} threads={torch.get_num_threads()}, "
-          f"cpus={os.cpu_count()}")
-
+def bench_model(args, model_name, lm, hf, torch_threads):
+    """Interleaved rounds of every implementation at each batch size -> rows."""
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         ids = make_prompts(B, args.prompt_len, lm.vocab_size, seed=B)
@@ -219,6 +179,8 @@ def main(argv=None):
         }
         if torch_threads == 1:
             runners.pop("torch (1t)")
+        if args.no_scan:
+            runners.pop("jax-scan")
         results = {name: [] for name in runners}
         tokens = {}
         warm_dec = {}
@@ -251,7 +213,7 @@ def main(argv=None):
             dec = [r[1] for r in results[name]]
             dm, ds = fmt(dec, 1000.0 / (n - 1))
             pm, psd = fmt(pre, 1000.0)
-            rows.append({"impl": name, "batch": B, "prompt_len": args.prompt_len, "new_tokens": n,
+            rows.append({"model": model_name, "impl": name, "batch": B, "prompt_len": args.prompt_len, "new_tokens": n,
                          "timed_runs": len(dec), "slow_timed_once": name in slow,
                          "decode_ms_per_token_mean": dm,
                          "decode_ms_per_token_per_seq": dm / B, "decode_ms_per_token_sd": ds,
@@ -259,83 +221,165 @@ def main(argv=None):
                          "decode_ms_per_token_runs": [x * 1000.0 / (n - 1) for x in dec],
                          "tokens_per_s_mean": B * 1000.0 / dm if dm > 0 else None,
                          "prefill_ms_mean": pm, "prefill_ms_sd": psd,
+                         "prefill_tokens_per_s": B * args.prompt_len * 1000.0 / pm,
                          "greedy_token_agreement_with_torch": float((tokens[name] == ref).mean())})
 
-    summary = summarize(rows)
+    return rows
 
-    meta = {"model": path.name, "dtype": "float32", "repeats": args.repeats, "quick": args.quick,
-            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-            "jax": jax.__version__, "jax_backend": jax.default_backend(),
-            "torch": torch.__version__, "torch_default_threads": torch_threads,
-            "cpu_count": os.cpu_count(), "platform": platform.platform(),
-            "processor": cpu_model(), "load_s": {"jax": jax_load, "torch": torch_load},
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
-            "wall_s": round(time.perf_counter() - t_start, 1)}
-    result = {"meta": meta, "rows": rows, "summary": summary}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    md = to_markdown(result)
-    out.with_suffix(".md").write_text(md)
-    print()
-    print(md)
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", default=None, help="GGUF file or model name (qwen2.5-coder-0.5b, "
+                    "gemma-3-270m; default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated models (names or GGUF paths; 'default' = SmolLM2), "
+                    "each benchmarked in turn; overrides --gguf")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--no-scan", action="store_true",
+                    help="skip the jax-scan implementation (whole greedy loop as one program)")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--slow-factor", type=float, default=4.0,
+                    help="implementations slower than this x the fastest (warm-up) get 1 repeat")
+    ap.add_argument("--quick", action="store_true",
+                    help="1 repeat, 16 new tokens (smoke test; numbers are not meaningful)")
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_lm"))
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="only re-render the summary and the .md of an earlier run's JSON")
+    args = ap.parse_args(argv)
+    if args.render:
+        src = Path(args.render)
+        result = json.loads(src.read_text())
+        result["summary"] = summarize(result["rows"])
+        src.write_text(json.dumps(result, indent=2))
+        src.with_suffix(".md").write_text(to_markdown(result))
+        print(to_markdown(result))
+        return
+    if args.quick:
+        args.repeats, args.new_tokens = 1, 16
+    t_start = time.perf_counter()
+    load_start = os.getloadavg()
+
+    import jax
+    import torch
+
+    from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
+    from jaxcd.model_files import resolve_gguf
+
+    def write():
+        """Results so far (rewritten after each model, so a stopped run keeps its models)."""
+        summary = summarize(rows)
+
+        meta = {"models": names, "dtype": "float32", "repeats": args.repeats, "quick": args.quick,
+                "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                "jax": jax.__version__, "jax_backend": jax.default_backend(),
+                "torch": torch.__version__, "torch_default_threads": torch_threads,
+                "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                "processor": cpu_model(), "load_s": loads,
+                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                "load_avg_start": load_start, "load_avg_end": os.getloadavg(),
+                "wall_s": round(time.perf_counter() - t_start, 1),
+                "command": "python experiments/bench_lm.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+        result = {"meta": meta, "rows": rows, "summary": summary}
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+        md = to_markdown(result)
+        out.with_suffix(".md").write_text(md)
+        print()
+        print(md)
+        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+    models = [m.strip() for m in (args.models.split(",") if args.models else [args.gguf or ""])]
+    rows, loads, names = [], {}, []
+    torch_threads = torch.get_num_threads()
+    for model_arg in models:
+        path = resolve_gguf(None if model_arg in ("", "default") else model_arg)
+        names.append(path.name)
+        t = time.perf_counter()
+        lm = JaxLM.from_gguf(path)
+        jax_load = time.perf_counter() - t
+        t = time.perf_counter()
+        hf = load_hf_model_from_gguf(path, torch.float32)
+        torch_load = time.perf_counter() - t
+        loads[path.name] = {"jax": jax_load, "torch": torch_load}
+        print(f"model: {path.name}  ({lm!r})")
+        print(f"load: jax {jax_load:.1f}s, torch {torch_load:.1f}s; jax {jax.__version__} "
+              f"backend={jax.default_backend()}, torch {torch.__version__} "
+              f"threads={torch_threads}, cpus={os.cpu_count()}", flush=True)
+        rows += bench_model(args, path.name, lm, hf, torch_threads)
+        del lm, hf
+        write()
+
 
 
 def summarize(rows):
-    """Per batch size: the faster torch setting (lower MEDIAN decode time: one stalled
-    run on a shared CPU should not pick the winner) and JAX's speed-up over it, as a
-    ratio of medians and as the median of per-round paired ratios."""
+    """Per model and batch size: the faster torch setting (lower MEDIAN decode time: one
+    stalled run on a shared CPU should not pick the winner) and JAX's speed-up over it, as
+    a ratio of medians and as the median of per-round paired ratios."""
     summary = {}
-    for B in sorted({r["batch"] for r in rows}):
-        sub = {r["impl"]: r for r in rows if r["batch"] == B}
-        med = {k: float(np.median(r["decode_ms_per_token_runs"])) for k, r in sub.items()}
-        best = min((k for k in sub if k.startswith("torch")), key=med.get)
-        summary[str(B)] = {
-            "best_torch": best,
-            "median_ms": med,
-            **{f"speedup_{k}_vs_best_torch": med[best] / med[k] for k in ("jax-step", "jax-scan")},
-            # paired per-round ratios (same round, so the same background load)
-            **{f"paired_median_{k}": float(np.median(
-                [t / j for t, j in zip(sub[best]["decode_ms_per_token_runs"],
-                                        sub[k]["decode_ms_per_token_runs"])]))
-               for k in ("jax-step", "jax-scan")}}
+    for model in dict.fromkeys(r.get("model", "") for r in rows):
+        per = summary.setdefault(model, {})
+        for B in sorted({r["batch"] for r in rows if r.get("model", "") == model}):
+            sub = {r["impl"]: r for r in rows if r["batch"] == B and r.get("model", "") == model}
+            med = {k: float(np.median(r["decode_ms_per_token_runs"])) for k, r in sub.items()}
+            best = min((k for k in sub if k.startswith("torch")), key=med.get)
+            jx = [k for k in ("jax-step", "jax-scan") if k in sub]
+            per[str(B)] = {
+                "best_torch": best,
+                "median_ms": med,
+                **{f"speedup_{k}_vs_best_torch": med[best] / med[k] for k in jx},
+                # paired per-round ratios (same round, so the same background load)
+                **{f"paired_median_{k}": float(np.median(
+                    [t / j for t, j in zip(sub[best]["decode_ms_per_token_runs"],
+                                            sub[k]["decode_ms_per_token_runs"])]))
+                   for k in jx}}
     return summary
 
 
 def to_markdown(result):
     m = result["meta"]
-    lines = ["# Decode speed: JAX (Flax NNX) Llama vs transformers PyTorch", "",
-             f"{m['model']} de-quantised to {m['dtype']}, {m['cpu_count']} CPUs "
+    lines = ["# Decode speed: jaxcd (JAX, Flax NNX) vs transformers PyTorch, per model", "",
+             f"Models de-quantised to {m['dtype']}, {m['cpu_count']} CPUs "
              f"({m.get('processor') or 'CPU model not recorded'}) "
              f"(shared with other processes: load average {m['load_avg_start'][0]:.1f} at the "
              f"start, {m['load_avg_end'][0]:.1f} at the end), jax {m['jax']} "
              f"({m['jax_backend']}), torch {m['torch']}. Greedy, prompt {m['prompt_len']} tokens, "
              f"{m['new_tokens']} new tokens; decode ms/token = decode wall time / "
              f"{m['new_tokens'] - 1} steps (per step of the whole batch); /seq = divided by "
-             f"the batch size. {m['repeats']} interleaved rounds after a warm-up, mean ± sd "
-             "(min, median). `agree` = greedy tokens equal to torch's.", "",
-             "| batch | impl | decode ms/token | min | median | ms/token/seq | tokens/s | "
-             "prefill ms | agree | runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"the batch size; prefill tok/s = batch x prompt tokens / prefill time. "
+             f"{m['repeats']} interleaved rounds after a warm-up, mean ± sd "
+             "(min, median). `agree` = greedy tokens equal to torch's. "
+             f"Command: `{m.get('command', '')}`.", "",
+             "Load time (s, GGUF -> float32 weights in memory):", "",
+             "| model | jaxcd | torch |", "|---|---|---|"]
+    for name, ld in m["load_s"].items():
+        lines.append(f"| {name} | {ld['jax']:.1f} | {ld['torch']:.1f} |")
+    lines += ["", "| model | batch | impl | decode ms/token | min | median | ms/token/seq | "
+              "tokens/s | prefill ms | prefill tok/s | agree | runs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(
-            f"| {r['batch']} | {r['impl']} | {r['decode_ms_per_token_mean']:.2f} ± "
+            f"| {r.get('model', '')} | {r['batch']} | {r['impl']} | "
+            f"{r['decode_ms_per_token_mean']:.2f} ± "
             f"{r['decode_ms_per_token_sd']:.2f} | {r['decode_ms_per_token_min']:.2f} | "
             f"{float(np.median(r['decode_ms_per_token_runs'])):.2f} | "
             f"{r['decode_ms_per_token_per_seq']:.2f} | {r['tokens_per_s_mean']:.1f} | "
             f"{r['prefill_ms_mean']:.1f} ± {r['prefill_ms_sd']:.1f} | "
+            f"{r.get('prefill_tokens_per_s', float('nan')):.0f} | "
             f"{r['greedy_token_agreement_with_torch']:.3f} | {r['timed_runs']}"
             + (" (slow: warm-up run only)" if r["slow_timed_once"] else "") + " |")
-    lines += [""]
-    for B, s in result["summary"].items():
-        lines.append(
-            f"- batch {B}: decode speed-up of JAX over the faster torch setting "
-            f"({s['best_torch']}), ratio of medians: jax-step "
-            f"×{s['speedup_jax-step_vs_best_torch']:.2f} "
-            f"(paired per-round median ×{s['paired_median_jax-step']:.2f}), jax-scan "
-            f"×{s['speedup_jax-scan_vs_best_torch']:.2f} (paired ×{s['paired_median_jax-scan']:.2f})"
-            " — >1 means JAX is faster.")
+    lines += ["", "Decode speed-up of jaxcd over the faster torch setting (ratio of medians; "
+              "paired per-round median in brackets; >1 means jaxcd is faster; goal at "
+              "batch 16: >= 1.5):", ""]
+    for model, per in result["summary"].items():
+        for B, s in per.items():
+            parts = [f"{k} ×{s[f'speedup_{k}_vs_best_torch']:.2f} "
+                     f"(paired ×{s[f'paired_median_{k}']:.2f})"
+                     for k in ("jax-step", "jax-scan") if f"speedup_{k}_vs_best_torch" in s]
+            lines.append(f"- {model}, batch {B} (vs {s['best_torch']}): " + ", ".join(parts))
     return "\n".join(lines) + "\n"
 
 
