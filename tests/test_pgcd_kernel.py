@@ -41,6 +41,13 @@ def _f32(hmm):
     return HMMParams(*(jnp.asarray(np.asarray(a), jnp.float32) for a in hmm))
 
 
+def _dirichlet_hmm(rng, H, V):
+    """A float32 HMM with Dirichlet rows (emissions with concentration 0.5)."""
+    return HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
+                     jnp.asarray(rng.dirichlet(np.ones(H), size=H), jnp.float32),
+                     jnp.asarray(rng.dirichlet(np.ones(V) * 0.5, size=H), jnp.float32))
+
+
 def _states(fa, hmm, seqs):
     out = []
     for p in seqs:
@@ -111,9 +118,7 @@ def test_wide_out_degree_and_dead_successors():
     rng = np.random.default_rng(3)
     H = 8
     V = fa.vocab_size
-    hmm = HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
-                    jnp.asarray(rng.dirichlet(np.ones(H), size=H), jnp.float32),
-                    jnp.asarray(rng.dirichlet(np.ones(V) * 0.5, size=H), jnp.float32))
+    hmm = _dirichlet_hmm(rng, H, V)
     for n in (3, 4):
         tables = pgcd.backward(fa, hmm, n, steps=4)
         with jax.enable_x64(True):
@@ -149,9 +154,7 @@ def test_bfloat16_error_bound():
     rng = np.random.default_rng(0)
     H = 32
     V = fa.vocab_size
-    hmm = HMMParams(jnp.asarray(rng.dirichlet(np.ones(H)), jnp.float32),
-                    jnp.asarray(rng.dirichlet(np.ones(H), size=H), jnp.float32),
-                    jnp.asarray(rng.dirichlet(np.ones(V) * 0.5, size=H), jnp.float32))
+    hmm = _dirichlet_hmm(rng, H, V)
     n = 6
     t32 = pgcd.backward(fa, hmm, n)
     t16 = pgcd.backward(fa, hmm, n, table_dtype=jnp.bfloat16)
