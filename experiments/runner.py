@@ -492,6 +492,68 @@ def write_summary(out_dir: str | Path, summary: dict, markdown: str) -> None:
     (out_dir / "summary.md").write_text(markdown)
 
 
+# ---------------------------------------------------------------------------------------
+# runs split over machines (shards) and continued after a stop (records)
+# ---------------------------------------------------------------------------------------
+def parse_shard(spec: str | None) -> tuple[int, int] | None:
+    """``"I/N"`` (1 <= I <= N) as ``(I, N)``; ``None`` or ``"1/1"``: no sharding."""
+    if spec in (None, "", "1/1"):
+        return None
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard: expected I/N (e.g. 2/8), got {spec!r}") from None
+    if not 1 <= i <= n:
+        raise ValueError(f"--shard: I/N needs 1 <= I <= N, got {spec!r}")
+    return i, n
+
+
+def shard_indices(n: int, shard: tuple[int, int] | None) -> list[int]:
+    """The positions (in the run's seeded example order) that shard ``(I, N)`` runs:
+    every N-th example starting at the I-th (``I-1, I-1+N, ...``). Interleaved, so that
+    each shard — and each prefix of a shard stopped early — spreads over the whole
+    order (BFCL subsets are drawn round-robin over categories); the N shards partition
+    the examples."""
+    if shard is None:
+        return list(range(n))
+    i, k = shard
+    return list(range(i - 1, n, k))
+
+
+def append_record(path: str | Path, record: dict) -> None:
+    """Append one JSON line and flush it to disk (a record per finished example: a run
+    killed at any point loses at most the example in flight)."""
+    import os
+    with open(path, "a") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: str | Path, repair: bool = False) -> list[dict]:
+    """The complete records of an append-only JSON Lines file; a torn last line (the
+    process was killed while writing it) is dropped, and with ``repair`` cut from the
+    file so that appends continue after the last complete record."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out, good = [], 0
+    with open(path, "rb") as f:
+        data = f.read()
+    for line in data.splitlines(True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+        good += len(line)
+    if repair and good != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return out
+
+
 def machine_info() -> dict:
     import platform
     return {"python": platform.python_version(), "jax": jax.__version__,
@@ -503,4 +565,4 @@ def machine_info() -> dict:
 __all__ = ["METHODS", "HMM_METHODS", "Shapes", "Constraint", "build_constraint",
            "dfa_predicate", "RunResult", "Runner", "bootstrap_ci", "summarize",
            "write_predictions", "summary_markdown", "write_summary", "machine_info",
-           "stable_seed"]
+           "stable_seed", "parse_shard", "shard_indices", "append_record", "read_records"]

@@ -545,9 +545,14 @@ def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: 
         argv += ["--time-limit", str(st["time_limit"])]
     if st.get("shared_shapes"):
         argv += ["--pad", "run", "--width", "run"]
+    if st.get("shard"):
+        argv += ["--shard", str(st["shard"])]
+    if st.get("resume"):
+        argv += ["--resume"]
     from experiments.runner import HMM_METHODS
     key = {"data": data.read_text(), "seed": seed, "margin": st.get("margin"), "model": model,
            "budget": st.get("budget", "auto"), "shared_shapes": bool(st.get("shared_shapes")),
+           "shard": st.get("shard") or None,
            # the HMM matters to the P-GCD methods only
            "hmm": _hmm_key(hmm) if set(HMM_METHODS) & set(st["methods"]) else "any"}
     prev = _reusable(key, st)
@@ -564,6 +569,9 @@ def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: 
         log(f"reusing {len(rows)} rows of {prev['predictions']} (same examples, seeds and settings)")
         return [{"entry": "reused", "argv": argv, "from": str(prev["predictions"]),
                  "from_argv": prev["argv"], "seconds": 0.0}], rows
+    if _REUSE_ONLY:
+        raise StudyError(f"no earlier run covers the settings of {d} (experiments.merge only "
+                         "tabulates the merged rows; it never computes new ones)")
     calls = [call_entry("experiments.tool_calls", argv, log)]
     _RUNS.append(dict(key, methods=set(st["methods"]), particles=set(st["particles"]),
                       formats=set(st["formats"]), predictions=d / "predictions.jsonl", argv=argv))
@@ -580,6 +588,8 @@ def _hmm_key(hmm: str | None):
 
 #: tool_calls runs made in this process (``tool_calls_runs``), for reuse by later studies
 _RUNS: list[dict] = []
+#: set by ``experiments.merge``: a study must take every row from a registered run
+_REUSE_ONLY = False
 
 
 def register_run(run_dir: Path) -> dict:
@@ -596,6 +606,7 @@ def register_run(run_dir: Path) -> dict:
     rec = {"data": Path(a["data"]).read_text(), "seed": a["seed"], "margin": a.get("margin"),
            "model": a.get("model"), "budget": a.get("budget", "auto"),
            "shared_shapes": a.get("pad") == "run" and a.get("width") == "run",
+           "shard": a.get("shard") or None,
            "hmm": _hmm_key(hmm) if set(HMM_METHODS) & methods else "any",
            "methods": methods, "particles": set(a["ks"]), "formats": set(a["formats"]),
            "predictions": run_dir / "predictions.jsonl",
@@ -1113,28 +1124,38 @@ def study_second_model(out, mode, st, seed, log, model=None):
     return res, f"Model: `{model}`\n\n" + body
 
 
+#: the studies that ``--shard`` / ``--resume`` apply to (a single tool_calls run each)
+SHARDABLE = ("satisfaction", "accuracy", "awrs", "second_model")
+
 RUNNERS = {"satisfaction": study_satisfaction, "accuracy": study_accuracy, "runtime": study_runtime,
            "hmm_size": study_hmm_size, "keywords": study_keywords, "bias": study_bias,
            "awrs": study_awrs, "second_model": study_second_model}
 
 
 def run_study(name: str, mode: str, out: Path, seed: int, limit, model, argv,
-              overrides: dict | None = None) -> dict:
+              overrides: dict | None = None, module: str = MODULE,
+              record: dict | None = None) -> dict:
+    """Run study ``name``; ``module``/``argv`` are the command recorded as its provenance
+    and ``record`` extra entries of its JSON (``experiments.merge`` uses both)."""
     st = SETTINGS[name][mode]
     if limit is not None and isinstance(st, dict):
         st = dict(st, limit=limit)
     if overrides and isinstance(st, dict):
         st = dict(st, **{k: v for k, v in overrides.items() if v is not None})
+    if isinstance(st, dict) and (st.get("shard") or st.get("resume")) and name not in SHARDABLE:
+        raise StudyError(f"--shard / --resume: study {name} does not support them "
+                         f"(only {', '.join(SHARDABLE)}: one tool_calls run each)")
     out.mkdir(parents=True, exist_ok=True)
 
     def log(msg):
         print(f"[{name}] {msg}", flush=True)
 
-    res = {"provenance": provenance(MODULE, argv, [seed]), "mode": mode, "settings": st,
+    res = {"provenance": provenance(module, argv, [seed]), "mode": mode, "settings": st,
            "model": model or "default (SmolLM2-135M-Instruct Q4_1)"}
     t0, c0 = time.perf_counter(), time.process_time()
     extra, body = RUNNERS[name](out, mode, st, seed, log, model=model)
     res.update(extra)
+    res.update(record or {})
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["cpu_s"] = round(time.process_time() - c0, 1)
     write_study(out, name, res, body)
@@ -1169,9 +1190,22 @@ def main(argv=None):
     ap.add_argument("--time-limit", type=float, default=None,
                     help="BFCL studies: seconds per entry-point run after which no new example "
                          "is started (the examples run are a prefix of the seeded order)")
+    ap.add_argument("--shard", default=None,
+                    help="I/N: BFCL studies (" + ", ".join(SHARDABLE) + "): run shard I of N "
+                         "(every N-th example of the seeded subset, from the I-th); join the "
+                         "shards' folders with python -m experiments.merge")
+    ap.add_argument("--resume", action="store_true",
+                    help="BFCL studies: continue a stopped run in --out without redoing its "
+                         "finished examples (tool_calls' records.jsonl)")
     ap.add_argument("--out", default=None,
                     help="default: experiments/results/NAME (several studies: the parent folder)")
     a = ap.parse_args(argv)
+    if a.shard:
+        from experiments.runner import parse_shard
+        try:
+            parse_shard(a.shard)
+        except ValueError as e:
+            ap.error(str(e))
     names = list(STUDIES) if a.name == "all" else [x for x in a.name.split(",") if x]
     for n in names:
         if n not in STUDIES:
@@ -1196,7 +1230,8 @@ def main(argv=None):
         run_study(n, mode, out, a.seed, a.limit, a.model if n == "second_model" else lm, argv,
                   {"categories": a.categories.split(",") if a.categories else None,
                    "time_limit": a.time_limit, "budget": a.budget,
-                   "shared_shapes": a.shared_shapes})
+                   "shared_shapes": a.shared_shapes, "shard": a.shard,
+                   "resume": a.resume or None})
     return 0
 
 

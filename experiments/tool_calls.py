@@ -81,8 +81,9 @@ from pathlib import Path
 import numpy as np
 
 from . import bfcl
-from .runner import (HMM_METHODS, METHODS, Runner, Shapes, build_constraint, machine_info,
-                     summarize, summary_markdown, write_predictions, write_summary)
+from .runner import (HMM_METHODS, METHODS, Runner, Shapes, append_record, build_constraint,
+                     machine_info, parse_shard, read_records, shard_indices, summarize,
+                     summary_markdown, write_predictions, write_summary)
 
 DEFAULT_MARGIN = 48
 PARALLEL_MARGIN = 144
@@ -125,8 +126,19 @@ def parse_args(argv=None):
                    help="every call prefills its own batch (default: one prefill of the "
                         "prompt per example and format, shared by every method and K)")
     p.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--shard", default=None,
+                   help="I/N: run only shard I of N (every N-th example of the seeded order, "
+                        "starting at the I-th); shapes are planned over all examples, so the "
+                        "rows equal the unsharded run's; python -m experiments.merge joins them")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a stopped run in --out: the examples recorded in "
+                        "records.jsonl are kept, not rerun (refused if the settings differ)")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    try:
+        a.shard_tuple = parse_shard(a.shard)
+    except ValueError as e:
+        p.error(str(e))
     a.argv = list(sys.argv[1:] if argv is None else argv)
     a.formats = [f.strip() for f in a.format.split(",") if f.strip()]
     a.method_list = [m.strip() for m in a.methods.split(",") if m.strip()]
@@ -164,6 +176,45 @@ def load(a) -> list[bfcl.Example]:
             part = [part[i] for i in keep]
         exs += part
     return exs
+
+
+#: arguments that do not change a run's rows: where it writes, which slice it runs, how
+#: long it may take, and where the examples were read from (their content is compared)
+NON_SETTINGS = ("out", "shard", "shard_tuple", "resume", "time_limit", "argv", "data", "answers",
+                "limit")
+
+
+def _file_key(spec):
+    """A checkpoint / model named by content where it is a file (paths differ between
+    machines and output folders), else the spec itself."""
+    if spec and Path(str(spec)).is_file():
+        import hashlib
+        h = hashlib.sha256()
+        with open(spec, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        return "sha256:" + h.hexdigest()[:16]
+    return spec
+
+
+def examples_key(exs) -> str:
+    """A hash of the examples (ids, prompts, functions, ground truth) in run order."""
+    import dataclasses
+    import hashlib
+    blob = json.dumps([dataclasses.asdict(e) for e in exs], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def run_settings(a, exs, model_name: str) -> dict:
+    """What must agree between the shards of one run and between a stopped run and its
+    resumption: every argument that changes the rows, the examples by content, the
+    model file by name and the HMM by content."""
+    st = {k: v for k, v in vars(a).items() if k not in NON_SETTINGS}
+    st["model"] = model_name
+    st["hmm"] = _file_key(a.hmm) if any(m in HMM_METHODS for m in a.method_list) else "unused"
+    st["examples"] = examples_key(exs)
+    st["n_examples_all"] = len(exs)
+    return json.loads(json.dumps(st, default=str))
 
 
 def prompt_width(n: int) -> int:
@@ -234,17 +285,56 @@ def run(a) -> dict:
             + (f", budget {top['budget']}" if a.budget == "auto-max" else ""))
     log(f"pass 1: {time.perf_counter() - t0:.1f} s")
 
+    # the examples this process runs (all, or one shard: shapes above were planned over
+    # every example, so a shard's rows are the unsharded run's rows for its examples)
+    todo = shard_indices(len(exs), a.shard_tuple)
+    settings = run_settings(a, exs, Path(runner.model.path).name)
+    a.run_info = {"settings": settings, "shard": list(a.shard_tuple) if a.shard_tuple else None,
+                  "example_ids": [ex.id for ex in exs], "planned_ids": [exs[i].id for i in todo]}
+    records_path, run_json = out / "records.jsonl", out / "run.json"
+    resumed: dict[int, dict] = {}
+    if a.resume and run_json.exists():
+        prev = json.loads(run_json.read_text())
+        diff = sorted(k for k in set(prev["settings"]) | set(settings)
+                      if prev["settings"].get(k) != settings.get(k))
+        if diff or prev.get("shard") != a.run_info["shard"]:
+            raise SystemExit(
+                f"--resume: {out} holds a run with other settings; refusing to mix them ("
+                + ", ".join(f"{k}: {prev['settings'].get(k)!r} there, {settings.get(k)!r} now"
+                            for k in diff)
+                + (f"; shard {prev.get('shard')} there, {a.run_info['shard']} now"
+                   if prev.get("shard") != a.run_info["shard"] else "") + ")")
+        resumed = {r["index"]: r for r in read_records(records_path, repair=True)}
+        log(f"--resume: {len(resumed)} of {len(todo)} examples already done in {records_path}")
+    else:
+        if a.resume:
+            log(f"--resume: no earlier run in {out}; starting afresh")
+        records_path.write_text("")
+    run_json.write_text(json.dumps(a.run_info, indent=1) + "\n")
+    a.resumed_ids = [exs[i].id for i in todo if i in resumed]
+
     def flush():
         write_predictions(out / "predictions.jsonl", rows)
-        _write_summaries(a, out, rows, per_example, runner, done, t_start, n_planned=len(exs),
+        _write_summaries(a, out, rows, per_example, runner, done, t_start, n_planned=len(todo),
                          skipped=skipped)
 
     done = 0
-    for i, ex in enumerate(exs):
+    for n_run, i in enumerate(todo):
+        ex = exs[i]
+        if i in resumed:                      # finished before the stop: its rows as recorded
+            rec = resumed[i]
+            if rec["id"] != ex.id:
+                raise SystemExit(f"--resume: record {i} is {rec['id']}, the run's example is {ex.id}")
+            rows += rec["rows"]
+            per_example += rec["examples"]
+            skipped += rec["skipped"]
+            done = n_run + 1
+            continue
         if a.time_limit and time.perf_counter() - t_start > a.time_limit:
-            log(f"time limit {a.time_limit:.0f} s reached after {i} of {len(exs)} examples")
+            log(f"time limit {a.time_limit:.0f} s reached after {n_run} of {len(todo)} examples")
             break
-        done = i + 1
+        n_rows, n_pe, n_sk = len(rows), len(per_example), len(skipped)
+        done = n_run + 1
         for fmt in a.formats:
             P = plan[fmt]
             nfa, info, ids = P["built"][i]
@@ -285,27 +375,36 @@ def run(a) -> dict:
                     if r.shared_ks:
                         row["shared_ks"] = r.shared_ks
                     rows.append(row)
-                    log(f"[{fmt}] {i + 1}/{len(exs)} {ex.id} {method} K={K} budget={budget} "
+                    log(f"[{fmt}] {n_run + 1}/{len(todo)} {ex.id} {method} K={K} budget={budget} "
                         f"valid={r.output_valid} correct={correct} {r.seconds:.1f}s"
                         f"{' (compiled: ' + ','.join(r.compiled) + f', {r.compile_s:.1f}s)' if r.compiled else ''}")
             runner.release(c)
+        append_record(records_path, {"index": i, "id": ex.id, "rows": rows[n_rows:],
+                                     "examples": per_example[n_pe:], "skipped": skipped[n_sk:]})
         flush()
+    write_predictions(out / "predictions.jsonl", rows)
     return _write_summaries(a, out, rows, per_example, runner, done, t_start,
-                            n_planned=len(exs), skipped=skipped)
+                            n_planned=len(todo), skipped=skipped)
 
 
 def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
-                     n_planned: int | None = None, skipped: list | None = None) -> dict:
+                     n_planned: int | None = None, skipped: list | None = None,
+                     model_name: str | None = None, extra_meta: dict | None = None) -> dict:
     keys = ("format", "method", "particles")
     summary = summarize(rows, keys, seed=a.seed)
     by_cat = summarize(rows, ("category",) + keys, seed=a.seed)
     meta = {"command": "python -m experiments.tool_calls " + " ".join(a.argv),
-            "args": {k: v for k, v in vars(a).items() if k != "argv"}, "machine": machine_info(),
-            "model": Path(runner.model.path).name, "hmm": a.hmm,
+            "args": {k: v for k, v in vars(a).items()
+                     if k not in ("argv", "run_info", "resumed_ids", "shard_tuple")},
+            "machine": machine_info(),
+            "model": model_name or Path(runner.model.path).name, "hmm": a.hmm,
             "n_examples": n_examples, "n_planned": n_planned or n_examples,
             # (example, format) pairs not run: the budget is below the constraint's minimum
             "skipped": list(skipped or []),
             "wall_s": round(time.perf_counter() - t_start, 1),
+            # shards and resumption (run.json): what must agree for experiments.merge
+            **getattr(a, "run_info", {}),
+            "resumed_ids": list(getattr(a, "resumed_ids", [])),
             "budget_rule": (f"auto: min_budget + margin ({a.margin if a.margin is not None else f'{DEFAULT_MARGIN}, {PARALLEL_MARGIN} for parallel*'}), "
                             f"rounded up to 16, capped at {a.budget_cap}")
             if a.budget == "auto" else
@@ -323,6 +422,7 @@ def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
                                                   "once per example and format, shared by every "
                                                   "method and K (not in seconds; prefill_s per "
                                                   "example)"))}
+    meta.update(extra_meta or {})
     md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
           f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "
           f"model {meta['model']}, HMM {a.hmm}, seed {a.seed}, {n_examples} examples, "
