@@ -8,6 +8,13 @@ commit, mode), the tables and links to the figures; then a comparison with the p
 numbers (``experiments/paper_numbers.json``, transcribed from the paper) and the reasons
 ours differ, where every number of ours is read from the results files. A study that has
 not been run is listed with the command that runs it.
+
+Nothing about our runs is typed in here: the model (file name, parameter count), the
+machine (CPU, cores, load), the example counts, costs and every figure come from the
+run records (``STUDY.json``, the tool_calls ``summary.json`` beside it, and
+``results/accuracy_sizing/`` for the sizing of the accuracy study). Absolute paths of the
+machine that ran a study (output folders, the cache) are written relative to the
+repository or as ``<cache>/...`` / ``<tmp>/...`` (:func:`scrub_paths`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -22,10 +30,44 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from experiments.studies import LABELS, STUDIES, TITLES, keywords_table, md_table  # noqa: E402
+from experiments.studies import (LABELS, STUDIES, TITLES, cost_text, keywords_table,  # noqa: E402
+                                 md_table, paired_md)
 
 RESULTS = ROOT / "experiments" / "results"
 PAPER = ROOT / "experiments" / "paper_numbers.json"
+SIZING = "accuracy_sizing"
+
+#: an absolute path: a "/" not preceded by a word character, ".", ":" or "/" (so not
+#: "1/2", "ms/step", "https://", "../x"), followed by at least one "name/" component
+ABS_PATH = re.compile(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*")
+
+
+def scrub_paths(text: str, root: Path = ROOT) -> str:
+    """``text`` without absolute machine paths: paths inside the repository become
+    relative to it, paths in the jaxcd cache ``<cache>/...``, in a temporary folder
+    ``<tmp>/...``, in a home folder ``<home>/...``, others ``<path>/NAME``."""
+    cache = None
+    try:
+        from jaxcd.model_files import cache_dir
+        cache = str(cache_dir())
+    except Exception:                                   # noqa: BLE001
+        pass
+    roots = [(str(root) + "/", ""), ("/root/.cache/jaxcd/", "<cache>/")]
+    if cache:
+        roots.insert(0, (cache.rstrip("/") + "/", "<cache>/"))
+
+    def sub(m):
+        p = m.group(0)
+        for pre, rep in roots:
+            if p.startswith(pre):
+                return rep + p[len(pre):]
+        parts = [x for x in p.split("/") if x]
+        if parts and parts[0] in ("tmp", "var") or "pytest-of-" in p:
+            return "<tmp>/" + "/".join(parts[-2:])
+        if parts and parts[0] in ("root", "home", "Users"):
+            return "<home>/" + "/".join(parts[2:] if parts[0] != "root" else parts[1:])
+        return "<path>/" + parts[-1] if parts else p
+    return ABS_PATH.sub(sub, text)
 
 
 def _f(x, nd=1):
@@ -50,7 +92,8 @@ def provenance_lines(res: dict) -> list[str]:
     pv = res.get("provenance", {})
     m = pv.get("machine", {})
     g = pv.get("git", {})
-    return [f"- command: `{pv.get('command', '?')}`",
+    mi = model_info(res)
+    return ([f"- command: `{pv.get('command', '?')}`",
             f"- date (UTC): {pv.get('date_utc', '?')}",
             f"- machine: {m.get('cpu', '?')}, {m.get('cpu_count', '?')} cores, JAX backend "
             f"{m.get('jax_backend', '?')} {m.get('jax_devices', '')}",
@@ -58,7 +101,40 @@ def provenance_lines(res: dict) -> list[str]:
             f"- git commit: `{str(g.get('commit', '?'))[:12]}`"
             + (" (the working tree differed from it)" if g.get("dirty") else ""),
             f"- mode: {mode_of(res)}"
-            + (f"; {res['seconds']:.0f} s" if isinstance(res.get("seconds"), (int, float)) else "")]
+            + (f"; {res['seconds']:.0f} s" if isinstance(res.get("seconds"), (int, float)) else "")
+            + (f", {res['cpu_s']:.0f} CPU s" if isinstance(res.get("cpu_s"), (int, float)) else "")
+            + (f"; load average {load_text(res)}" if res.get("load_avg") else "")]
+            + ([f"- model: `{mi['file']}`" + (f", {mi['parameters'] / 1e6:.1f}M parameters "
+                                              f"({mi.get('architecture')})" if mi.get("parameters") else "")]
+               if mi and res.get("study") != "bias" else [])
+            + ([f"- merged from {len(res['merged_from'])} shards: "
+                + "; ".join(f"`{x['command']}` ({x['date_utc']})" for x in res["merged_from"])]
+               if res.get("merged_from") else []))
+
+
+def load_text(res: dict) -> str:
+    la = res.get("load_avg") or {}
+    st, en = la.get("start"), la.get("end")
+    return (f"{st[0]:.1f} at the start, {en[0]:.1f} at the end (1-minute; the machine has "
+            f"{res.get('provenance', {}).get('machine', {}).get('cpu_count', '?')} cores)"
+            if st and en else "–")
+
+
+def model_info(res: dict | None, results: Path | None = None) -> dict | None:
+    """The model of a run from its records: ``model_info`` (file, parameters) of the
+    study, else the tool_calls summary's model file name."""
+    if not res:
+        return None
+    mi = res.get("model_info")
+    if mi and mi.get("file") and not mi.get("error"):
+        return mi
+    if results is not None and res.get("study"):
+        p = results / res["study"] / "run" / "summary.json"
+        if p.exists():
+            m = json.loads(p.read_text()).get("meta", {}).get("model")
+            if m:
+                return {"file": m}
+    return None
 
 
 def fig_link(rel: str, res: dict, alt: str) -> list[str]:
@@ -90,7 +166,10 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     out += provenance_lines(res) + [""]
     if res.get("subset"):
         s = res["subset"]
-        out += [f"Examples: {s['examples']} from BFCL {s['per_category']} (seeded subset, seed {s['seed']}).", ""]
+        out += [f"Examples: {s['examples']} from BFCL {s['per_category']} (seeded subset, seed {s['seed']})"
+                + (f"; {s['planned']} were planned, the run stopped after {s['examples']} (a time "
+                   "limit; the examples finished are kept: a prefix of the seeded order)"
+                   if s.get("planned", s["examples"]) != s["examples"] else "") + ".", ""]
     if name == "bias":
         out += bias_section(res, rel)
     elif name == "runtime":
@@ -108,7 +187,7 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     elif name == "hmm_size":
         h = res.get("hmms", {})
         out += [f"HMMs distilled from {h.get('num_seqs')} continuations (≤ {h.get('max_length')} tokens) of "
-                f"BFCL prompts outside the evaluation subset, {h.get('epochs')} EM iterations:", "",
+                + hmm_source(h) + f", {h.get('epochs')} EM iterations:", "",
                 "| H | held-out nats/token | unigram | LM | gap share |", "|---|---|---|---|---|"]
         for H, e in h.get("hmms", {}).items():
             out.append(f"| {H} | {_f(e.get('heldout_ll'), 3)} | {_f(e.get('unigram_heldout_ll'), 3)} | "
@@ -136,8 +215,21 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
             out += [f"Model: `{res.get('model')}`", "", md_table(res.get("table", []), table_cols("accuracy"))]
     else:
         out += [md_table(res.get("table", []), table_cols(name))]
+    if res.get("paired"):
+        out += [paired_md(res["paired"], "constraint satisfaction" if name == "satisfaction"
+                          else "accuracy")]
+    if res.get("cost"):
+        out += [cost_text(res["cost"]).strip(), ""]
     out += fig_link(rel, res, TITLES[name])
     return out
+
+
+def hmm_source(h: dict) -> str:
+    """Where study 4's HMMs' training continuations came from, as its record says."""
+    if h.get("source") == "default":
+        return (f"the built-in task prompts (the default HMM's samples, prompt set "
+                f"`{h.get('prompt_set')}`)")
+    return "BFCL prompts outside the evaluation subset"
 
 
 def bias_section(res: dict, rel: str) -> list[str]:
@@ -165,10 +257,37 @@ def _entry(tab, fmt, method, k):
                  and int(e.get("particles", -1)) == int(k)), None)
 
 
+BFCL_STUDIES = ("satisfaction", "accuracy", "runtime", "hmm_size", "awrs", "second_model")
+
+
+def machine_text(res: dict) -> str:
+    m = res.get("provenance", {}).get("machine", {})
+    return f"{m.get('cpu', '?')} ({m.get('cpu_count', '?')} cores, JAX {m.get('jax_backend', '?')})"
+
+
+def our_models(results: Path, studies: dict) -> list[dict]:
+    """The models of the BFCL studies run, from their records (one entry per file)."""
+    seen: dict = {}
+    for name in BFCL_STUDIES:
+        mi = model_info(studies.get(name), results)
+        if mi and mi.get("file"):
+            if mi["file"] not in seen or (mi.get("parameters") and not seen[mi["file"]].get("parameters")):
+                seen[mi["file"]] = mi
+    return list(seen.values())
+
+
+def model_text(mi: dict) -> str:
+    return f"`{mi['file']}`" + (f" ({mi['parameters'] / 1e6:.0f}M parameters)" if mi.get("parameters") else "")
+
+
 def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
+    models = our_models(results, studies)
+    machines = list(dict.fromkeys(machine_text(r) for r in studies.values() if r))
     out = ["## Against the paper", "",
-           f"The paper: {paper['source']}. Ours: SmolLM2-135M-Instruct (Q4_1) on the machines recorded "
-           "above, BFCL instead of xLAM, WordNet concept sets instead of CommonGen. Paper numbers are "
+           f"The paper: {paper['source']}. Ours: "
+           + (", ".join(model_text(m) for m in models) if models else "the models recorded above")
+           + " on " + (", ".join(machines) if machines else "the machines recorded above")
+           + ", BFCL instead of xLAM, WordNet concept sets instead of CommonGen. Paper numbers are "
            "transcribed in `experiments/paper_numbers.json`; ours are read from the results files.", ""]
     # Table 1
     sat = studies.get("satisfaction")
@@ -242,9 +361,14 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
     # why
     out += ["### Why ours fall short of (or differ from) the paper's", ""]
     pm = paper["model"]
-    om = paper["ours_model"]
-    out.append(f"- **Model size.** {pm['name']} has {pm['parameters'] / 1e9:.0f}B parameters; {om['name']} "
-               f"has {om['parameters'] / 1e9:.3f}B ({pm['parameters'] / om['parameters']:.0f}× fewer). Its unconstrained tool calls are far weaker, "
+    om = next((m for m in models if m.get("parameters")), None)
+    out.append(f"- **Model size.** {pm['name']} has {pm['parameters'] / 1e9:.0f}B parameters; "
+               + (f"ours, `{om['file']}`, has {om['parameters'] / 1e9:.3f}B "
+                  f"({pm['parameters'] / om['parameters']:.0f}× fewer; counted from the GGUF's tensors "
+                  "when the study ran)" if om else
+                  "ours: " + (", ".join(model_text(m) for m in models) or "–")
+                  + " (parameter count not in the records)")
+               + ". A model that small makes far weaker unconstrained tool calls, "
                "so absolute accuracies are not comparable; the comparison that carries over is between methods "
                "on the same model.")
     hs = []
@@ -258,8 +382,8 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
     dflt = next(iter(used.values()), None)
     out.append(f"- **HMM size and data.** The paper distils H ∈ {paper['hmm_hidden_sizes']} from "
                f"{paper['distillation_samples']:,} samples on an H100; ours: "
-               + (f"H ∈ {hs} from {studies['hmm_size']['hmms'].get('num_seqs')} continuations of BFCL "
-                  "prompts (study 4); " if hs else "")
+               + (f"H ∈ {hs} from {studies['hmm_size']['hmms'].get('num_seqs')} continuations of "
+                  + hmm_source(studies["hmm_size"]["hmms"]) + " (study 4); " if hs else "")
                + (f"the default HMM (H={dflt['hidden_size']}, distilled from {dflt.get('num_seqs')} "
                   f"continuations of ≤ {dflt.get('max_length')} tokens of the built-in task prompts) in "
                   f"{', '.join(used)}. " if dflt else "no distilled HMM in the studies run so far. ")
@@ -276,7 +400,8 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
                    "methods can be read from it." if acc and acc.get("subset")
                    and acc["subset"]["examples"] < 10 else
                    f"; the 95% intervals of study 2 are {min(widths):.0f}–{max(widths):.0f} points wide, "
-                   "wider than the differences the paper reports (1–2 points).") if widths else ".")
+                   f"against differences of at most {paper_gap(t3):.1f} points between the paper's "
+                   "methods (its Table 3).") if widths else ".")
                + " The paper uses the full xLAM test set.")
     if acc and acc.get("subset"):
         sub, cost = acc["subset"], acc.get("cost") or {}
@@ -290,26 +415,170 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
             + f"). Each example is {nk} SMC runs ({len(st.get('methods', []))} proposals × k ∈ "
             f"{st.get('particles')} × {len(st.get('formats', []))} formats, "
             f"{sum(st.get('particles', [])) * len(st.get('methods', [])) * len(st.get('formats', []))} particles in all) of "
-            f"{str(acc.get('model') or 'SmolLM2-135M').split('/')[-1]} over the example's budget"
+            + (model_text(model_info(acc, results)) if model_info(acc, results) else "the recorded model")
+            + " over the example's budget"
             + (f": {cost['cpu_s_mean']:.0f} CPU s per example (median {cost['cpu_s_median']:.0f}; "
                f"{cost['wall_s_mean']:.0f} s wall; compiles included"
                + (f"; about {cost['cpu_s_warm_estimate']:.0f} CPU s without them"
                   if cost.get("cpu_s_warm_estimate") else "") + ")" if cost else "")
-            + (f", on a 2-core CPU shared with other jobs (the run got {cost['cpu_s_total'] / cost['wall_s_total']:.2f} "
-               "cores on average: CPU s / wall s of its calls). " if cost and cost.get("wall_s_total")
-               else ", on a 2-core CPU shared with other jobs. ")
+            + f", on {machine_text(acc)}"
+            + (f" (the run got {cost['cpu_s_total'] / cost['wall_s_total']:.2f} "
+               "cores on average: CPU s / wall s of its calls)" if cost and cost.get("wall_s_total") else "")
+            + (f", load average {load_text(acc)}" if acc.get("load_avg") else "") + ". "
             + "200 examples at that cost are about "
             + (f"{200 * (cost.get('cpu_s_warm_estimate') or cost['cpu_s_mean']) / 3600:.0f} CPU hours"
                if cost else "many CPU hours")
             + "; `python -m experiments.studies accuracy --full` runs all of BFCL's examples on a GPU.")
-    out.append("- **Data.** BFCL (simple, multiple, parallel, parallel-multiple, live-multiple) instead of xLAM, "
+    cats = list(dict.fromkeys(c for r in studies.values() if r and r.get("subset")
+                              for c in r["subset"].get("per_category", {})))
+    out.append("- **Data.** BFCL (" + (", ".join(cats) if cats else "–") + ") instead of xLAM, "
                "scored by BFCL's own AST checker; WordNet example sentences instead of CommonGen.")
-    if rt:
-        out.append("- **Runtime.** Ours is measured on a shared 2-core CPU (see the run's record), where one P-GCD step's "
-                   "`[K·D, H] @ [H, V]` product competes with a 135M-parameter LM step; on an H100 with an 8B LM "
-                   "the LM step dominates, so the slowdown ratios differ in both directions.")
+    if rt and studies.get("runtime"):
+        rmi = model_info(studies["runtime"], results)
+        out.append(f"- **Runtime.** Ours is measured on {machine_text(studies['runtime'])}"
+                   + (f", load average {load_text(studies['runtime'])}" if studies["runtime"].get("load_avg") else "")
+                   + ", where one P-GCD step's `[K·D, H] @ [H, V]` product competes with a "
+                   + (f"{rmi['parameters'] / 1e6:.0f}M-parameter" if rmi and rmi.get("parameters") else "small")
+                   + f" LM step; on an H100 with an {pm['parameters'] / 1e9:.0f}B LM the LM step dominates, "
+                   "so the slowdown ratios differ in both directions.")
     out.append("")
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# sizing: what n >= 200 costs, from measured per-example costs
+# ---------------------------------------------------------------------------------------
+MACHINES = (1, 4, 8, 16, 32, 64)
+
+
+def _cost_from_run(run: Path) -> tuple[dict, dict, list[dict]] | None:
+    from experiments.studies import cost_per_example, read_predictions
+    if not (run / "summary.json").exists() or not (run / "predictions.jsonl").exists():
+        return None
+    meta = json.loads((run / "summary.json").read_text())["meta"]
+    rows = read_predictions(run / "predictions.jsonl")
+    return cost_per_example(rows, run), meta, rows
+
+
+def sizing_rows(per_example_cpu_s: float, n: int, cores_per_run: float) -> list[dict]:
+    """For N machines splitting ``n`` examples (``--shard I/N``): examples and CPU hours
+    per machine, and wall hours per machine if each run gets ``cores_per_run`` cores."""
+    out = []
+    for N in MACHINES:
+        per = -(-n // N)
+        cpu_h = per * per_example_cpu_s / 3600
+        out.append({"N": N, "examples": per, "cpu_h": cpu_h, "wall_h": cpu_h / cores_per_run})
+    return out
+
+
+def sizing(results: Path, studies: dict, n: int = 200) -> list[str]:
+    out = ["## Sizing the n ≥ 200 runs (from measured per-example costs)", "",
+           f"CPU hours for n = {n} examples, and per machine when N machines each run one shard "
+           "(`--shard I/N`, then `python -m experiments.merge`; see the recipe below). Per-example "
+           "costs are process CPU seconds of the decode calls plus prompt prefills, as recorded in "
+           "the runs' `predictions.jsonl` / `summary.json`; \"without compiles\" subtracts each call's "
+           "recorded compile time (one-off per program: with `--budget auto-max --shared-shapes` a "
+           "run compiles one program per method and k). Wall hours assume a machine gives one run "
+           "the cores it got in the measured run (CPU s / wall s); a run on a machine of its own "
+           "would get more; the last column assumes a run gets 2 full cores.", ""]
+    cases = []
+    sat = studies.get("satisfaction")
+    if sat and sat.get("cost"):
+        cases.append(("Study 1 (Table 1: constraint satisfaction)", sat, sat["cost"], sat.get("settings", {}),
+                      model_info(sat, results), results / "satisfaction" / "run"))
+    acc = studies.get("accuracy")
+    if acc and acc.get("cost"):
+        cases.append(("Study 2 as run (accuracy against k)", acc, acc["cost"], acc.get("settings", {}),
+                      model_info(acc, results), results / "accuracy" / "run"))
+    sz = _cost_from_run(results / SIZING / "run")
+    if sz:
+        cost, meta, rows = sz
+        a = meta.get("args", {})
+        st = {"methods": a.get("method_list"), "particles": a.get("ks"), "formats": a.get("formats"),
+              "hmm": a.get("hmm"), "budget": a.get("budget")}
+        res = {"provenance": {"command": meta.get("command"), "date_utc": meta.get("machine", {}).get("date"),
+                              "machine": {"cpu": meta.get("machine", {}).get("cpu_model")
+                                          or meta.get("machine", {}).get("cpu"),
+                                          "cpu_count": meta.get("machine", {}).get("cpu_count", "?"),
+                                          "jax_backend": meta.get("machine", {}).get("backend")}}}
+        cases.append(("Accuracy at n ≥ 200 (issue 23 item 3: the second model)", res, cost, st,
+                      {"file": meta.get("model")}, results / SIZING / "run"))
+    if not cases:
+        return out + ["No run with a recorded per-example cost yet.", ""]
+    for title, res, cost, st, mi, run in cases:
+        pv = res.get("provenance", {})
+        hmm = str(st.get("hmm") or "")
+        cats, seen = {}, set()
+        fresh = _cost_from_run(run)
+        if fresh and fresh[0]:
+            cost = fresh[0]               # recomputed from the rows (every field of this version)
+            for e in json.loads((run / "summary.json").read_text()).get("examples", []):
+                if e["id"] not in seen:
+                    seen.add(e["id"])
+                    cats[e["category"]] = cats.get(e["category"], 0) + 1
+        cores = cost["cpu_s_total"] / cost["wall_s_total"] if cost.get("wall_s_total") else 1.0
+        per = cost["cpu_s_mean"]
+        warm = cost.get("cpu_s_minus_compile_mean", cost.get("cpu_s_warm_estimate"))
+        runs = len(st.get("methods") or []) * len(st.get("particles") or []) * len(st.get("formats") or [])
+        out += [f"### {title}", "",
+                f"Measured by `{pv.get('command')}` ({pv.get('date_utc')}, {machine_text(res)}"
+                + (f", load average {load_text(res)}" if res.get("load_avg") else "") + "): "
+                f"model {model_text(mi) if mi and mi.get('file') else '–'}; "
+                f"{cost['examples']} examples ({', '.join(f'{k} {v}' for k, v in cats.items()) or '–'}); "
+                f"methods {', '.join(LABELS.get(m, m) for m in st.get('methods') or [])} at k ∈ {st.get('particles')}, "
+                f"formats {st.get('formats')}: {runs} SMC runs per example"
+                + (f"; HMM `{Path(hmm).name}`" + (" (a random HMM over the model's vocabulary: P-GCD's "
+                                                    "cost depends on H and V, not on the HMM's values; "
+                                                    "the task-distilled HMM is not built yet)"
+                                                    if "random_h" in hmm else "") if hmm not in ("", "none") else "")
+                + ".", "",
+                f"- per example: **{per:.0f} CPU s** with compiles (median {cost['cpu_s_median']:.0f}), "
+                + (f"**{warm:.0f} CPU s** without them" if warm is not None else "–")
+                + f"; {cost['wall_s_mean']:.0f} s wall; the run got {cores:.2f} cores",
+                f"- n = {n}: **{n * per / 3600:.1f} CPU hours** with every example paying its compiles, "
+                + (f"**{n * warm / 3600:.1f} CPU hours** warm" if warm is not None else "")
+                + (f" (few examples measured: {cost['examples']}; read this as an order of magnitude)"
+                   if cost["examples"] < 5 else ""), "",
+                "| machines N | examples per machine | CPU h per machine (warm) | wall h per machine at "
+                f"{cores:.2f} cores (as measured) | wall h per machine at 2 cores |", "|---|---|---|---|---|"]
+        for r in sizing_rows(warm if warm is not None else per, n, cores):
+            out.append(f"| {r['N']} | {r['examples']} | {r['cpu_h']:.2f} | {r['wall_h']:.2f} | "
+                       f"{r['cpu_h'] / 2:.2f} |")
+        out.append("")
+    return out
+
+
+def recipe() -> list[str]:
+    """How to run a study on N machines (the code's own options; no results)."""
+    return ["## Running a study on N machines", "",
+            "The BFCL studies (satisfaction, accuracy, awrs, second_model) split into shards: shard I of "
+            "N runs every N-th example of the seeded subset, starting at the I-th, with the automaton "
+            "shapes, prompt widths and budgets planned over *all* examples, so a shard's rows are "
+            "exactly the rows an unsharded run computes for its examples (the seeds depend on example, "
+            "format, method and k only). Each finished example is appended to `run/records.jsonl`; "
+            "`--resume` continues a stopped shard without redoing them. A job array (Slurm shown; any "
+            "scheduler that passes an index works):", "",
+            "```bash",
+            "#SBATCH --array=1-16",
+            "python -m experiments.studies accuracy --model qwen2.5-coder-0.5b --limit 200 \\",
+            "    --categories simple_python,multiple,live_simple --budget auto-max --shared-shapes \\",
+            "    --shard ${SLURM_ARRAY_TASK_ID}/16 --resume --out runs/accuracy/shard-${SLURM_ARRAY_TASK_ID}",
+            "# after the array (copy the shard folders to one machine first):",
+            "python -m experiments.merge runs/accuracy/shard-* --out experiments/results/accuracy",
+            "python -m experiments.make_results",
+            "```", "",
+            "A preempted task simply reruns with the same command (`--resume`). `experiments.merge` "
+            "refuses shards of other settings, a shard given twice and a missing or unfinished shard "
+            "(`--partial` merges what finished and records what is missing). The shards are "
+            "independent processes, so JAX's multi-process runtime (`jax.distributed`) is not needed; "
+            "on one machine with several accelerators, run one shard per device "
+            "(`CUDA_VISIBLE_DEVICES=I-1`).", ""]
+
+
+def paper_gap(t3: dict) -> float:
+    """The largest difference between the paper's methods at one k (its Table 3)."""
+    rows = [t3[k] for k in t3 if k != "k"]
+    return max(max(col) - min(col) for col in zip(*rows))
 
 
 def main(argv=None):
@@ -334,7 +603,9 @@ def main(argv=None):
     for name in STUDIES:
         lines += section(results, name, studies[name], Path(a.out).resolve().parent)
     lines += comparison(results, paper, studies)
-    Path(a.out).write_text("\n".join(lines) + "\n")
+    lines += sizing(results, studies)
+    lines += recipe()
+    Path(a.out).write_text(scrub_paths("\n".join(lines) + "\n"))
     print(f"wrote {a.out}")
     return 0
 

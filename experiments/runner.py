@@ -555,11 +555,19 @@ def read_records(path: str | Path, repair: bool = False) -> list[dict]:
 
 
 def machine_info() -> dict:
+    import os
     import platform
+    try:
+        from experiments.machine import cpu_model
+        model = cpu_model()
+    except ImportError:
+        model = None
     return {"python": platform.python_version(), "jax": jax.__version__,
             "backend": jax.default_backend(),
             "devices": [str(d) for d in jax.devices()], "cpu": platform.processor() or
-            platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+            platform.machine(), "cpu_model": model, "cpu_count": os.cpu_count(),
+            "load_avg": [round(x, 2) for x in os.getloadavg()],
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
 __all__ = ["METHODS", "HMM_METHODS", "Shapes", "Constraint", "build_constraint",

@@ -429,6 +429,79 @@ def table_from_predictions(rows: list[dict], seed: int, extra_keys=()) -> list[d
     return out
 
 
+def mcnemar_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar test: ``b``, ``c`` the discordant pairs (A yes / B no and
+    A no / B yes); under H0 each discordant pair goes either way with probability 1/2."""
+    from math import comb
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(comb(n, i) for i in range(k + 1)) / 2 ** n
+    return float(min(1.0, 2 * tail))
+
+
+def paired_tests(rows: list[dict], metric: str, seed: int, reps: int = BOOTSTRAP,
+                 alpha: float = 0.05) -> list[dict]:
+    """Every pair of methods at the same (format, k), paired by example: the difference
+    in ``metric`` (``valid`` or ``correct``, in %) with a paired-bootstrap 95% interval
+    (resampling examples; seeded), the discordant counts and the exact McNemar p-value.
+    ``significant``: p < ``alpha`` (one test per pair; read several with Bonferroni in
+    mind — ``p_bonferroni`` multiplies by the number of pairs)."""
+    cells: dict = {}
+    for r in rows:
+        v = r.get(metric)
+        if v is None:
+            continue
+        cells.setdefault((r.get("format", ""), int(r["particles"])), {}).setdefault(
+            r["method"], {})[r["id"]] = float(bool(v))
+    out = []
+    for (fmt, k), by_m in sorted(cells.items(), key=lambda x: (str(x[0][0]), x[0][1])):
+        ms = sorted(by_m)
+        for i, a in enumerate(ms):
+            for b in ms[i + 1:]:
+                ids = sorted(set(by_m[a]) & set(by_m[b]))
+                if not ids:
+                    continue
+                x = np.array([by_m[a][j] for j in ids])
+                y = np.array([by_m[b][j] for j in ids])
+                d = x - y
+                rng = np.random.default_rng([seed, len(out)])
+                boot = d[rng.integers(0, d.size, (reps, d.size))].mean(axis=1)
+                n10, n01 = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+                out.append({"format": fmt, "particles": k, "a": a, "b": b, "n": len(ids),
+                            "a_pct": 100 * float(x.mean()), "b_pct": 100 * float(y.mean()),
+                            "diff_pct": 100 * float(d.mean()),
+                            "diff_ci": [100 * float(np.quantile(boot, 0.025)),
+                                        100 * float(np.quantile(boot, 0.975))],
+                            "a_only": n10, "b_only": n01, "p_mcnemar": mcnemar_p(n10, n01)})
+    for e in out:
+        e["p_bonferroni"] = min(1.0, e["p_mcnemar"] * len(out))
+        e["significant"] = e["p_mcnemar"] < alpha
+    return out
+
+
+def paired_md(tab: list[dict], metric_label: str) -> str:
+    """Markdown of :func:`paired_tests`; a difference is called one only where the
+    paired test supports it."""
+    if not tab:
+        return ""
+    lines = [f"Paired comparisons of {metric_label} (same examples; difference A − B in points, "
+             f"paired bootstrap 95% CI over examples, {BOOTSTRAP} resamples; exact McNemar test "
+             "on the discordant examples):", "",
+             "| format | k | A | B | n | A % | B % | A − B [95% CI] | A only | B only | McNemar p | "
+             "p × pairs | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in tab:
+        verdict = ("A > B" if e["diff_pct"] > 0 else "A < B") if e["significant"] else \
+            "no difference shown"
+        lines.append(f"| {e['format']} | {e['particles']} | {LABELS.get(e['a'], e['a'])} | "
+                     f"{LABELS.get(e['b'], e['b'])} | {e['n']} | {e['a_pct']:.1f} | {e['b_pct']:.1f} | "
+                     f"{e['diff_pct']:+.1f} [{e['diff_ci'][0]:+.1f}, {e['diff_ci'][1]:+.1f}] | "
+                     f"{e['a_only']} | {e['b_only']} | {e['p_mcnemar']:.3g} | {e['p_bonferroni']:.3g} | "
+                     f"{verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 def _f(x, nd=1):
     return "–" if x is None else f"{x:.{nd}f}"
 
@@ -646,6 +719,17 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
                 per[x["id"]]["cpu"] += x.get("prefill_cpu_s") or 0.0
     if not per:
         return {}
+    # compile time taken out call by call (compile_s is wall time of tracing + XLA
+    # compile; on a CPU that is ~ the same CPU time): an estimate of a warm example
+    nocomp: dict = {}
+    seen2 = set()
+    for r in rows:
+        key = (r["id"], r.get("format"), r["method"]) + (() if r.get("shared_ks") else (r["particles"],))
+        if key in seen2:
+            continue
+        seen2.add(key)
+        nocomp[r["id"]] = nocomp.get(r["id"], 0.0) + max(
+            0.0, (r.get("cpu_s") or 0.0) - (r.get("compile_s") or 0.0))
     w = [e["wall"] for e in per.values()]
     c = [e["cpu"] for e in per.values()]
     k = [e["compile"] for e in per.values()]
@@ -665,6 +749,7 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
                                 for x, v in every.items()) if every else None)
     return {"examples": len(per), "wall_s_mean": float(np.mean(w)), "cpu_s_mean": float(np.mean(c)),
             "cpu_s_warm_estimate": warm_est,
+            "cpu_s_minus_compile_mean": float(np.mean(list(nocomp.values()))),
             "cpu_s_median": float(np.median(c)), "compile_s_total": float(np.sum(k)),
             "wall_s_total": float(np.sum(w)), "cpu_s_total": float(np.sum(c))}
 
@@ -673,7 +758,7 @@ def cost_text(cost: dict) -> str:
     if not cost:
         return ""
     return (f"Cost: {cost['examples']} examples, {cost['cpu_s_mean']:.0f} CPU s per example on average "
-            f"(median {cost['cpu_s_median']:.0f}; {cost['wall_s_mean']:.0f} s wall on the shared machine), "
+            f"(median {cost['cpu_s_median']:.0f}; {cost['wall_s_mean']:.0f} s wall), "
             f"{cost['cpu_s_total']:.0f} CPU s in all, of which compiles took {cost['compile_s_total']:.0f} s "
             "wall (all formats, methods and k; prompt prefills included)"
             + (f"; without compiles about {cost['cpu_s_warm_estimate']:.0f} CPU s per example (the "
@@ -736,13 +821,19 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
     tab = table_from_predictions(rows, seed)
     fig = plot_bars(tab, "valid", out / "satisfaction.png",
                     "Constraint satisfaction (BFCL subset, SmolLM2-135M)", "constraint satisfied % (95% CI)")
+    paired = paired_tests(rows, "valid", seed)
+    cost = cost_per_example(rows, out / "run")
     body = (f"BFCL subset: {subset_text(subset)} (seed {seed}); "
-            f"HMM: {st['hmm']}; budget: {st.get('budget', 'auto')}.\n\n"
+            f"HMM: {st['hmm']}; budget: {st.get('budget', 'auto')}; intervals: percentile bootstrap "
+            f"over examples ({BOOTSTRAP} resamples).\n\n"
             + md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"), ("n", "n"),
                              ("constraint satisfied % [95% CI]", "valid"),
                              ("accuracy % [95% CI]", "accuracy")])
-            + ("\n![constraint satisfaction](satisfaction.png)\n" if fig else ""))
-    return {"subset": subset, "calls": calls, "table": tab, "figure": "satisfaction.png" if fig else None,
+            + "\n" + paired_md(paired, "constraint satisfaction")
+            + ("\n![constraint satisfaction](satisfaction.png)\n" if fig else "")
+            + "\n" + cost_text(cost))
+    return {"subset": subset, "calls": calls, "table": tab, "paired": paired, "cost": cost,
+            "figure": "satisfaction.png" if fig else None,
             "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
 
 
@@ -763,9 +854,10 @@ def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
                              ("s/example (warm)", "seconds_warm_mean")])
             + (f"\n![accuracy against k]({name}.png)\n" if fig else ""))
     cost = cost_per_example(rows, out / "run")
-    body += "\n" + cost_text(cost)
+    paired = paired_tests(rows, "correct", seed)
+    body += "\n" + paired_md(paired, "accuracy") + "\n" + cost_text(cost)
     return {"subset": subset, "calls": calls, "table": tab, "figure": f"{name}.png" if fig else None,
-            "hmm": hmm, "hmm_info": hmm_info(hmm), "cost": cost}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm), "cost": cost, "paired": paired}, body
 
 
 def study_runtime(out, mode, st, seed, log, model=None):
@@ -1124,6 +1216,23 @@ def study_second_model(out, mode, st, seed, log, model=None):
     return res, f"Model: `{model}`\n\n" + body
 
 
+def model_record(model: str | None, mode: str = "default") -> dict:
+    """What the results say about the model: its file name and parameter count (from the
+    GGUF's tensor shapes) — RESULTS.md quotes these, not typed-in names."""
+    try:
+        from gguf import GGUFReader
+
+        from jaxcd.model_files import resolve_gguf
+        p = resolve_gguf(model)
+        r = GGUFReader(str(p))
+        return {"file": p.name, "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
+                "architecture": str(r.fields["general.architecture"].contents()),
+                "smoke": mode == "smoke" and p.name.startswith("smoke-")}
+    except Exception as e:                           # noqa: BLE001 - recorded, not fatal
+        return {"file": Path(str(model)).name if model else None,
+                "error": f"{type(e).__name__}: {e}"[:200]}
+
+
 #: the studies that ``--shard`` / ``--resume`` apply to (a single tool_calls run each)
 SHARDABLE = ("satisfaction", "accuracy", "awrs", "second_model")
 
@@ -1151,11 +1260,15 @@ def run_study(name: str, mode: str, out: Path, seed: int, limit, model, argv,
         print(f"[{name}] {msg}", flush=True)
 
     res = {"provenance": provenance(module, argv, [seed]), "mode": mode, "settings": st,
-           "model": model or "default (SmolLM2-135M-Instruct Q4_1)"}
+           "model": model or "default (SmolLM2-135M-Instruct Q4_1)",
+           "model_info": model_record(model, mode),
+           # other jobs on the machine: the 1-minute load average at start and end
+           "load_avg": {"start": [round(x, 2) for x in os.getloadavg()]}}
     t0, c0 = time.perf_counter(), time.process_time()
     extra, body = RUNNERS[name](out, mode, st, seed, log, model=model)
     res.update(extra)
     res.update(record or {})
+    res["load_avg"]["end"] = [round(x, 2) for x in os.getloadavg()]
     res["seconds"] = round(time.perf_counter() - t0, 1)
     res["cpu_s"] = round(time.process_time() - c0, 1)
     write_study(out, name, res, body)

@@ -140,3 +140,45 @@ def test_resume_after_interruption(runs, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="other settings"):
         study(SMOKE + ["--resume", "--seed", "1"], tmp_path / "r")
     assert len(read_records(tmp_path / "r" / "run" / "records.jsonl")) == 2
+
+
+def test_make_results_from_merged_study(runs, tmp_path):
+    """RESULTS.md from a merged study: the paired comparisons and the cost come from the
+    merged rows, the model and machine from the records, and no absolute path leaks."""
+    import re
+    from experiments import make_results
+    from experiments.studies import paired_tests
+    res_dir = tmp_path / "results"
+    shutil.copytree(runs["dir"] / "merged", res_dir / "satisfaction")
+    out = tmp_path / "RESULTS.md"
+    assert make_results.main(["--results", str(res_dir), "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = rows_of(res_dir / "satisfaction")
+    paired = paired_tests(rows, "valid", 0)
+    assert runs["merged"]["paired"] == paired and len(paired) == 3     # 3 method pairs, k=2
+    for e in paired:
+        assert f"{e['diff_pct']:+.1f} [{e['diff_ci'][0]:+.1f}, {e['diff_ci'][1]:+.1f}]" in text
+    mi = runs["merged"]["model_info"]
+    assert mi["file"].startswith("smoke-") and f"`{mi['file']}`" in text
+    assert "merged from 2 shards" in text
+    assert not re.findall(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*", text)
+
+
+def test_mcnemar_and_paired_bootstrap():
+    """The exact McNemar p-value against scipy's binomial test; the paired bootstrap is
+    seeded (same call, same interval) and brackets the observed difference."""
+    from experiments.studies import mcnemar_p, paired_tests
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for b, c in [(0, 0), (3, 0), (10, 2), (5, 5), (1, 9), (40, 21)]:
+        ref = scipy_stats.binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+        assert mcnemar_p(b, c) == pytest.approx(ref, rel=1e-12)
+    rows = [{"id": i, "format": "json", "particles": 4, "method": m,
+             "valid": (i % 3 != 0) if m == "smc-lcd" else True}
+            for i in range(30) for m in ("smc-lcd", "smc-gcd")]
+    a, b = paired_tests(rows, "valid", 0), paired_tests(rows, "valid", 0)
+    assert a == b and len(a) == 1
+    e = a[0]
+    assert (e["a"], e["b"], e["a_only"], e["b_only"]) == ("smc-gcd", "smc-lcd", 10, 0)
+    assert e["diff_pct"] == pytest.approx(100 / 3)
+    assert e["diff_ci"][0] <= e["diff_pct"] <= e["diff_ci"][1] and e["diff_ci"][0] > 0
+    assert e["significant"] and e["p_mcnemar"] == pytest.approx(2 / 2 ** 10)

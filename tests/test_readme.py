@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import jsonschema
+import pytest
 import numpy as np
 import regex
 
@@ -79,3 +80,73 @@ def test_smc_example():
     for text, valid, w in zip(out.texts, out.valid, out.weights):
         assert valid
         jsonschema.validate(json.loads(text), schema)
+
+
+# ---------------------------------------------------------------------------------------
+# numbers and their sources (issue 23, item 5)
+# ---------------------------------------------------------------------------------------
+ROOT = README.parent
+RESULTS_MD = ROOT / "experiments" / "RESULTS.md"
+#: a tagged figure: the number, then ``<!--src FILE KEY/PATH-->`` (invisible when rendered)
+#: naming the results file and the JSON key path (``/``-separated) that holds its value
+SRC_TAG = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)<!--src (\S+) ([^>]*?)-->")
+#: an absolute path: "/" not after a word character, ".", ":", "/", "~", "<", ">" (so not
+#: "1/2", "ms/step", "https://", "../x", "<cache>/x"), then at least one "name/" component
+ABS_PATH = re.compile(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*")
+
+
+def _json_at(path: Path, key: str):
+    obj = json.loads(path.read_text())
+    for part in key.split("/"):
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    return obj
+
+
+def test_readme_tagged_numbers_come_from_named_results_files():
+    """Every tagged number in README.md equals (to its printed precision) the value at the
+    tagged key of the tagged results file, and that file is named visibly on the same
+    line (the reader sees where the number comes from)."""
+    text = README.read_text()
+    tags = SRC_TAG.findall(text)
+    assert len(tags) >= 3
+    for line in text.splitlines():
+        for num, src, key in SRC_TAG.findall(line):
+            f = ROOT / src
+            assert f.is_file(), src
+            visible = re.sub(r"<!--.*?-->", "", line)
+            assert Path(src).name in visible, f"{src} is not named beside {num}"
+            v = float(_json_at(f, key))
+            nd = len(num.split(".")[1]) if "." in num else 0
+            assert round(v, nd) == pytest.approx(float(num.replace(",", ""))), (num, src, key, v)
+
+
+def test_readme_numbers_that_had_no_source():
+    """The figures issue 23 named as unsourced: the jax.random.categorical timing is gone
+    or tagged, and the default HMM's build time carries a results file."""
+    text = README.read_text()
+    for line in text.splitlines():
+        if "jax.random.categorical" in line:
+            assert not re.search(r"\d ms for `jax\.random\.categorical`", line), line
+        if "default HMM" in line and re.search(r"\d+m\d+s wall", line):
+            assert SRC_TAG.search(line), line
+    cat = [line for line in text.splitlines() if "jaxcd.decoding.sampling.categorical" in line
+           or "step breakdown" in line]
+    assert cat and any(SRC_TAG.search(x) for x in cat)
+
+
+def test_results_md_has_no_machine_paths():
+    text = RESULTS_MD.read_text()
+    found = ABS_PATH.findall(text)
+    assert not found, found[:5]
+
+
+def test_scrub_paths():
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from experiments.make_results import scrub_paths
+    s = scrub_paths(f"--hmm /root/.cache/jaxcd/hmm/x/hmm.safetensors --out {ROOT}/experiments/r/a "
+                    "--data /tmp/pytest-of-root/pytest-3/shards0/full/data/data.jsonl "
+                    "1/2 ms/step https://example.org/a/b ../x/y <cache>/hmm/z")
+    assert not ABS_PATH.findall(s), s
+    assert "experiments/r/a" in s and "hmm/x/hmm.safetensors" in s and "data/data.jsonl" in s
+    assert "1/2 ms/step https://example.org/a/b ../x/y <cache>/hmm/z" in s
