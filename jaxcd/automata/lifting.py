@@ -870,6 +870,14 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     bounds = np.searchsorted(ginv[order], np.arange(int(ginv.max()) + 2))
     new_rows, nq, nd, nr = [], [], [], []
     n_new = 0
+    # a masked row depends only on (bulk row's content, the bytes that act alike): groups
+    # of other references with the same differing bytes share it (row id per key; -1:
+    # the masked row is empty), and equal masked rows are stored once
+    masked: dict = {}
+    drops: dict = {}
+    by_content: dict = {}
+    content = (np.unique(allrows, axis=0, return_inverse=True)[1].ravel() if len(allrows)
+               else np.zeros(0, np.int64))              # equal rows, one key
     for g in range(len(bounds) - 1):
         members = order[bounds[g]:bounds[g + 1]]
         qs = delta_q[members]
@@ -891,16 +899,29 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         a, b = b_lo[k], b_hi[k]
         if b <= a:
             continue
-        drop = _pack_bool(~ok_b[fb], W)
+        pat = ok_b.tobytes()
+        drop = drops.get(pat)
+        if drop is None:
+            drop = drops[pat] = _pack_bool(~ok_b[fb], W)
         rid = br[a:b]
         urid, rinv = np.unique(rid, return_inverse=True)
-        m = allrows[urid] & ~drop
-        nz = m.any(1)
-        if n_new + int(nz.sum()) <= max_rows:
-            idx = np.full(len(urid), -1, np.int64)
-            idx[nz] = n_rows + n_new + np.arange(int(nz.sum()))
-            new_rows.append(m[nz])
-            n_new += int(nz.sum())
+        keys = [(x, pat) for x in content[urid].tolist()]
+        idx = np.array([masked.get(kk, -2) for kk in keys], np.int64)
+        todo = np.nonzero(idx == -2)[0]
+        m = allrows[urid[todo]] & ~drop
+        # equal masked rows (e.g. a row without tokens on the dropped bytes) once
+        mb = [x.tobytes() if x.any() else None for x in m]
+        fresh = {x for x in mb if x is not None and x not in by_content}
+        if n_new + len(fresh) <= max_rows:
+            for j, x in zip(todo.tolist(), mb):
+                if x is None:
+                    masked[keys[j]] = idx[j] = -1
+                    continue
+                if x not in by_content:
+                    by_content[x] = n_rows + n_new
+                    new_rows.append(np.frombuffer(x, np.uint32)[None, :])
+                    n_new += 1
+                masked[keys[j]] = idx[j] = by_content[x]
             e = idx[rinv.ravel()]
             live = e >= 0
             nq.append(np.repeat(qs, int(live.sum())))
