@@ -215,8 +215,15 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
             out += [f"Model: `{res.get('model')}`", "", md_table(res.get("table", []), table_cols("accuracy"))]
     else:
         out += [md_table(res.get("table", []), table_cols(name))]
-    if res.get("paired"):
-        out += [paired_md(res["paired"], "constraint satisfaction" if name == "satisfaction"
+    paired = res.get("paired")
+    if paired is None and name in ("satisfaction", "accuracy") and (results / name / "run" / "predictions.jsonl").exists():
+        # an older run without them: computed here from its predictions (seeded)
+        from experiments.studies import paired_tests, read_predictions
+        seed = (res.get("provenance", {}).get("seeds") or [0])[0]
+        paired = paired_tests(read_predictions(results / name / "run" / "predictions.jsonl"),
+                              "valid" if name == "satisfaction" else "correct", seed)
+    if paired:
+        out += [paired_md(paired, "constraint satisfaction" if name == "satisfaction"
                           else "accuracy")]
     if res.get("cost"):
         out += [cost_text(res["cost"]).strip(), ""]

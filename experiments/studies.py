@@ -45,6 +45,24 @@ with ``NAME1,NAME2`` or ``all`` (then ``--out`` is the parent folder). Every stu
 and ``STUDY.png`` into ``experiments/results/STUDY/`` (or ``--out``); the entry points'
 own files (``predictions.jsonl``, ``summary.json``, ``summary.md``) go into
 sub-folders. ``python -m experiments.make_results`` turns them into ``RESULTS.md``.
+
+Runs that outgrow one machine (the BFCL studies: satisfaction, accuracy, awrs,
+second_model). ``--shard I/N`` runs every N-th example of the seeded subset from the I-th
+(shapes, prompt widths and ``auto-max`` budgets are planned over all examples, so a
+shard's rows are exactly the unsharded run's rows for its examples). Every finished
+example is appended to ``run/records.jsonl``; ``--resume`` continues a stopped run in the
+same ``--out`` without redoing them (refused if the settings differ). On N machines (a
+job array; the shards are independent processes, no ``jax.distributed`` needed)::
+
+    # task I of N, e.g. I=$SLURM_ARRAY_TASK_ID (rerun the same command after a preemption)
+    python -m experiments.studies accuracy --limit 200 --shard I/N --resume --out runs/acc/shard-I
+    # then, on one machine with all shard folders:
+    python -m experiments.merge runs/acc/shard-* --out experiments/results/accuracy
+    python -m experiments.make_results
+
+``experiments.merge`` refuses shards of other settings, a shard given twice and a missing
+or unfinished shard unless ``--partial`` (it records what is missing); the study's tables,
+paired tests and figure are rebuilt from the merged rows.
 """
 
 from __future__ import annotations
@@ -367,8 +385,14 @@ def hmm_info(spec: str | None) -> dict | None:
             return {"spec": "default"}
         info = json.loads(p.read_text())
         st = info.get("settings", {})
+        # the builder's own record of the build (wall / CPU seconds per phase, load average)
+        build = {k: info.get(k) for k in ("build_seconds", "build_cpu_seconds", "build_wall_seconds_total",
+                                          "build_cpu_seconds_total", "build_machine", "eos_fraction",
+                                          "epochs_run", "best_epoch", "sampling_tokens_per_s", "version")
+                 if info.get(k) is not None}
         return {"spec": "default", "hidden_size": info.get("hidden_size"), "num_seqs": st.get("num_seqs"),
-                "max_length": st.get("max_length"), "epochs": st.get("epochs"), "heldout": info.get("heldout")}
+                "max_length": st.get("max_length"), "epochs": st.get("epochs"), "heldout": info.get("heldout"),
+                **build}
     from hmm_distill.checkpoint import load_checkpoint
     ck = load_checkpoint(spec)
     return {"spec": str(spec), "hidden_size": int(ck.hidden_size),

@@ -61,6 +61,12 @@ K on its first K samples (i.i.d. samples: each K's result has its own distributi
 S seconds (the examples run are a prefix of the seeded order). ``cpu_s`` (process CPU
 seconds of the call) sits next to ``seconds`` in the predictions.
 
+``--shard I/N`` runs every N-th example (from the I-th) of the run's seeded order, with
+the shapes planned over all of them (its rows equal the unsharded run's);
+``records.jsonl`` gets one line per finished example, and ``--resume`` continues a stopped
+run from it (``run.json`` holds the settings it must agree with).
+``python -m experiments.merge`` joins shard folders.
+
 CPU defaults are small (``--limit 20``, K = 4). Full settings for a GPU::
 
     python -m experiments.tool_calls --data bfcl:simple_python,bfcl:multiple,bfcl:parallel,\
