@@ -6,6 +6,11 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# `make test` runs one xdist worker per core: PyTorch's (and OpenBLAS's) OpenMP pools
+# would otherwise start one thread per core in every worker, and their spin-waiting under
+# that oversubscription made the torch reference tests ~9x slower (66 s vs 7 s for one
+# `model.generate` here). Set before torch is imported anywhere; subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 

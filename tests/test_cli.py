@@ -1,4 +1,4 @@
-"""`jaxcd generate` end to end (two tests through a subprocess, the rest through
+"""`jaxcd generate` end to end (one test through a subprocess, the rest through
 ``jaxcd.cli.main`` in this process): outputs are valid and within the budget
 (checked with `re.fullmatch` / `jsonschema`, not jaxcd), stdout carries only the text,
 and user errors give one clear message, exit status 2 and no traceback."""
@@ -25,7 +25,7 @@ def jaxcd(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 def cli(capsys, monkeypatch):
     """``jaxcd ...`` in this process (``jaxcd.cli.main``; argparse's own errors exit
     with status 2): the model and compiled programs are shared with the rest of the
-    worker instead of being loaded again by a subprocess. Two tests below keep the real
+    worker instead of being loaded again by a subprocess. One test below keeps the real
     ``python -m jaxcd`` entry point."""
     from jaxcd import cli as jcli
     from jaxcd import model_files
@@ -126,18 +126,18 @@ def date(prefix: bytes, final: bool) -> bool:
 '''
 
 
-def test_generate_smc_and_awrs_json_lines(tmp_path):
+def test_generate_smc_and_awrs_json_lines(tmp_path, cli, monkeypatch):
     """--method smc / awrs --json: one line per particle, normalised weights summing to 1,
-    the same log_Z on every line, every positive-weight text valid (checked with re)."""
+    the same log_Z on every line, every positive-weight text valid (checked with re).
+    In this process (the entry point itself is covered by the subprocess test)."""
     pattern = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
     (tmp_path / "datepred.py").write_text(PREDICATE)
+    monkeypatch.syspath_prepend(str(tmp_path))
     runs = [("--regex", pattern, "--method", "smc", "--proposal", "gcd"),
             ("--method", "awrs", "--predicate", "datepred:date")]
     for args in runs:
-        env = dict(ENV, PYTHONPATH=str(tmp_path))
-        r = subprocess.run([sys.executable, "-m", "jaxcd", "generate", *args, "--prompt",
-                            "When did Apollo 11 land?", "--budget", "12", "--particles", "4",
-                            "--json"], capture_output=True, text=True, env=env, timeout=900)
+        r = cli("generate", *args, "--prompt", "When did Apollo 11 land?", "--budget", "12",
+                "--particles", "4", "--json")
         assert r.returncode == 0, r.stderr[-3000:]
         rows = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(rows) == 4

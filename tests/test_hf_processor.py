@@ -29,20 +29,12 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def hf_model():
+    # transformers' own GGUF loader and de-quantisation (the adapter only memoises its
+    # GGUF parsing; see jaxcd.lm.torch_adapter.load_hf_model_from_gguf)
+    from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
     from jaxcd.model_files import default_gguf_path
 
-    p = default_gguf_path()
-    try:
-        from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                     dtype=torch.float32)
-    except (ImportError, ValueError):   # transformers wants `accelerate` for GGUF files
-        try:
-            from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
-        except ImportError:
-            pytest.skip("cannot load the GGUF with transformers (no accelerate)")
-        model = load_hf_model_from_gguf(p, dtype=torch.float32)
-    return model.eval()
+    return load_hf_model_from_gguf(default_gguf_path(), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

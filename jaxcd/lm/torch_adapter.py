@@ -91,24 +91,33 @@ def _load_without_accelerate(p: Path, dtype):
 @contextlib.contextmanager
 def _reuse_gguf_reader():
     """transformers opens the GGUF twice (config, then tensors) and each
-    ``gguf.GGUFReader`` re-parses the whole vocabulary (seconds). Within this block,
-    readers are memoised per path. Restores ``gguf.GGUFReader`` afterwards."""
+    ``gguf.GGUFReader`` re-parses the whole vocabulary (seconds); its weight-name map
+    also builds ``gguf.get_tensor_name_map(arch, n_blocks)`` once per sub-module (about
+    400 times for a 30-layer model, most of the load's time). Within this block, readers
+    are memoised per path and name maps per ``(arch, n_blocks)`` (they are read-only
+    lookup tables). Restores both ``gguf`` attributes afterwards."""
     import gguf
 
-    original = gguf.GGUFReader
-    cache: dict = {}
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+    maps: dict = {}
 
     def reader(path, *args, **kwargs):
         key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
-        if key not in cache:
-            cache[key] = original(path, *args, **kwargs)
-        return cache[key]
+        if key not in readers:
+            readers[key] = original_reader(path, *args, **kwargs)
+        return readers[key]
 
-    gguf.GGUFReader = reader
+    def name_map(arch, n_blocks):
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = original_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.get_tensor_name_map = original_reader, original_map
 
 
 class TorchLM:
