@@ -407,7 +407,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
                      num_samples, chat, batch_size, progress, c0, t0) -> list[GenerationResult]:
     """Methods none/lcd/gcd: ``len(prompts) · num_samples`` rows, decoded ``batch_size``
     rows at a time in one compiled program (bucketed shapes; per-row automata when the
-    prompts' constraints differ)."""
+    prompts' constraints differ). One prompt is prefilled once for all its rows."""
     from .decoding.buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
     prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
     N = budget_bucket(budget)
@@ -436,6 +436,13 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
     chunks, steps = [], 0
+    pre = None
+    if len(prompts) == 1:
+        # every row decodes the same prompt: run it through the LM once ([1, width]) and
+        # broadcast its cache to the rows, instead of bs identical prefills
+        from .decoding.decode import prefill
+        ids1, lens1 = pad_prompts(prompt_ids[:1], pad_id=pad_id, length=width)
+        pre = prefill(m.lm, m.params, ids1, lens1, width + N)
     for c in range(n_chunks):
         rows = row_of[c * bs:(c + 1) * bs]
         rows = rows + [rows[-1]] * (bs - len(rows))          # the last chunk: same shape
@@ -447,7 +454,8 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
         k = key if n_chunks == 1 else jax.random.fold_in(key, c)
         out = sample(k, m.lm, m.params, ids, lens, fa, tables, budget=N, limit=budget,
                      constrained=method != "none",
-                     temperature=float(max(temperature, 1e-6)), greedy=temperature == 0)
+                     temperature=float(max(temperature, 1e-6)), greedy=temperature == 0,
+                     prefilled=pre)
         out = jax.device_get(out)
         steps += int(out.steps)
         chunks.append(out)
