@@ -468,8 +468,11 @@ def reduced_hmm(hmm, red: Reduced, eos: int, V_red: int = VRED):
 # ---------------------------------------------------------------------------------------
 # SMC and the estimates
 # ---------------------------------------------------------------------------------------
+ESS_THRESHOLD = 0.5
+
+
 def run_smc(key, lm, table_params, fa, budget, K, R, proposal, hmm, steps=STEPS,
-            prompt=None, prefilled=None, params=None):
+            prompt=None, prefilled=None, params=None, ess_threshold=None):
     import jax.numpy as jnp
 
     from jaxcd.decoding import smc
@@ -482,7 +485,8 @@ def run_smc(key, lm, table_params, fa, budget, K, R, proposal, hmm, steps=STEPS,
     return smc.run(key, lm, table_params if params is None else params, ids, lens, fa,
                    budget=budget, num_particles=K, proposal=proposal,
                    hmm=hmm if proposal in ("lookahead", "product") else None, steps=steps,
-                   prefilled=prefilled)
+                   prefilled=prefilled,
+                   ess_threshold=ESS_THRESHOLD if ess_threshold is None else ess_threshold)
 
 
 def pooled(trie: Trie, tokens, log_w, full_of, eos) -> tuple[np.ndarray, int]:
@@ -692,7 +696,7 @@ def markdown(res: dict) -> str:
          f"Date (UTC): {pv['date_utc']}; commit {pv['git']['commit'][:10]}"
          f"{' (dirty)' if pv['git']['dirty'] else ''}; machine: {pv['machine']['cpu']}  ",
          f"SMC: {_seeds_text(st)} × {st['runs']} runs per (constraint, proposal, K); base seed "
-         f"{st['seed']}; systematic resampling at ESS < K/2; HMM: {res.get('hmm_note', 'none')}.", "",
+         f"{st['seed']}; systematic resampling at ESS < {st.get('ess_threshold', 0.5)}·K; HMM: {res.get('hmm_note', 'none')}.", "",
          "Method. Every string of each finite language is listed; every tokenization of it "
          "(not only the canonical one) of at most budget − 1 tokens, followed by EOS, is scored "
          "by the real model teacher-forced (prompt through the chat template, EOS probability "
@@ -851,6 +855,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verify", default="paris,number", help="constraints for the live-vs-cached check ('' = none)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--ess-threshold", type=float, default=0.5,
+                    help="resample when ESS < this × K (0: plain importance sampling)")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite the md and png from the existing json")
     ap.add_argument("--merge", action="store_true",
@@ -866,6 +872,7 @@ def main(argv=None):
         if n not in specs:
             ap.error(f"unknown constraint {n!r}")
     proposals = [p for p in a.proposals.split(",") if p]
+    globals()["ESS_THRESHOLD"] = a.ess_threshold
     tag = "" if a.model is None else "_" + re.sub(r"[^A-Za-z0-9.]+", "-", a.model)
     if a.render:
         stem = "bias_real" + tag
@@ -885,6 +892,7 @@ def main(argv=None):
     res = {"study": "bias_real", "model": Path(model.path).stem, "hmm_note": hmm_note,
            "provenance": provenance(MODULE, argv, [a.seed]),
            "settings": {**st, "seed": a.seed, "proposals": proposals, "constraints": names,
+                        "ess_threshold": a.ess_threshold,
                         "steps": STEPS, "reduced_vocab": VRED, "table_nodes": NODES},
            "constraints": {}, "verification": {}, "costs": {"load_model_and_hmm": t_load}}
     bucket = _common_bucket([specs[n] for n in names], model)
@@ -903,6 +911,8 @@ def main(argv=None):
                                                          for q in prev["settings"]["proposals"]}),
             **{q: st["seeds"] for q in proposals}}
         res["settings"]["seeds"] = prev["settings"]["seeds"]
+        res["settings"]["constraints"] = list(prev["constraints"]) + [
+            n for n in names if n not in prev["constraints"]]
         for k in ("ks", "runs", "seed"):
             if prev["settings"][k] != res["settings"][k]:
                 ap.error(f"--merge: {k} differs from the existing file ({prev['settings'][k]})")
