@@ -279,3 +279,26 @@ def test_delta_rows_shared_between_objects(smol_vocab):
     used = np.unique(fast.bulk_row[np.isin(fast.states[fast.bulk_src], q)])
     assert len(used) > 0
     assert len(np.unique(fast.rows[used], axis=0)) == len(used)      # no masked row twice
+
+
+@pytest.mark.parametrize("pattern", [r"[a-z]{3,40}@[a-z]+\.(com|org)", r".{0,30}", "abc",
+                                     r"(a|b)*abb[\u00e9-\u4e00]{2,9}", r"[^\"\\]{5,50}x"])
+def test_dfa_to_nfa_is_the_byte_table(pattern):
+    """``DFA.to_nfa`` (vectorised, in chunks of states): every state's ranges are
+    disjoint, ascending, and send each byte where the DFA's byte table does (no range
+    for a dead byte); same accepting states; any chunk size gives the same lists."""
+    dfa = minimize(determinize(regex_to_nfa(pattern)))
+    table = dfa.byte_table()
+    nfa = dfa.to_nfa()
+    assert nfa.num_states == dfa.num_states and nfa.start == 0
+    assert nfa.accepting == {q for q in range(dfa.num_states) if dfa.accepting[q]}
+    for q in range(dfa.num_states):
+        got = np.full(256, -1)
+        prev = -1
+        for lo, hi, d in nfa.trans[q]:
+            assert prev < lo <= hi and d >= 0
+            got[lo:hi + 1] = d
+            prev = hi
+        assert np.array_equal(got, table[q])
+    for chunk in (1, 3):
+        assert dfa.to_nfa(chunk=chunk).trans == nfa.trans

@@ -200,26 +200,35 @@ class DFA:
         q = self.run(data)
         return q >= 0 and bool(self.accepting[q])
 
-    def to_nfa(self) -> NFA:
+    def to_nfa(self, chunk: int = 1 << 16) -> NFA:
         nfa = NFA()
-        for q in range(self.num_states):
-            nfa.add_state(bool(self.accepting[q]))
-        if self.num_states == 0:
+        Q = self.num_states
+        if Q == 0:
             nfa.add_state()
             return nfa
-        # byte ranges of each class
-        cls = self.byte_class
-        runs: list[tuple[int, int, int]] = []
-        start = 0
-        for b in range(1, 257):
-            if b == 256 or cls[b] != cls[start]:
-                runs.append((start, b - 1, int(cls[start])))
-                start = b
-        for q in range(self.num_states):
-            for lo, hi, c in runs:
-                d = int(self.trans[q, c])
-                if d >= 0:
-                    nfa.trans[q].append((lo, hi, d))
+        if Q > nfa.max_states:
+            nfa._grow(nfa.max_states + 1)          # the error adding state by state gives
+        # byte ranges of each class: (lo, hi, class), ascending
+        cls = np.asarray(self.byte_class)
+        cut = np.flatnonzero(np.concatenate([[True], cls[1:] != cls[:-1]]))
+        lo = cut
+        hi = np.append(cut[1:], 256) - 1
+        c = cls[cut]
+        nfa.eps = [[] for _ in range(Q)]
+        trans: list = []
+        # per state, its runs in ascending order with a live target (vectorised; a few
+        # states at a time to bound the [states, runs] scratch)
+        for q0 in range(0, Q, chunk):
+            d = self.trans[q0:q0 + chunk][:, c]
+            qi, ri = np.nonzero(d >= 0)
+            flat = list(zip(lo[ri].tolist(), hi[ri].tolist(), d[qi, ri].tolist()))
+            ends = np.cumsum(np.bincount(qi, minlength=len(d))).tolist()
+            a = 0
+            for b in ends:
+                trans.append(flat[a:b])
+                a = b
+        nfa._trans = trans
+        nfa.accepting = set(np.flatnonzero(self.accepting).tolist())
         nfa.start = 0
         return nfa
 
