@@ -217,6 +217,11 @@ def merge_studies(dirs: list[Path], out: Path, partial: bool = False, argv=None)
     # the study's own cost is its shards' (the merge computes nothing)
     res["seconds"] = round(sum(r.get("seconds") or 0.0 for r in found), 1)
     res["cpu_s"] = round(sum(r.get("cpu_s") or 0.0 for r in found), 1)
+    # the machine's load while the shards ran, not while merging (several shards: the first's)
+    if found[0].get("load_avg"):
+        res["load_avg"] = found[0]["load_avg"]
+    else:
+        res.pop("load_avg", None)
     (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     return res
 

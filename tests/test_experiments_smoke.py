@@ -119,6 +119,12 @@ def test_make_results(results, tmp_path):
     assert f"{reg['methods']['smc-gcd']['16']['tv']['mean']:.3f}" in text
     assert "95.26" in text and "71.6" in text          # the paper's numbers, from paper_numbers.json
     assert "## Study 8: A second model" in text and "not run" in text.lower()
+    # the smoke runs wrote into a temporary folder: no absolute path of it in RESULTS.md
+    assert str(results) not in text and "/tmp/" not in text
+    assert not re.findall(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*", text)
+    # the model is the one the records name (the smoke model's file), not a typed-in name
+    sat = json.loads((results / "satisfaction" / "satisfaction.json").read_text())
+    assert sat["model_info"]["file"].startswith("smoke-") and f"`{sat['model_info']['file']}`" in text
     for name in STUDIES:
         r = json.loads((results / name / f"{name}.json").read_text())
         assert r["provenance"]["date_utc"] in text
