@@ -289,12 +289,62 @@ def cmd_demo(args) -> int:
               f"mean log Z = {np.mean(log_z):.2f}")
         for t in drawn[:3]:
             print(f"  [drawn] {t}")
+    paris = _demo_paris(args, model, G)
     print("\n== Summary (same prompt, seeds, temperature; city non-empty among the samples)")
     print(f"  {'method':<24} {'budget':>6} {'valid':>7} {'city non-empty':>15} "
           f"{'weighted estimate':>18}")
     for r in rows:
         print(f"  {r[0]:<24} {r[1]:>6} {r[2]:>7} {r[3]:>15} {r[4]:>18}")
+    print(f"\n== The Paris question, {PARIS_REGEX}: share of each answer")
+    print(f"  {'method':<30} " + " ".join(f"{w:>6}" for w in PARIS_WORDS))
+    for name, dist in paris:
+        print(f"  {name:<30} " + " ".join(f"{dist.get(w, 0.0):>6.0%}" for w in PARIS_WORDS))
+    print("  the model's own conditional, by exact enumeration of every tokenization "
+          "(python -m experiments.study_bias_real): yes 80%, no 9%, true 11%")
     return 0
+
+
+PARIS_PROMPT = "Is Paris the capital of France? Answer in one word."
+PARIS_WORDS = ("yes", "no", "maybe", "true", "false")
+PARIS_REGEX = "(" + "|".join(PARIS_WORDS) + ")"
+
+
+def _demo_paris(args, model, G, runs: int = 4, budget: int = 8) -> list:
+    """GCD's bias on a one-word answer: unweighted GCD samples answer "no" far more often
+    than the model's own conditional says. SMC (GCD proposal), ``runs`` independent
+    particle systems decoded as one batch and pooled with their ``Ẑ`` (unbiased), gives
+    the model's own answer back."""
+    n = 4 * args.num_samples
+    print(f"\n== The Paris question: {PARIS_PROMPT!r}, regex {PARIS_REGEX}, budget {budget}")
+    res = G.generate(PARIS_PROMPT, regex=PARIS_REGEX, method="gcd", budget=budget,
+                     temperature=args.temperature, seed=args.seed, num_samples=n, model=model)
+    words = [t for t, v in zip(res.texts, res.valid) if v]
+    gcd = {w: words.count(w) / max(len(words), 1) for w in PARIS_WORDS}
+    print(f"  GCD, {n} samples: " + ", ".join(f"{w} {gcd[w]:.0%}" for w in PARIS_WORDS))
+    outs = G.generate([PARIS_PROMPT] * runs, regex=[PARIS_REGEX] * runs, method="smc",
+                      proposal="gcd", particles=args.particles, budget=budget,
+                      temperature=args.temperature, seed=args.seed, model=model,
+                      batch_size=runs)
+    est = dict.fromkeys(PARIS_WORDS, 0.0)
+    drawn = []
+    log_z = np.array([r.log_Z for r in outs], np.float64)
+    zhat = np.exp(log_z - log_z.max())          # runs pooled with their Ẑ (common factor out)
+    for r, z in zip(outs, zhat):
+        if r.chosen is not None:
+            drawn.append(r.texts[r.chosen])
+        for t, w in zip(r.texts, r.weights):
+            if t in est:
+                est[t] += z * w
+    tot = sum(est.values())
+    smc = {w: v / tot for w, v in est.items()} if tot > 0 else {}
+    drawn_share = {w: drawn.count(w) / max(len(drawn), 1) for w in PARIS_WORDS}
+    name = f"SMC-gcd K={args.particles}, {runs} runs"
+    print(f"  {name}: drawn outputs " +
+          ", ".join(f"{w} {drawn.count(w)}" for w in PARIS_WORDS if drawn.count(w)) +
+          "; pooled weighted estimate " +
+          ", ".join(f"{w} {smc.get(w, 0):.0%}" for w in PARIS_WORDS))
+    return [(f"GCD ({n} samples)", gcd), (f"{name}: drawn", drawn_share),
+            (f"{name}: pooled", smc)]
 
 
 def build_parser() -> argparse.ArgumentParser:
