@@ -447,19 +447,23 @@ def sample_strings(d: DFA, rng, n: int, max_len: int = 120) -> list[bytes]:
     """Random accepted strings of a trimmed DFA: uniform live bytes, stopping at an
     accepting state with probability 0.3, heading to the nearest accepting state after
     ``max_len`` bytes."""
+    from collections import deque
     Q = d.num_states
     table = d.byte_table()
+    # bytes to the nearest accepting state: breadth-first over the reversed transitions
+    src, _ = np.nonzero(table >= 0)
+    dst = table[table >= 0]
+    order = np.argsort(dst, kind="stable")
+    preds_of = np.split(src[order], np.searchsorted(dst[order], np.arange(1, Q)))
     dist = np.full(Q, 1 << 30)
-    dist[d.accepting] = 0
-    for _ in range(Q):
-        nd = dist.copy()
-        for q in range(Q):
-            nxt = table[q][table[q] >= 0]
-            if len(nxt):
-                nd[q] = min(nd[q], 1 + dist[nxt].min())
-        if (nd == dist).all():
-            break
-        dist = nd
+    todo = deque(np.flatnonzero(d.accepting).tolist())
+    dist[list(todo)] = 0
+    while todo:
+        q = todo.popleft()
+        for p in preds_of[q]:
+            if dist[p] > dist[q] + 1:
+                dist[p] = dist[q] + 1
+                todo.append(p)
     out = []
     for _ in range(n):
         q, buf = 0, bytearray()
