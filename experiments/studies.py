@@ -726,6 +726,9 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
     """Decode cost per example: wall and process-CPU seconds of every call (a shared
     lcd/gcd draw counted once), plus the prompt prefills (``summary.json``'s examples)."""
     per: dict = {}
+    # compile time taken out call by call (compile_s is wall time of tracing + XLA
+    # compile; on a CPU that is ~ the same CPU time): an estimate of a warm example
+    nocomp: dict = {}
     seen = set()
     for r in rows:
         key = (r["id"], r.get("format"), r["method"]) + (() if r.get("shared_ks") else (r["particles"],))
@@ -736,6 +739,8 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
         e["wall"] += r.get("seconds") or 0.0
         e["cpu"] += r.get("cpu_s") or 0.0
         e["compile"] += r.get("compile_s") or 0.0
+        nocomp[r["id"]] = nocomp.get(r["id"], 0.0) + max(
+            0.0, (r.get("cpu_s") or 0.0) - (r.get("compile_s") or 0.0))
     if run_dir is not None and (run_dir / "summary.json").exists():
         for x in json.loads((run_dir / "summary.json").read_text()).get("examples", []):
             if x["id"] in per:
@@ -743,17 +748,6 @@ def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
                 per[x["id"]]["cpu"] += x.get("prefill_cpu_s") or 0.0
     if not per:
         return {}
-    # compile time taken out call by call (compile_s is wall time of tracing + XLA
-    # compile; on a CPU that is ~ the same CPU time): an estimate of a warm example
-    nocomp: dict = {}
-    seen2 = set()
-    for r in rows:
-        key = (r["id"], r.get("format"), r["method"]) + (() if r.get("shared_ks") else (r["particles"],))
-        if key in seen2:
-            continue
-        seen2.add(key)
-        nocomp[r["id"]] = nocomp.get(r["id"], 0.0) + max(
-            0.0, (r.get("cpu_s") or 0.0) - (r.get("compile_s") or 0.0))
     w = [e["wall"] for e in per.values()]
     c = [e["cpu"] for e in per.values()]
     k = [e["compile"] for e in per.values()]
