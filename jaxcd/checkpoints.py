@@ -196,7 +196,8 @@ def load_checkpoint(path=None, dtype=None, mesh=None, attn_block: int | None = 1
             changes["pad_token_id"] = int(tok.pad_token_id)
         cfg = dataclasses.replace(cfg, **changes)
         _check_load(cfg, dtype, device, shards, folder)
-        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block)
+        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block,
+                   matmul="xla" if mesh is not None else "auto")
         params = lm.params_from_pure_dict(load_hf_weights(folder, cfg, _np_dtype(dtype)))
         where = str(folder)
     else:
@@ -209,7 +210,8 @@ def load_checkpoint(path=None, dtype=None, mesh=None, attn_block: int | None = 1
         tok = load_tokenizer(p)
         cfg, pure = load_gguf(p, dtype=np.float32, reader=reader)
         del reader
-        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block)
+        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block,
+                   matmul="xla" if mesh is not None else "auto")
         params = lm.params_from_pure_dict(pure)
         del pure
         where = str(p)

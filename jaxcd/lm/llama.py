@@ -310,16 +310,40 @@ def attend_decode_blocked(q: jax.Array, k: jax.Array, v: jax.Array, offset: jax.
     return (acc / l[..., None]).astype(q.dtype).reshape(B, 1, nh * D)
 
 
+class Dense(nnx.Linear):
+    """``nnx.Linear`` that also runs on a weight stacked over layers.
+
+    Outside the layer scan (or in the copying scan) its kernel is ``[K, N]`` and it is
+    ``nnx.Linear``. In :meth:`LlamaModel.run_layers`'s in-place mode its kernel is the
+    whole stacked ``[L, K, N]`` array and ``self.layer`` (set by ``run_layers``) the
+    traced layer index: the product goes through :func:`jaxcd.lm.kernels.layer_matmul`,
+    which reads layer ``l`` where it lies (the bias is scanned over like the norms, so
+    it is layer ``l``'s ``[N]``)."""
+
+    layer = None
+
+    def __call__(self, x, out_sharding=None):
+        kernel = self.kernel[...]
+        if kernel.ndim != 3:
+            return super().__call__(x, out_sharding)
+        from .kernels import layer_matmul
+
+        y = layer_matmul(x, kernel, self.layer, precision=self.precision)
+        if self.bias is not None:       # already layer l's (run_layers scans the biases)
+            y = y + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype or x.dtype)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with rotary embeddings (see module docstring)."""
 
     def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
         H, D = cfg.hidden_size, cfg.head_dim
         kw = dict(dtype=dtype, param_dtype=dtype, precision=precision, rngs=rngs)
-        self.q_proj = nnx.Linear(H, cfg.num_heads * D, use_bias=cfg.attention_bias, **kw)
-        self.k_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
-        self.v_proj = nnx.Linear(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
-        self.o_proj = nnx.Linear(cfg.num_heads * D, H, use_bias=cfg.o_bias, **kw)
+        self.q_proj = Dense(H, cfg.num_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.k_proj = Dense(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.v_proj = Dense(H, cfg.num_kv_heads * D, use_bias=cfg.attention_bias, **kw)
+        self.o_proj = Dense(cfg.num_heads * D, H, use_bias=cfg.o_bias, **kw)
         if cfg.qk_norm:      # Qwen3 / Gemma 3: RMSNorm over each head's D features
             self.q_norm = RMSNorm(D, cfg.rms_eps, param_dtype=dtype, offset=cfg.norm_offset)
             self.k_norm = RMSNorm(D, cfg.rms_eps, param_dtype=dtype, offset=cfg.norm_offset)
@@ -348,9 +372,9 @@ class MLP(nnx.Module):
     def __init__(self, cfg: LlamaConfig, *, dtype, precision, rngs: nnx.Rngs):
         H, F = cfg.hidden_size, cfg.intermediate_size
         kw = dict(use_bias=False, dtype=dtype, param_dtype=dtype, precision=precision, rngs=rngs)
-        self.gate_proj = nnx.Linear(H, F, **kw)
-        self.up_proj = nnx.Linear(H, F, **kw)
-        self.down_proj = nnx.Linear(F, H, **kw)
+        self.gate_proj = Dense(H, F, **kw)
+        self.up_proj = Dense(H, F, **kw)
+        self.down_proj = Dense(F, H, **kw)
         self.activation = cfg.mlp_activation
 
     def __call__(self, x):
@@ -422,6 +446,12 @@ class Block(nnx.Module):
         return x + h, k, v
 
 
+def _is_dense_kernel(path, value) -> bool:
+    """nnx filter: the ``kernel`` parameters of the :class:`Dense` projections."""
+    return bool(path) and path[-1] == "kernel" and len(path) >= 2 and path[-2] in (
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class LlamaModel(nnx.Module):
     """Embedding, ``L`` :class:`Block` s, final RMSNorm and output projection.
 
@@ -453,19 +483,36 @@ class LlamaModel(nnx.Module):
         self.tie_embeddings = cfg.tie_embeddings
         self.precision = precision
 
-    def run_layers(self, fn, carry):
+    def run_layers(self, fn, carry, in_place: bool = False):
         """``carry, y_l = fn(block, l, carry)`` for ``l = 0 .. L-1`` as one ``lax.scan``
         over the stacked layer parameters (``block`` is layer ``l``'s :class:`Block`,
         ``l`` an int32 scalar). Returns ``(carry, ys)``, the ``y_l`` stacked
-        (``[L, ...]``)."""
-        graphdef, stacked = nnx.split(self.layers)
+        (``[L, ...]``).
 
-        def body(c, xs):
+        ``in_place``: the projection kernels are not scanned over (which copies each
+        layer's slice) but closed over whole, and each :class:`Dense` reads layer ``l``
+        through :func:`jaxcd.lm.kernels.layer_matmul`; norms and biases are still
+        sliced (they are small)."""
+        ls = jnp.arange(self.num_layers, dtype=jnp.int32)
+        if not in_place:
+            graphdef, stacked = nnx.split(self.layers)
+
+            def body(c, xs):
+                st, l = xs
+                return fn(nnx.merge(graphdef, st), l, c)
+
+            return jax.lax.scan(body, carry, (stacked, ls))
+        graphdef, kernels, rest = nnx.split(self.layers, _is_dense_kernel, ...)
+
+        def body_in_place(c, xs):
             st, l = xs
-            return fn(nnx.merge(graphdef, st), l, c)
+            block = nnx.merge(graphdef, kernels, st)
+            for _, m in nnx.iter_modules(block):
+                if isinstance(m, Dense):
+                    m.layer = l
+            return fn(block, l, c)
 
-        return jax.lax.scan(body, carry,
-                            (stacked, jnp.arange(self.num_layers, dtype=jnp.int32)))
+        return jax.lax.scan(body_in_place, carry, (rest, ls))
 
     def embed_tokens(self, ids: jax.Array) -> jax.Array:
         """Token embedding, times ``embed_scale`` (Gemma: ``sqrt(H)`` rounded to the
@@ -535,9 +582,13 @@ class JaxLM:
     """
 
     def __init__(self, config: LlamaConfig, dtype=jnp.float32, params: PyTree | None = None,
-                 precision: str | None = "highest", attn_block: int | None = 128):
+                 precision: str | None = "highest", attn_block: int | None = 128,
+                 matmul: str = "auto"):
         if attn_block is not None and attn_block < 1:
             raise ValueError(f"JaxLM: attn_block must be >= 1 or None, got {attn_block}")
+        if matmul not in ("auto", "kernel", "xla"):
+            raise ValueError(f"JaxLM: matmul must be 'auto', 'kernel' or 'xla', got {matmul!r}")
+        self.matmul = matmul
         self.attn_block = attn_block
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -561,7 +612,25 @@ class JaxLM:
             config, dtype=self.dtype, precision=self._jax_precision(), rngs=nnx.Rngs(0)))
         self.graphdef, self._abstract_state = nnx.split(abstract)
         self.params = params
-        self._key = (config, self.dtype.name, precision, attn_block)
+        self._key = (config, self.dtype.name, precision, attn_block, matmul)
+
+    def in_place_matmul(self) -> bool:
+        """Whether the layer scan reads each layer's projection weights in place through
+        the native kernel (:mod:`jaxcd.lm.kernels`; decided at trace time): ``matmul=
+        "auto"`` when the kernel is available here (CPU backend, ``JAXCD_LM_KERNEL`` not
+        ``xla``, a C++ compiler), ``"kernel"`` always (or an error saying why not),
+        ``"xla"`` never (the copying scan; sharded weights use it)."""
+        if self.matmul == "xla":
+            return False
+        from . import kernels
+
+        if self.matmul == "kernel":
+            if not kernels.lm_kernel_available():
+                raise kernels.KernelUnavailable(
+                    f"JaxLM(matmul='kernel'): the layer kernel is unavailable "
+                    f"({kernels.build_error() or 'CPU backend only; JAXCD_LM_KERNEL=xla?'})")
+            return True
+        return kernels.lm_kernel_available()
 
     def _jax_precision(self):
         if self.precision is None:
@@ -720,14 +789,16 @@ class JaxLM:
                          self._pick(masks, self._mask_kind, l))
 
         if cache_slots is None:
-            x, _ = model.run_layers(lambda layer, l, x: (run(layer, l, x)[0], None), x)
+            x, _ = model.run_layers(lambda layer, l, x: (run(layer, l, x)[0], None), x,
+                                    in_place=self.in_place_matmul())
             return model, x, None, offset
 
         def body(layer, l, x):
             x, k, v = run(layer, l, x)
             return x, (k.astype(self.dtype), v.astype(self.dtype))
 
-        x, (ks, vs) = model.run_layers(body, x)          # [L, B, n_kv, D, P], [L, B, n_kv, P, D]
+        # [L, B, n_kv, D, P], [L, B, n_kv, P, D]
+        x, (ks, vs) = model.run_layers(body, x, in_place=self.in_place_matmul())
         extra = cache_slots - P
         kc = jnp.pad(jnp.moveaxis(ks, 0, 1), ((0, 0),) * 4 + ((0, extra),))
         vc = jnp.pad(jnp.moveaxis(vs, 0, 1), ((0, 0),) * 3 + ((0, extra), (0, 0)))
@@ -788,7 +859,7 @@ class JaxLM:
 
         # the layers only read the cache; this step's keys/values [L, B, n_kv, D, 1] /
         # [L, B, n_kv, 1, D] are written at `slot` afterwards, in place
-        x, (ks, vs) = model.run_layers(body, x)
+        x, (ks, vs) = model.run_layers(body, x, in_place=self.in_place_matmul())
         z = jnp.zeros((), jnp.int32)
         kc = jax.lax.dynamic_update_slice(kc, jnp.moveaxis(ks, 0, 1), (z, z, z, z, slot))
         vc = jax.lax.dynamic_update_slice(vc, jnp.moveaxis(vs, 0, 1), (z, z, z, slot, z))

@@ -1,0 +1,113 @@
+"""The LM's in-place layer matmul: ``y = x · W[l]`` for a stacked weight ``W [L, K, N]``
+and a traced layer index ``l``, as an XLA FFI custom call on CPU (``layer_matmul.cc``).
+
+Why: :class:`jaxcd.lm.llama.LlamaModel` runs its ``L`` blocks as one ``lax.scan`` over
+weights stacked ``[L, ...]`` (compile time flat in depth). XLA:CPU's dot cannot read an
+operand at a dynamic offset, so the stacked scan first copies each layer's weights, and
+its dot fusions at decode shapes (a few rows) run well below this CPU's memory and FMA
+limits. The kernel reads layer ``l`` where it lies: a register-blocked GEMM (6 x 16
+tiles, weights packed per 256-row block while the next block is prefetched) split over
+XLA's intra-op thread pool. Rows accumulate in float32 in ``k`` order, so a row's result
+does not depend on how many rows share the call.
+
+``JAXCD_LM_KERNEL`` chooses: ``auto`` (default: the kernel on the CPU backend when it
+builds, else XLA's dot with one warning), ``ffi`` (the kernel or an error), ``xla``
+(never). GPU/TPU and sharded weights always use XLA's dot. Built and cached by
+:mod:`jaxcd.native_build`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from ...native_build import KernelUnavailable, NativeKernel
+
+__all__ = ["layer_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
+           "KernelUnavailable", "MAX_ROWS"]
+
+TARGET = "jaxcd_layer_matmul"
+_KERNEL = NativeKernel(Path(__file__).with_name("layer_matmul.cc"), "JaxcdLayerMatmul", TARGET,
+                       "the LM uses XLA's dot for its layer matmuls")
+
+#: Calls with more rows than this (prefill of long prompts) use XLA's dot on the layer's
+#: slice instead: the kernel does not block rows for cache, and at these sizes the
+#: weight copy is amortised over many rows.
+MAX_ROWS = 256
+
+
+def lm_kernel_mode() -> str:
+    mode = os.environ.get("JAXCD_LM_KERNEL", "auto").strip().lower() or "auto"
+    if mode not in ("auto", "ffi", "xla"):
+        raise ValueError(f"JAXCD_LM_KERNEL={mode!r}: expected 'auto', 'ffi' or 'xla'")
+    return mode
+
+
+def lm_kernel_available() -> bool:
+    """Whether the layer matmul may use the kernel here: the mode allows it, the default
+    backend is the CPU, and the kernel is built and registered (on first call; a failure
+    is warned about once under ``auto`` and raised under ``ffi``)."""
+    mode = lm_kernel_mode()
+    if mode == "xla":
+        return False
+    if jax.default_backend() != "cpu":
+        if mode == "ffi":
+            raise KernelUnavailable(f"JAXCD_LM_KERNEL=ffi: the kernel is CPU-only "
+                                    f"(backend {jax.default_backend()!r})")
+        return False
+    return _KERNEL.available(required=mode == "ffi")
+
+
+def build_error() -> str | None:
+    """Why the kernel is unavailable (``None`` when it is loaded or not asked for)."""
+    lm_kernel_available()
+    return _KERNEL.error
+
+
+def _call(x2: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
+    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], w.shape[2]),
+                                                         jnp.float32))(x2, w, layer)
+
+
+@jax.custom_batching.custom_vmap
+def _matmul(x2, w, layer):
+    return _call(x2, w, layer)
+
+
+@_matmul.def_vmap
+def _matmul_vmap(axis_size, in_batched, x2, w, layer):
+    xb, wb, lb = in_batched
+    if not wb and not lb:       # only the rows are batched: fold them into M
+        y = _call(x2.reshape(-1, x2.shape[-1]), w, layer)
+        return y.reshape(axis_size, x2.shape[1], w.shape[2]), True
+    x2 = x2 if xb else jnp.broadcast_to(x2, (axis_size,) + x2.shape)
+    w = w if wb else jnp.broadcast_to(w, (axis_size,) + w.shape)
+    layer = layer if lb else jnp.broadcast_to(layer, (axis_size,))
+    return jax.lax.map(lambda a: _call(*a), (x2, w, layer)), True
+
+
+def layer_matmul(x: jax.Array, w: jax.Array, layer, precision=jax.lax.Precision.HIGHEST,
+                 use_kernel: bool | None = None) -> jax.Array:
+    """``x [..., K] · w[layer]`` for ``w [L, K, N]`` (float32 or bfloat16) and an int
+    ``layer`` (traced or not; clamped to ``[0, L)`` like a dynamic slice). Returns
+    float32 ``[..., N]`` (accumulated in float32). Uses the kernel when
+    :func:`lm_kernel_available` (or ``use_kernel``) and the rows number at most
+    :data:`MAX_ROWS`, else XLA's dot on ``w[layer]`` at ``precision``."""
+    if w.ndim != 3 or x.shape[-1] != w.shape[1]:
+        raise ValueError(f"layer_matmul: x {x.shape} and w {w.shape}: expected x [..., K] "
+                         f"and w [L, K, N]")
+    layer = jnp.asarray(layer, jnp.int32)
+    lead = x.shape[:-1]
+    rows = 1
+    for d in lead:
+        rows *= d
+    if use_kernel is None:
+        use_kernel = lm_kernel_available()
+    if use_kernel and rows <= MAX_ROWS and w.dtype in (jnp.float32, jnp.bfloat16):
+        x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
+        return _matmul(x2, w, layer).reshape(*lead, w.shape[2])
+    wl = jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
+    return jnp.dot(x, wl, precision=precision, preferred_element_type=jnp.float32)

@@ -1,0 +1,173 @@
+"""The LM's in-place layer matmul (``jaxcd/lm/kernels/layer_matmul.cc``) against
+independent references:
+
+* float64 numpy products, with the tolerance of recursive float32 summation,
+  ``|fl(Σ_k x_k w_k) − Σ_k x_k w_k| ≤ γ_K Σ_k |x_k w_k|``, ``γ_K = K u / (1 − K u)``,
+  ``u = 2⁻²⁴`` (Higham, Accuracy and Stability, §3.1; an FMA only rounds less);
+* bfloat16 weights against the same float64 product of the bf16-rounded weights;
+* the row-independence it documents (a row's bits do not depend on the other rows);
+* a random tiny Llama/Qwen2 whose decode through the kernel matches XLA's copying scan.
+
+Skipped where the kernel cannot be built (no C++ compiler).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxcd.lm import kernels
+from jaxcd.native_build import NativeKernel
+
+pytestmark = pytest.mark.skipif(not kernels.lm_kernel_available(),
+                                reason=f"layer kernel unavailable: {kernels.build_error()}")
+
+U32 = 2.0 ** -24
+
+
+def _bound(x64, w64):
+    K = x64.shape[-1]
+    gamma = K * U32 / (1 - K * U32)
+    return gamma * (np.abs(x64) @ np.abs(w64)) + 1e-30
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 3, 16), (7, 577, 40), (13, 300, 7), (16, 513, 160)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matches_float64(M, K, N, dtype):
+    rng = np.random.default_rng(M * 1000 + K + N)
+    L = 3
+    w = jnp.asarray(rng.standard_normal((L, K, N), np.float32), dtype)
+    x = jnp.asarray(rng.standard_normal((M, K), np.float32))
+    f = jax.jit(lambda x, w, l: kernels.layer_matmul(x, w, l, use_kernel=True))
+    assert kernels.TARGET in f.lower(x, w, 1).as_text()
+    for l in range(L):
+        got = np.asarray(f(x, w, l), np.float64)
+        w64 = np.asarray(w[l].astype(jnp.float32), np.float64)
+        ref = np.asarray(x, np.float64) @ w64
+        err = np.abs(got - ref)
+        assert (err <= _bound(np.asarray(x, np.float64), w64)).all(), err.max()
+        # not trivially within the bound: another layer's weights are far off
+        other = np.asarray(x, np.float64) @ np.asarray(w[(l + 1) % L].astype(jnp.float32),
+                                                        np.float64)
+        assert np.abs(other - ref).max() > 100 * _bound(np.asarray(x, np.float64), w64).max()
+
+
+def test_layer_index_clamps_like_a_dynamic_slice():
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.standard_normal((4, 32, 32), np.float32))
+    x = jnp.asarray(rng.standard_normal((2, 32), np.float32))
+    f = jax.jit(lambda l: kernels.layer_matmul(x, w, l, use_kernel=True))
+    np.testing.assert_array_equal(np.asarray(f(7)), np.asarray(f(3)))
+    np.testing.assert_array_equal(np.asarray(f(-2)), np.asarray(f(0)))
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """Each row's sum runs in k order in float32 whatever M and the tiling: a row alone
+    gives the same bits as inside 16 rows (so batching decodes changes nothing)."""
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.standard_normal((2, 576, 400), np.float32))
+    x = jnp.asarray(rng.standard_normal((16, 576), np.float32))
+    f = jax.jit(lambda x: kernels.layer_matmul(x, w, 1, use_kernel=True))
+    full = np.asarray(f(x))
+    for r in (0, 5, 6, 11, 15):
+        np.testing.assert_array_equal(np.asarray(f(x[r:r + 1]))[0], full[r])
+
+
+def test_vmap_and_scan():
+    """Under vmap (rows folded into one call) and inside a scan over layers (the LM's
+    use): equal to the unbatched calls."""
+    rng = np.random.default_rng(2)
+    w = jnp.asarray(rng.standard_normal((5, 40, 24), np.float32))
+    xs = jnp.asarray(rng.standard_normal((3, 2, 40), np.float32))
+    mm = lambda x, l: kernels.layer_matmul(x, w, l, use_kernel=True)   # noqa: E731
+    got = np.asarray(jax.jit(jax.vmap(lambda x: mm(x, 2)))(xs))
+    for i in range(3):
+        np.testing.assert_array_equal(got[i], np.asarray(jax.jit(mm)(xs[i], 2)))
+    ls = jnp.arange(5, dtype=jnp.int32)
+    got = np.asarray(jax.jit(lambda: jax.lax.scan(lambda c, l: (c, mm(xs[0], l)), 0, ls)[1])())
+    for l in range(5):
+        np.testing.assert_array_equal(got[l], np.asarray(jax.jit(mm)(xs[0], l)))
+    # a batched layer index takes the per-element path
+    got = np.asarray(jax.jit(jax.vmap(mm))(xs, jnp.asarray([0, 3, 4])))
+    for i, l in enumerate([0, 3, 4]):
+        np.testing.assert_array_equal(got[i], np.asarray(jax.jit(mm)(xs[i], l)))
+
+
+def _tiny_lm(arch: str, matmul: str):
+    from jaxcd.lm.gguf_weights import LlamaConfig
+    from jaxcd.lm.llama import JaxLM
+    from flax import nnx
+
+    cfg = LlamaConfig(arch=arch, vocab_size=64, hidden_size=48, intermediate_size=80,
+                      num_layers=3, num_heads=4, num_kv_heads=2, head_dim=12,
+                      rope_theta=10000.0, rms_eps=1e-5, context_length=64,
+                      tie_embeddings=arch == "llama", attention_bias=arch == "qwen2",
+                      eos_token_id=1)
+    lm = JaxLM(cfg, matmul=matmul)
+    from jaxcd.lm.llama import LlamaModel
+
+    model = LlamaModel(cfg, rngs=nnx.Rngs(3))
+    state = nnx.state(model)
+    # random biases (nnx initialises them to zero, which would not test their slicing)
+    rng = np.random.default_rng(4)
+    pure = jax.tree.map(lambda a: np.asarray(a) + 0.1 * rng.standard_normal(a.shape)
+                        .astype(np.float32), nnx.to_pure_dict(state))
+    return lm, lm.params_from_pure_dict(pure)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lm_decode_through_the_kernel_matches_the_copying_scan(arch):
+    from jaxcd.lm.interface import pad_prompts
+    from jaxcd.lm.llama import step_donated
+
+    lk, params = _tiny_lm(arch, "kernel")
+    lx, _ = _tiny_lm(arch, "xla")
+    assert lk.in_place_matmul() and not lx.in_place_matmul()
+    ids, lens = pad_prompts([[5, 6, 7, 8, 9], [10, 11]], pad_id=0)
+    ids, lens = jnp.asarray(ids), jnp.asarray(lens)
+    hlo = jax.jit(lambda p, s, t: lk._step(p, s, t)).lower(
+        params, lk.prefill(params, ids, lens, 12)[0], jnp.zeros(2, jnp.int32)).as_text()
+    assert hlo.count(kernels.TARGET) == 7           # q, k, v, o, gate, up, down
+    outs = {}
+    for name, lm in (("kernel", lk), ("xla", lx)):
+        state, lp = lm.prefill(params, ids, lens, 12)
+        lps = [lp]
+        for t in range(5):
+            state, lp = step_donated(lm, params, state, jnp.asarray([3 + t, 20 + t], jnp.int32))
+            lps.append(lp)
+        outs[name] = np.asarray(jnp.stack(lps))
+    assert np.isfinite(outs["xla"]).all()
+    np.testing.assert_allclose(outs["kernel"], outs["xla"], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(lk.logprobs_all(params, ids, lens)),
+                               np.asarray(lx.logprobs_all(params, ids, lens)), atol=2e-5, rtol=0)
+
+
+def test_mode_and_errors(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")
+    assert not kernels.lm_kernel_available()
+    lm, _ = _tiny_lm("llama", "auto")
+    assert not lm.in_place_matmul()
+    monkeypatch.setenv("JAXCD_LM_KERNEL", "bogus")
+    with pytest.raises(ValueError, match="JAXCD_LM_KERNEL"):
+        kernels.lm_kernel_available()
+    monkeypatch.delenv("JAXCD_LM_KERNEL")
+    with pytest.raises(ValueError, match="matmul"):
+        _tiny_lm("llama", "fast")
+    with pytest.raises(ValueError, match=r"\[L, K, N\]"):
+        kernels.layer_matmul(jnp.ones((2, 3)), jnp.ones((3, 4)), 0)
+    # without a compiler: one warning naming the reason, then unavailable
+    monkeypatch.setenv("CXX", "jaxcd-no-such-compiler")
+    monkeypatch.setenv("JAXCD_CACHE", str(tmp_path))
+    k = NativeKernel(Path(kernels.__file__).with_name("layer_matmul.cc"), "JaxcdLayerMatmul",
+                     "jaxcd_test_unbuilt", "fallback used")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert not k.available() and not k.available()
+    msgs = [str(m.message) for m in w]
+    assert len(msgs) == 1 and "no C++ compiler" in msgs[0] and "fallback used" in msgs[0]
