@@ -58,6 +58,25 @@ def test_matches_float64(M, K, N, dtype):
         assert np.abs(other - ref).max() > 100 * _bound(np.asarray(x, np.float64), w64).max()
 
 
+@pytest.mark.parametrize("M,K,N", [(1, 5, 3), (4, 576, 517), (16, 130, 260)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rows_matmul_matches_float64(M, K, N, dtype):
+    """The tied output projection ``x · Eᵀ`` (E ``[N, K]``), with the bound of a sum
+    split into 8 lanes (each ≤ ⌈K/8⌉ + the tail terms, then 3 levels of pairwise adds:
+    γ_{⌈K/8⌉+K%8+3} is within γ_K)."""
+    rng = np.random.default_rng(M + K + N)
+    e = jnp.asarray(rng.standard_normal((N, K), np.float32), dtype)
+    x = jnp.asarray(rng.standard_normal((2, M, K), np.float32))
+    f = jax.jit(lambda x: kernels.rows_matmul(x, e, use_kernel=True))
+    assert kernels.ROWS_TARGET in f.lower(x).as_text()
+    got = np.asarray(f(x), np.float64)
+    e64 = np.asarray(e.astype(jnp.float32), np.float64)
+    x64 = np.asarray(x, np.float64)
+    err = np.abs(got - x64 @ e64.T)
+    assert (err <= _bound(x64, e64.T)).all(), err.max()
+    np.testing.assert_array_equal(np.asarray(f(x[:, :1])), got[:, :1].astype(np.float32))
+
+
 def test_layer_index_clamps_like_a_dynamic_slice():
     rng = np.random.default_rng(0)
     w = jnp.asarray(rng.standard_normal((4, 32, 32), np.float32))
@@ -133,7 +152,10 @@ def test_lm_decode_through_the_kernel_matches_the_copying_scan(arch):
     ids, lens = jnp.asarray(ids), jnp.asarray(lens)
     hlo = jax.jit(lambda p, s, t: lk._step(p, s, t)).lower(
         params, lk.prefill(params, ids, lens, 12)[0], jnp.zeros(2, jnp.int32)).as_text()
-    assert hlo.count(kernels.TARGET) == 7           # q, k, v, o, gate, up, down
+    # q, k, v, o, gate, up, down; the output projection: the tied embedding row by row
+    # (llama), an untied head as a one-layer stack (qwen2)
+    assert hlo.count(kernels.TARGET) == (7 if arch == "llama" else 8)
+    assert hlo.count(kernels.ROWS_TARGET) == (1 if arch == "llama" else 0)
     outs = {}
     for name, lm in (("kernel", lk), ("xla", lx)):
         state, lp = lm.prefill(params, ids, lens, 12)

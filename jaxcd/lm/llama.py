@@ -522,10 +522,21 @@ class LlamaModel(nnx.Module):
             x = x * jnp.asarray(self.embed_scale, x.dtype)
         return x
 
-    def logits(self, h: jax.Array) -> jax.Array:
-        """Final norm and output projection: ``h`` ``[..., H]`` -> float32 ``[..., V]``."""
+    def logits(self, h: jax.Array, in_place: bool = False) -> jax.Array:
+        """Final norm and output projection: ``h`` ``[..., H]`` -> float32 ``[..., V]``.
+        ``in_place``: through the native kernels (:mod:`jaxcd.lm.kernels`; the tied
+        embedding read row by row, an untied head as a one-layer stack)."""
         n = self.norm(h)
-        if self.tie_embeddings:
+        if in_place:
+            from .kernels import layer_matmul, rows_matmul
+
+            if self.tie_embeddings:
+                out = rows_matmul(n, self.embed.embedding[...], precision=self.precision,
+                                  use_kernel=True)
+            else:
+                out = layer_matmul(n, self.lm_head.kernel[...][None], 0,
+                                   precision=self.precision, use_kernel=True)
+        elif self.tie_embeddings:
             emb = self.embed.embedding[...]
             out = jnp.einsum("...h,vh->...v", n.astype(emb.dtype), emb,
                              precision=self.precision, preferred_element_type=jnp.float32)
@@ -824,7 +835,7 @@ class JaxLM:
             "slot": jnp.full((B,), P, jnp.int32),
             "offset": offset,
         }
-        logits = model.logits(x[:, -1])
+        logits = model.logits(x[:, -1], self.in_place_matmul())
         return state, jax.nn.log_softmax(logits, axis=-1)
 
     def _step(self, params, state, tokens):
@@ -864,7 +875,8 @@ class JaxLM:
         kc = jax.lax.dynamic_update_slice(kc, jnp.moveaxis(ks, 0, 1), (z, z, z, z, slot))
         vc = jax.lax.dynamic_update_slice(vc, jnp.moveaxis(vs, 0, 1), (z, z, z, slot, z))
         new_state = {"k": kc, "v": vc, "slot": slot_b + 1, "offset": offset}
-        return new_state, jax.nn.log_softmax(model.logits(x[:, 0]), axis=-1)
+        return new_state, jax.nn.log_softmax(model.logits(x[:, 0], self.in_place_matmul()),
+                                             axis=-1)
 
     # -- the interface ----------------------------------------------------------------------
     def prefill(self, params: PyTree, prompt_ids: jax.Array, prompt_lengths: jax.Array,
@@ -914,7 +926,7 @@ class JaxLM:
     def _logprobs_all(self, params, prompt_ids, prompt_lengths):
         TRACE_COUNTS["all"] += 1
         model, x, _, _ = self._forward_prompt(params, prompt_ids, prompt_lengths)
-        return jax.nn.log_softmax(model.logits(x), axis=-1)
+        return jax.nn.log_softmax(model.logits(x, self.in_place_matmul()), axis=-1)
 
     def generate_greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                         params: PyTree | None = None, stop_at_eos: bool = True,

@@ -26,12 +26,15 @@ import jax.numpy as jnp
 
 from ...native_build import KernelUnavailable, NativeKernel
 
-__all__ = ["layer_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
+__all__ = ["layer_matmul", "rows_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
            "KernelUnavailable", "MAX_ROWS"]
 
 TARGET = "jaxcd_layer_matmul"
+ROWS_TARGET = "jaxcd_rows_matmul"
 _KERNEL = NativeKernel(Path(__file__).with_name("layer_matmul.cc"), "JaxcdLayerMatmul", TARGET,
                        "the LM uses XLA's dot for its layer matmuls")
+_ROWS = NativeKernel(Path(__file__).with_name("layer_matmul.cc"), "JaxcdRowsMatmul",
+                     ROWS_TARGET, "the LM uses XLA's dot for its output projection")
 
 #: Calls with more rows than this (prefill of long prompts) use XLA's dot on the layer's
 #: slice instead: the kernel does not block rows for cache, and at these sizes the
@@ -58,7 +61,8 @@ def lm_kernel_available() -> bool:
             raise KernelUnavailable(f"JAXCD_LM_KERNEL=ffi: the kernel is CPU-only "
                                     f"(backend {jax.default_backend()!r})")
         return False
-    return _KERNEL.available(required=mode == "ffi")
+    return (_KERNEL.available(required=mode == "ffi")
+            and _ROWS.available(required=mode == "ffi", warn=False))
 
 
 def build_error() -> str | None:
@@ -111,3 +115,44 @@ def layer_matmul(x: jax.Array, w: jax.Array, layer, precision=jax.lax.Precision.
         return _matmul(x2, w, layer).reshape(*lead, w.shape[2])
     wl = jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
     return jnp.dot(x, wl, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _rows_call(x2: jax.Array, e: jax.Array) -> jax.Array:
+    return jax.ffi.ffi_call(ROWS_TARGET, jax.ShapeDtypeStruct((x2.shape[0], e.shape[0]),
+                                                              jnp.float32))(x2, e)
+
+
+@jax.custom_batching.custom_vmap
+def _rows(x2, e):
+    return _rows_call(x2, e)
+
+
+@_rows.def_vmap
+def _rows_vmap(axis_size, in_batched, x2, e):
+    xb, eb = in_batched
+    if not eb:
+        y = _rows_call(x2.reshape(-1, x2.shape[-1]), e)
+        return y.reshape(axis_size, x2.shape[1], e.shape[0]), True
+    x2 = x2 if xb else jnp.broadcast_to(x2, (axis_size,) + x2.shape)
+    return jax.lax.map(lambda a: _rows_call(*a), (x2, e)), True
+
+
+def rows_matmul(x: jax.Array, e: jax.Array, precision=jax.lax.Precision.HIGHEST,
+                use_kernel: bool | None = None) -> jax.Array:
+    """``x [..., K] · e^T`` for ``e [N, K]`` (float32 or bfloat16): the tied output
+    projection (``e`` the token embedding). Float32 ``[..., N]``; the kernel under the
+    same conditions as :func:`layer_matmul`, else XLA's dot."""
+    if e.ndim != 2 or x.shape[-1] != e.shape[1]:
+        raise ValueError(f"rows_matmul: x {x.shape} and e {e.shape}: expected x [..., K] "
+                         f"and e [N, K]")
+    lead = x.shape[:-1]
+    rows = 1
+    for d in lead:
+        rows *= d
+    if use_kernel is None:
+        use_kernel = lm_kernel_available()
+    if use_kernel and rows <= MAX_ROWS and e.dtype in (jnp.float32, jnp.bfloat16):
+        x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
+        return _rows(x2, e).reshape(*lead, e.shape[0])
+    return jnp.einsum("...h,vh->...v", x.astype(e.dtype), e, precision=precision,
+                      preferred_element_type=jnp.float32)

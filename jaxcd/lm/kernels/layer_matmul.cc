@@ -227,6 +227,106 @@ ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer W,
   return ffi::Error::Success();
 }
 
+// ---------------------------------------------------------------------------------
+// y[M, N] = x[M, K] · E[N, K]^T: the tied output projection, whose weight is the token
+// embedding [V, H] (rows = outputs). Tiles of 3 rows of x × 4 rows of E (12 vector
+// accumulators over k), each E row streamed once per call and re-read from L1 for the
+// other row tiles; a horizontal sum per output. Same k-order float32 accumulation per
+// lane, so a row's result does not depend on M.
+inline float hsum(f8 v) {
+  float t[8];
+  std::memcpy(t, &v, sizeof t);
+  return ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+}
+
+template <int MR, int NRR, typename T>
+inline void rows_tile(const float* x, int64_t K, const T* e, float* y, int64_t N, int64_t m0,
+                      int64_t n0) {
+  f8 a[MR][NRR];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NRR; ++c) a[r][c] = f8{};
+  const int64_t K8 = K / 8 * 8;
+  for (int64_t k = 0; k < K8; k += 8) {
+    f8 w[NRR];
+    for (int c = 0; c < NRR; ++c) w[c] = load8(e + (n0 + c) * K + k);
+    for (int r = 0; r < MR; ++r) {
+      const f8 xv = load8(x + (m0 + r) * K + k);
+      for (int c = 0; c < NRR; ++c) a[r][c] += xv * w[c];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NRR; ++c) {
+      float acc = hsum(a[r][c]);
+      for (int64_t k = K8; k < K; ++k) acc += x[(m0 + r) * K + k] * to_f32(e[(n0 + c) * K + k]);
+      y[(m0 + r) * N + n0 + c] = acc;
+    }
+}
+
+template <int NRR, typename T>
+inline void rows_block(const float* x, int64_t M, int64_t K, const T* e, float* y, int64_t N,
+                       int64_t n0) {
+  int64_t m = 0;
+  for (; m + 3 <= M; m += 3) rows_tile<3, NRR>(x, K, e, y, N, m, n0);
+  if (M - m == 2) rows_tile<2, NRR>(x, K, e, y, N, m, n0);
+  if (M - m == 1) rows_tile<1, NRR>(x, K, e, y, N, m, n0);
+}
+
+template <typename T>
+void rows_range(const float* x, int64_t M, int64_t K, const T* e, float* y, int64_t N,
+                int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) rows_block<4>(x, M, K, e, y, N, n);
+  for (; n < n1; ++n) rows_block<1>(x, M, K, e, y, N, n);
+}
+
+ffi::Error RowsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer E,
+                    ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions();
+  auto ed = E.dimensions();
+  if (xd.size() != 2 || ed.size() != 2)
+    return ffi::Error::InvalidArgument("rows_matmul: x must be [M, K] and E [N, K]");
+  const int64_t M = xd[0], K = xd[1], N = ed[0];
+  if (ed[1] != K) return ffi::Error::InvalidArgument("rows_matmul: x's K != E's K");
+  if (static_cast<int64_t>(y->element_count()) != M * N)
+    return ffi::Error::InvalidArgument("rows_matmul: inconsistent shapes");
+  const bool bf16 = E.element_type() == ffi::DataType::BF16;
+  if (!bf16 && E.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("rows_matmul: E must be float32 or bfloat16");
+  const float* xp = x.typed_data();
+  float* yp = y->typed_data();
+  const void* ep = E.untyped_data();
+  auto run = [=](int64_t n0, int64_t n1) {
+    if (bf16)
+      rows_range(xp, M, K, static_cast<const uint16_t*>(ep), yp, N, n0, n1);
+    else
+      rows_range(xp, M, K, static_cast<const float*>(ep), yp, N, n0, n1);
+  };
+  int64_t nt = std::min<int64_t>(max_threads(), pool.num_threads() + 1);
+  nt = std::max<int64_t>(1, std::min<int64_t>(nt, (M * K * N) / (1 << 16)));
+  const int64_t blocks = (N + 255) / 256;          // 256 outputs per chunk
+  if (nt <= 1 || blocks < 2) {
+    run(0, N);
+    return ffi::Error::Success();
+  }
+  auto job = std::make_shared<Job>();
+  job->chunks = blocks;
+  job->per = 256;
+  job->tiles = N;
+  auto drain = [job, run]() {
+    for (;;) {
+      const int64_t c = job->next.fetch_add(1);
+      if (c >= job->chunks) return;
+      const int64_t n0 = c * job->per, n1 = std::min(job->tiles, n0 + job->per);
+      if (n0 < n1) run(n0, n1);
+      job->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t i = 1; i < nt; ++i) pool.Schedule([drain]() { drain(); });
+  drain();
+  while (job->done.load(std::memory_order_acquire) < job->chunks) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdLayerMatmul, Impl,
@@ -235,4 +335,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdLayerMatmul, Impl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdRowsMatmul, RowsImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
