@@ -109,12 +109,16 @@ def test_real_lm_rows_match_a_full_recompute(tiny):
     pats = [r"[0-9]{1,6}", r"(yes|no)", r"[a-f]+z", r"x[0-9a-c]{2,9}y"]
     fas = [compile_regex(p, vocab) for p in pats]
     rng = np.random.default_rng(0)
-    reqs = [Request(rng.integers(3, 250, size=int(rng.integers(1, 30))).tolist(),
+    # prompts of two prompt buckets (32 and 64): insert groups are prefilled at their own
+    # width and written at [s - P_g, s) of a cache laid out for the longest
+    reqs = [Request(rng.integers(3, 250, size=int(rng.integers(33, 50) if i % 5 == 2 else
+                                                   rng.integers(1, 30))).tolist(),
                     fas[i % 4], jax.random.PRNGKey(i)) for i in range(14)]
     st = ServeStats()
     n = 12
     out = serve(lm, params, reqs, budget=n, rows=4, group=2, stats=st)
     assert st.shifts >= 1                                     # the cache was shifted
+    assert 2 * 32 * st.inserts < st.prefill_tokens < 2 * 64 * st.inserts   # both widths
     eos = lm.eos_token_id
     for i, (r, o) in enumerate(zip(reqs, out)):
         assert o.valid and o.ended

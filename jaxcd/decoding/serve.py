@@ -15,7 +15,8 @@ spent on finished rows. :func:`serve` keeps every row busy instead:
    those rows; back to 2.
 
 Every shape is fixed by the engine's buckets (rows, prompt width, budget bucket,
-automaton bucket), so after one warm-up per bucket no request compiles anything.
+automaton bucket, and the insert group's prompt bucket), so after one warm-up per bucket
+no request compiles anything.
 
 **Same draws as one by one.** Each request carries its own key; step ``t`` of a request
 draws with ``fold_in(key, t)``, exactly what :func:`~jaxcd.decoding.decode.sample` does for
@@ -26,9 +27,12 @@ with the batch composition, so only a near-tie draw can differ.
 
 **The KV cache** (:class:`~jaxcd.lm.llama.JaxLM`'s layout: ``k [B, L, n_kv, D, S]``,
 ``v [B, L, n_kv, S, D]``, ``offset [B]``, one write slot ``s`` shared by the rows) has
-``S = P + 2N`` slots for prompt width ``P`` and budget bucket ``N``. A request inserted at
-slot ``s`` (``s ≥ P``) gets its prompt's keys and values in slots ``[s - P, s)`` and
-``offset = s - len(prompt)``, so its positions are those of a stand-alone prefill. Before
+``S = P + 2N`` slots for prompt width ``P`` and budget bucket ``N``. The requests inserted
+together are prefilled at their own prompt bucket ``P_g ≤ P`` (the longest prompt of the
+group, rounded up: a prefill costs its width, and most prompts of a stream are far shorter
+than its longest), and a request inserted at slot ``s`` (``s ≥ P``) gets its prompt's keys
+and values in slots ``[s - P_g, s)`` and ``offset = s - len(prompt)``, so its positions are
+those of a stand-alone prefill. Before
 an insertion that would leave fewer than ``N`` free slots, the cache is shifted left by
 ``δ = min(s - P, min offset of the live rows)`` (one roll of the cache, every ``~N``
 steps): live rows lose nothing, and afterwards ``s ≤ P + N``, so there is room for a
@@ -89,7 +93,8 @@ class ServeStats:
     step for all ``rows``), ``chunks`` (decode calls), ``inserts`` (insert calls, each up
     to ``group`` requests), ``shifts`` (cache shifts), ``row_steps`` (Σ over requests of
     their own steps: ``row_steps / (steps · rows)`` is the share of row-steps that did
-    useful work), ``groups`` (automaton buckets served, in order)."""
+    useful work), ``groups`` (automaton buckets served, in order), ``prefill_tokens``
+    (prompt tokens run through the LM by the inserts, padding included)."""
 
     rows: int = 0
     steps: int = 0
@@ -100,6 +105,7 @@ class ServeStats:
     groups: list = field(default_factory=list)
     decode_s: float = 0.0
     insert_s: float = 0.0
+    prefill_tokens: int = 0      # Σ over insert calls of group rows × prefill width
 
     @property
     def occupancy(self) -> float:
@@ -412,9 +418,13 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
                     offsets -= delta
                     st.shifts += 1
             pad = G - len(take)
+            # the group's own prompt bucket (<= P): most prompts are far shorter than the
+            # stream's longest, and the prefill's cost is its width
+            Pg = min(P, prompt_bucket(max(len(requests[i].prompt_ids) for i in take)))
             ids, lens = pad_prompts([requests[i].prompt_ids for i in take + take[-1:] * pad],
-                                    pad_id=pad_id, length=P)
-            new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), P)
+                                    pad_id=pad_id, length=Pg)
+            new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), Pg)
+            st.prefill_tokens += G * Pg
             new_fa = new_tables = None
             if constrained:
                 new_fa = stack_automata([requests[i].fa for i in take + take[-1:] * pad],
@@ -423,7 +433,7 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
             keys = jnp.stack([_raw_key(requests[i].key) for i in take + take[-1:] * pad])
             row_arr = jnp.asarray(rws + [B] * pad, jnp.int32)
             c, fa, tables = _insert(c, fa, tables, row_arr, new_state, new_logp, new_fa,
-                                    new_tables, keys, jnp.int32(s), constrained=constrained, P=P,
+                                    new_tables, keys, jnp.int32(s), constrained=constrained, P=Pg,
                                     eos=eos)
             for i, b in zip(take, rws):
                 holder[b] = i
