@@ -20,7 +20,9 @@ or death under the memory limit), compile error (the engine refused the schema).
 
 Engines:
 - ``jaxcd``: ``compile_json_schema(schema, vocab)`` with the defaults (strict, open
-  objects, schema property order, whitespace ``[ ]?``);
+  objects, ``property_order="auto"``, whitespace ``[ ]?``);
+- ``jaxcd_schema``: the same with ``property_order="schema"`` (the default before
+  session 11);
 - ``jaxcd_any``: the same with ``property_order="any"``;
 - ``jaxcd_nonstrict``: ``strict=False``;
 - ``llguidance``: ``LLMatcher.grammar_from_json_schema(schema)`` with its defaults;
@@ -56,7 +58,7 @@ DEFAULT_DATA = ROOT / "tests" / "data" / "maskbench"
 DEV_PREFIXES = ("Github_", "Glaiveai2K", "Synthesized", "BFCL_", "JME")
 HELDOUT_PREFIXES = ("Kubernetes", "Snowplow", "JsonSchemaStore", "WashingtonPost", "MCPspec",
                     "Handwritten")
-ENGINES = ("jaxcd", "jaxcd_any", "jaxcd_nonstrict", "llguidance", "xgrammar")
+ENGINES = ("jaxcd", "jaxcd_schema", "jaxcd_any", "jaxcd_nonstrict", "llguidance", "xgrammar")
 MEM_LIMIT = 4 << 30
 TIME_LIMIT = 60.0
 
@@ -158,6 +160,8 @@ class Setup:
             kw = {}
             if engine == "jaxcd_any":
                 kw["property_order"] = "any"
+            if engine == "jaxcd_schema":
+                kw["property_order"] = "schema"
             if engine == "jaxcd_nonstrict":
                 kw["strict"] = False
             t = time.perf_counter()

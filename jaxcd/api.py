@@ -19,7 +19,7 @@ from .automata.lifting import tensorize
 from .automata.pycall import tool_call_nfa
 from .automata.regex import regex_to_nfa
 from .automata.tensorized import TensorizedAutomaton, cache_key
-from .errors import BudgetTooSmallError, PrefixRejectedError
+from .errors import AutomatonTooLargeError, BudgetTooSmallError, PrefixRejectedError
 from .limits import CompileLimits, constraint_part, use_limits
 from .vocab import Vocabulary
 
@@ -119,7 +119,7 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         max_depth: int = DEFAULT_MAX_DEPTH,
                         limits: CompileLimits | None = None, *,
                         closed_objects: bool = False,
-                        property_order: str = "schema") -> TensorizedAutomaton:
+                        property_order: str = "auto") -> TensorizedAutomaton:
     """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
     (keywords and deliberate differences: ``docs/json_schema.md``).
 
@@ -129,17 +129,28 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     many times a recursive ``$ref`` is expanded inside itself, and the nesting depth
     of free-form values (``{}``, objects without ``properties``). ``closed_objects``:
     objects that declare properties take no other key (default: the specification's
-    open objects). ``property_order``: ``"schema"`` or ``"any"`` (docs/json_schema.md).
+    open objects). ``property_order``: ``"auto"`` (the default: properties in any order,
+    each at most once, where that fits a budget, else in the schema's order), ``"schema"``
+    or ``"any"`` (docs/json_schema.md). With ``"auto"``, a schema whose automaton passes a
+    compile limit is compiled again with ``"schema"`` before the error is raised.
     """
     src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
-        nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth,
-                                  closed_objects=closed_objects, property_order=property_order)
-        return _cached("json_schema", text,
-                       {"ws": whitespace_pattern, "strict": bool(strict), "depth": int(max_depth),
-                        "closed": bool(closed_objects), "order": property_order,
-                        "builder": 3},
-                       vocab, lambda: minimize(determinize(nfa)), cache)
+        def build(order):
+            nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth,
+                                      closed_objects=closed_objects, property_order=order)
+            return _cached("json_schema", text,
+                           {"ws": whitespace_pattern, "strict": bool(strict),
+                            "depth": int(max_depth), "closed": bool(closed_objects),
+                            "order": order, "builder": 4},
+                           vocab, lambda: minimize(determinize(nfa)), cache)
+        if property_order == "auto":
+            try:
+                return build("auto")
+            except AutomatonTooLargeError:
+                pass
+            return build("schema")
+        return build(property_order)
 
 
 def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,

@@ -1,7 +1,7 @@
 """MaskBench sample (tests/data/maskbench, development splits only; issue 22).
 
-Each file is a real JSON Schema with instances labelled valid or invalid. jaxcd (default
-settings: strict, open objects, schema property order) must
+Each file is a real JSON Schema with instances labelled valid or invalid. jaxcd (the default
+settings of ``compile_json_schema``: strict, open objects, ``property_order="auto"``) must
 
 - accept no invalid instance (MaskBench's label) and no instance that ``jsonschema``
   rejects (the independent oracle), and
@@ -64,7 +64,7 @@ def test_pass_rate_and_no_invalid_accepted():
         schema = doc["schema"]
         try:
             with use_limits(LIMITS):
-                d = minimize(determinize(schema_to_nfa(schema)[0]))
+                d = minimize(determinize(schema_to_nfa(schema, property_order="auto")[0]))
         except JaxcdError as e:
             assert str(e)                              # a clear message, not a crash
             failures[f.name] = type(e).__name__
@@ -95,7 +95,7 @@ def test_token_level_acceptance(smol_tokenizer, smol_vocab):
         doc = json.loads(f.read_text())
         try:
             fa = compile_json_schema(doc["schema"], smol_vocab)
-            d = minimize(determinize(schema_to_nfa(doc["schema"])[0]))
+            d = minimize(determinize(schema_to_nfa(doc["schema"], property_order="auto")[0]))
         except JaxcdError:
             continue
         for case in doc["tests"]:
@@ -154,11 +154,14 @@ def test_keywords_against_jsonschema(schema, valid, invalid):
 def test_closed_objects_and_property_order_options():
     s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
          "required": ["a"]}
-    spec = minimize(determinize(schema_to_nfa(s, "")[0]))
+    spec = minimize(determinize(schema_to_nfa(s, "", property_order="schema")[0]))
+    auto = minimize(determinize(schema_to_nfa(s, "", property_order="auto")[0]))
     closed = minimize(determinize(schema_to_nfa(s, "", closed_objects=True)[0]))
     anyord = minimize(determinize(schema_to_nfa(s, "", property_order="any")[0]))
     assert spec.accepts(b'{"a":1,"c":[]}') and not closed.accepts(b'{"a":1,"c":[]}')
     assert not spec.accepts(b'{"b":"x","a":1}') and anyord.accepts(b'{"b":"x","a":1}')
+    assert auto.accepts(b'{"b":"x","a":1}') and auto.accepts(b'{"b":"x","a":1,"c":[]}')
+    assert not auto.accepts(b'{"a":1,"b":"x","a":1}') and not auto.accepts(b'{"b":"x"}')
     assert anyord.accepts(b'{"c":0,"b":"x","a":1}') and not anyord.accepts(b'{"b":"x"}')
     assert not anyord.accepts(b'{"a":1,"a":2}')
     with pytest.raises(ValueError, match="property_order"):

@@ -59,7 +59,7 @@ def load_schema(schema: Any) -> tuple[Any, str]:
 
 
 def _builder(obj, whitespace_pattern, strict, max_depth, closed_objects=False,
-             property_order="schema") -> SchemaBuilder:
+             property_order="auto") -> SchemaBuilder:
     ws = "[ ]?" if whitespace_pattern is None else whitespace_pattern
     if property_order not in PROPERTY_ORDERS:
         raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got "
@@ -75,8 +75,12 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
     """``(byte NFA, canonical schema JSON)`` for a JSON Schema. ``closed_objects``:
     objects that declare properties accept no other key (the default follows the
     specification: extra keys are allowed unless ``additionalProperties: false``).
-    ``property_order``: ``"schema"`` (declared properties in the schema's order, extra
-    ones after them) or ``"any"`` (any order; bounded, see docs/json_schema.md)."""
+    ``property_order``: ``"schema"`` (this low-level function's default, which
+    experiments/bfcl.py relies on: declared properties in the schema's order, extra ones
+    after them), ``"auto"`` (:func:`jaxcd.compile_json_schema`'s default: declared
+    properties in any order, each at most once, for objects within a budget, else the
+    schema's order) or ``"any"`` (any order; an error past its limits). See
+    docs/json_schema.md."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     node = b.build()

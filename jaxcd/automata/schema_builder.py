@@ -159,10 +159,23 @@ NOT_ENFORCED = {"contains", "minContains", "maxContains", "unevaluatedItems", "$
 DEFAULT_MAX_PRODUCT_STATES = 20_000
 # dependentRequired / dependentSchemas / dependencies: each name doubles the cases
 MAX_DEPENDENCIES = 8
-PROPERTY_ORDERS = ("schema", "any")
+PROPERTY_ORDERS = ("auto", "schema", "any")
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
 MAX_ANY_ORDER_PROPERTIES = 10
+# property_order="auto" (the default of compile_json_schema): per object, the declared
+# properties in any order (each at most once) when the estimated NFA of that object stays
+# within AUTO_ORDER_STATES; else the required ones in any order (each once) with the
+# optional ones in the schema's order between them, within the same budget; else the
+# schema's order. All objects of a schema together spend at most AUTO_ORDER_TOTAL
+# estimated states on this (the inner objects are decided first).
+AUTO_ORDER_STATES = 8_000
+AUTO_ORDER_TOTAL = 80_000
+AUTO_ORDER_ROOT = 1.0
+# subschema paths below which an object is a value inside the document's object
+_VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
+                "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
+                "/unevaluatedProperties")
 #: ``uniqueItems``: the item language must be finite, with at most this many spellings
 #: and this many distinct values (the array automaton tracks the subset of values used)
 MAX_UNIQUE_SPELLINGS = 256
@@ -173,6 +186,8 @@ _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_ONE = ("additionalProperties", "propertyNames", "not", "if", "then", "else",
                   "contains", "unevaluatedProperties", "unevaluatedItems",
                   "additionalItems")
+# keywords enforced by automaton products (see _node)
+_PRODUCT_KW = ("__and", "oneOf", "not", "if")
 _TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 _OBJECT_KW = {"properties", "required", "additionalProperties", "minProperties",
               "maxProperties", "patternProperties", "propertyNames"}
@@ -471,6 +486,11 @@ class SchemaBuilder:
     # any order, recursion cut to any value) so that the difference never keeps an
     # invalid value
     _neg: bool = False
+    # property_order="auto": estimated NFA states spent on order-free objects so far
+    auto_spent: int = 0
+    auto_states: int = field(default_factory=lambda: AUTO_ORDER_STATES)
+    auto_total: int = field(default_factory=lambda: AUTO_ORDER_TOTAL)
+    auto_root: float = field(default_factory=lambda: AUTO_ORDER_ROOT)
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
 
@@ -576,22 +596,27 @@ class SchemaBuilder:
         depth is lowered (down to 1) before raising
         :class:`~jaxcd.errors.AutomatonTooLargeError` naming the innermost subschema over it;
         ``self.depth_used`` records the depth built."""
-        requested = self.max_depth
+        requested, order = self.max_depth, self.property_order
+        orders = ("auto", "schema") if order == "auto" else (order,)
         last = None
         try:
             for depth in range(requested, 0, -1):
-                self.max_depth = depth
-                self._any_cache.clear()
-                self._ref_stack.clear()
-                try:
-                    n = self.node(self.root, "")
-                except _TooBig as e:
-                    last = e
-                    continue
-                self.depth_used = depth
-                return n
+                # property_order="auto": the schema's order at the same depth before a
+                # lower depth
+                for o in orders:
+                    self.max_depth, self.property_order = depth, o
+                    self._any_cache.clear()
+                    self._ref_stack.clear()
+                    self.auto_spent = 0
+                    try:
+                        n = self.node(self.root, "")
+                    except _TooBig as e:
+                        last = e
+                        continue
+                    self.depth_used = depth
+                    return n
         finally:
-            self.max_depth = requested
+            self.max_depth, self.property_order = requested, order
         raise too_large("max_nfa_states", last.size, "NFA states", "build NFA",
                         part=f"the subschema at {last.path or '/'} of the JSON Schema (with "
                              "recursive $refs expanded once)", value=self.max_nfa_states)
@@ -648,6 +673,21 @@ class SchemaBuilder:
             # next to allOf first if "properties" is written before "allOf"
             parts = [rest] + subs if _before(schema, "properties", "allOf") else subs + [rest]
             return self.node(self.merge(parts, f"{path}/allOf"), path)
+        if self.property_order == "auto" and any(k in schema for k in _PRODUCT_KW):
+            # automaton products: if the order-free objects make an operand or product
+            # too large, the subschema is built again in the schema's order
+            try:
+                return self._node_rest(schema, path)
+            except AutomatonTooLargeError:
+                self.property_order = "schema"
+                try:
+                    return self._node_rest(schema, path)
+                finally:
+                    self.property_order = "auto"
+        return self._node_rest(schema, path)
+
+    def _node_rest(self, schema: dict, path: str) -> Node:
+        """``_node`` after ``$ref`` and ``allOf``."""
         if "__and" in schema:            # internal: conjuncts merge() could not combine
             rest = {k: v for k, v in schema.items() if k != "__and"}
             d = self.to_dfa(self.node(rest, path), path, "allOf")
@@ -1384,7 +1424,51 @@ class SchemaBuilder:
                     f"{MAX_ANY_ORDER_PROPERTIES} properties and max_nfa_states="
                     f"{self.max_nfa_states} (use property_order='schema')")
             return Node("objany", (tuple(members), extra, lo, hi, False), size * (1 << n) + 8)
+        if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
+            node = self._auto_object(members, extra, lo, hi, path)
+            if node is not None:
+                return node
         return Node("obj", (tuple(members), extra, lo, hi), size + 8)
+
+    def _auto_object(self, members, extra, lo, hi, path) -> Node | None:
+        """``property_order="auto"``: an ``objmix`` node (tracked members in any order,
+        each at most once; the others optional, in the schema's order, between them) or
+        None (the schema's order) when neither form fits the budget. The budget of the
+        document's own object (not inside a property, item or extra value) is at least
+        its size in the schema's order: it may double the automaton."""
+        root = not any(x in path for x in _VALUE_PATHS)
+        cap = (max(lo, hi if hi is not None else 0) + 1) if (lo or hi is not None) else 1
+        xs = extra.size if extra is not None else 0
+        req = tuple(m.required for m in members)
+        every = tuple(True for _ in members)
+        # (tracked members, extra members anywhere?): the closest form to the
+        # specification first; extra members after the declared ones is one copy of
+        # them instead of one per state
+        options = [(every, True), (every, False)] if extra is not None else [(every, False)]
+        if not all(req) and any(req):
+            options.append((req, False))
+        for tracked, anywhere in options:
+            t = sum(tracked)
+            if t > MAX_ANY_ORDER_PROPERTIES:
+                continue
+            m = len(members) - t
+            st = sum(x.value.size + x.key.size + 6 for x, f in zip(members, tracked) if f)
+            sc = sum(x.value.size + x.key.size + 6 for x, f in zip(members, tracked) if not f)
+            # copies: a tracked member is emitted from every state whose mask lacks
+            # it (2^(t-1) masks x (m+1) chain positions), a chain member and the
+            # extra members (anywhere) from every state; the budget counts the
+            # states beyond the schema order's one copy of each
+            full = cap * ((1 << max(t - 1, 0)) * (m + 1) * (st + 8)
+                          + (1 << t) * (sc + (xs * (m + 1) if anywhere else 0)))
+            est = max(full - cap * (st + sc + (xs if anywhere else 0)), 1)
+            base = cap * (st + sc + xs)
+            if ((est <= self.auto_states and self.auto_spent + est <= self.auto_total)
+                    or (root and est <= self.auto_root * base)):
+                self.auto_spent += est
+                size = full + (0 if anywhere else 2 * cap * xs) + 8
+                return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere),
+                            size)
+        return None
 
     def key_node(self, names: Any, path: str) -> Node:
         """Key strings allowed by ``propertyNames`` (a string schema)."""
@@ -1437,7 +1521,7 @@ def _first_bytes(node: Node) -> frozenset:
     if k == "lit":
         t = node.args[0].encode()
         return frozenset(t[:1]) if t else _ALL_BYTES
-    if k == "obj":
+    if k in ("obj", "objany", "objmix"):
         return frozenset(b"{")
     if k == "seq":
         return _first_bytes(node.args[0])
@@ -1608,7 +1692,86 @@ class _NFAEmitter:
             return self._obj(node, src)
         if k == "objany":
             return self._obj_any(node, src)
+        if k == "objmix":
+            return self._obj_mix(node, src)
         raise AssertionError(k)
+
+    def _obj_mix(self, node: Node, src: int) -> int:
+        """Tracked members in any order, each at most once (a subset mask); the other
+        members (optional) in the schema's order, each at most once (a position in
+        their chain), interleaved anywhere with the tracked ones; extra members anywhere
+        (``anywhere``) or after the declared ones (one shared tail). One state per
+        (mask, chain position, property count level, whether a member was emitted)."""
+        members, extra, lo, hi, tracked, anywhere = node.args
+        nfa = self.nfa
+        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
+        comma = seq(ws, lit(","), ws)
+        colon = seq(ws, lit(":"), ws)
+        start = self.emit(lit("{"), src)
+        close_in = nfa.add_state()
+        end = self.emit(seq(ws, lit("}")), close_in)
+        tr = [m for m, f in zip(members, tracked) if f]
+        chain = [m for m, f in zip(members, tracked) if not f]
+        assert not any(m.required for m in chain)
+        counted = bool(lo) or hi is not None
+        K = (max(lo, hi if hi is not None else 0) if counted else 0)
+        need = sum(1 << i for i, m in enumerate(tr) if m.required)
+
+        def ok_count(c):
+            return (not counted) or (c >= lo and (hi is None or c <= hi))
+
+        def can_add(c):
+            return not counted or hi is None or c < hi
+
+        tails: dict = {}
+
+        def tail(c, started):
+            """Extra members only, then close (required members all present)."""
+            if (c, started) not in tails:
+                q = tails[c, started] = nfa.add_state()
+                if can_add(c):
+                    nc = min(c + 1, K) if counted else 0
+                    a = self.emit(extra, self.emit(comma if started else ws, q))
+                    nfa.add_epsilon(a, tail(nc, True))
+                if ok_count(c):
+                    nfa.add_epsilon(q, close_in)
+            return tails[c, started]
+
+        states: dict = {}
+        work = []
+
+        def state(key):
+            if key not in states:
+                states[key] = nfa.add_state()
+                work.append(key)
+            return states[key]
+
+        nfa.add_epsilon(start, state((0, 0, 0, False)))
+        while work:
+            key = work.pop()
+            mask, pos, c, started = key
+            q = states[key]
+            nc = min(c + 1, K) if counted else 0
+            if can_add(c):
+                b = self.emit(comma if started else ws, q)
+                for i, m in enumerate(tr):
+                    if not mask >> i & 1:
+                        a = self.emit(m.value, self.emit(seq(m.key, colon), b))
+                        nfa.add_epsilon(a, state((mask | 1 << i, pos, nc, True)))
+                if pos < len(chain):
+                    m = chain[pos]
+                    a = self.emit(m.value, self.emit(seq(m.key, colon), b))
+                    nfa.add_epsilon(a, state((mask, pos + 1, nc, True)))
+                if extra is not None and anywhere:
+                    nfa.add_epsilon(self.emit(extra, b), state((mask, pos, nc, True)))
+            if pos < len(chain):
+                nfa.add_epsilon(q, state((mask, pos + 1, c, started)))
+            if mask & need == need:
+                if extra is not None and not anywhere:
+                    nfa.add_epsilon(q, tail(c, started))
+                elif ok_count(c):
+                    nfa.add_epsilon(q, close_in)
+        return end
 
     def _obj_any(self, node: Node, src: int) -> int:
         """Members in any order: one state per (subset of declared members emitted,

@@ -1,0 +1,248 @@
+"""Property order (issue 22): ``property_order="auto"`` (the default of
+``compile_json_schema``), ``"schema"`` and ``"any"``, checked by
+brute force against independent references:
+
+- ``jsonschema`` decides validity of every instance of a small enumeration (each subset
+  of the keys in every order, values from a small pool, plus texts that repeat a key);
+- the order rule is restated here independently of the builder: under ``"auto"`` an
+  object within the budget takes its declared properties in any order, and past it the
+  required ones in any order with the optional ones in the schema's order between them;
+- no text that repeats a declared key is ever accepted (generation must not write
+  ``{"a":1,"a":2}``).
+
+Seeded random schemas; the whole file takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from jaxcd.automata.fsa import determinize, minimize
+from jaxcd.automata.json_schema import schema_to_nfa
+from jaxcd.automata.schema_builder import SchemaBuilder, to_nfa
+
+VALUES = {"integer": [1, "s"], "string": ["s", None], "null": [None, 1]}
+POOL = [1, "s", None]
+
+
+def _dfa(schema, **kw):
+    kw.setdefault("property_order", "auto")        # compile_json_schema's default
+    return minimize(determinize(schema_to_nfa(schema, "", **kw)[0]))
+
+
+def _text(pairs) -> bytes:
+    return ("{" + ",".join(json.dumps(k) + ":" + json.dumps(v, separators=(",", ":"))
+                           for k, v in pairs) + "}").encode()
+
+
+def _instances(props, extra_key="z", dup_samples=30, rng=None):
+    """(pairs, has_duplicate) for every ordered subset of the keys (+ an extra key) with
+    one value of the declared type and one of another type each, and a sample of texts
+    that repeat a key."""
+    ks = list(props) + [extra_key]
+    pool = {k: VALUES[props[k]["type"]] if k in props else [1, None] for k in ks}
+    out = []
+    for r in range(len(ks) + 1):
+        for perm in itertools.permutations(ks, r):
+            for vals in itertools.product(*(pool[k] for k in perm)):
+                out.append((list(zip(perm, vals)), False))
+    rng = rng or random.Random(0)
+    for _ in range(dup_samples):
+        # a declared key twice (an extra key may repeat: its language is infinite, so
+        # no automaton tracks it; the schema order does the same)
+        k = rng.choice(list(props))
+        rest = rng.sample(ks, rng.randint(0, len(ks) - 1))
+        seq = rest + [k, k] if k not in rest else rest + [k]
+        rng.shuffle(seq)
+        out.append(([(x, rng.choice(POOL)) for x in seq], True))
+    return out
+
+
+def _random_object(rng, n):
+    names = [chr(ord("a") + i) for i in range(n)]
+    props = {k: {"type": rng.choice(list(VALUES))} for k in names}
+    req = [k for k in names if rng.random() < 0.5]
+    s = {"type": "object", "properties": props}
+    if req:
+        s["required"] = req
+    if rng.random() < 0.4:
+        s["additionalProperties"] = False
+    return s
+
+
+def _form(schema, **budget):
+    """(tracked property names, extra keys anywhere?) of the top object as built, or
+    (set(), False) for the schema's order."""
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    node = b.build()
+    names = list(schema.get("properties", {}))
+    if node.kind != "objmix":
+        return set(), False
+    return {k for k, f in zip(names, node.args[4]) if f}, node.args[5]
+
+
+def _order_ok(schema, keys, tracked, anywhere) -> bool:
+    """The order rule restated: declared properties that are not tracked keep the
+    schema's order among themselves; unless extra keys may come anywhere, they come
+    after every declared key."""
+    declared = list(schema.get("properties", {}))
+    chain = [k for k in declared if k not in tracked]
+    seen = [k for k in keys if k in chain]
+    if seen != sorted(seen, key=chain.index):
+        return False
+    if not anywhere:
+        pos = [i for i, k in enumerate(keys) if k in declared]
+        ext = [i for i, k in enumerate(keys) if k not in declared]
+        if pos and ext and min(ext) < max(pos):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_auto_order_brute_force_against_jsonschema(seed):
+    """Objects of 1-4 properties: exactly the valid instances without a repeated key
+    that follow the order rule of the form built; objects this small track every
+    declared property (any order)."""
+    rng = random.Random(seed)
+    schema = _random_object(rng, rng.randint(1, 4))
+    tracked, anywhere = _form(schema)
+    if len(schema["properties"]) > 1:
+        assert tracked == set(schema["properties"]), schema
+    d = _dfa(schema)                                   # "auto"
+    fixed = _dfa(schema, property_order="schema")
+    oracle = jsonschema.Draft202012Validator(schema)
+    n_valid = 0
+    for pairs, dup in _instances(schema["properties"], rng=rng):
+        keys = [k for k, _ in pairs]
+        got = d.accepts(_text(pairs))
+        want = (not dup and oracle.is_valid(dict(pairs))
+                and _order_ok(schema, keys, tracked, anywhere))
+        assert got == want, (schema, pairs)
+        n_valid += want
+        if fixed.accepts(_text(pairs)):                # schema order: a subset of auto
+            assert got, (schema, pairs)
+    assert n_valid > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_auto_order_past_budget_keeps_optional_in_schema_order(seed):
+    """A small budget forces the mixed form: required properties in any order, optional
+    ones in the schema's order among themselves; still sound and no repeated key."""
+    rng = random.Random(100 + seed)
+    schema = _random_object(rng, 4)
+    schema["required"] = ["a", "c"]
+    # the smallest budget that takes the mixed form: it exists, below the budget of
+    # the full any-order form
+    budget = next({"auto_states": n, "auto_root": 0} for n in range(0, 5000, 10)
+                  if _form(schema, auto_states=n, auto_root=0)[0])
+    tracked, anywhere = _form(schema, **budget)
+    assert tracked == {"a", "c"} and not anywhere
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    d = minimize(determinize(to_nfa(b.build(), "")))
+    oracle = jsonschema.Draft202012Validator(schema)
+    for pairs, dup in _instances(schema["properties"], rng=rng):
+        got = d.accepts(_text(pairs))
+        keys = [k for k, _ in pairs]
+        want = (not dup and oracle.is_valid(dict(pairs))
+                and _order_ok(schema, keys, tracked, anywhere))
+        assert got == want, (schema, pairs)
+
+
+def test_auto_order_budget_zero_is_schema_order():
+    rng = random.Random(7)
+    schema = _random_object(rng, 3)
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_states=0,
+                      auto_root=0)
+    d = minimize(determinize(to_nfa(b.build(), "")))
+    fixed = _dfa(schema, property_order="schema")
+    for pairs, _ in _instances(schema["properties"], rng=rng):
+        assert d.accepts(_text(pairs)) == fixed.accepts(_text(pairs))
+
+
+def test_auto_order_total_budget_falls_back_per_object():
+    """Inner objects are decided first; once the schema-wide budget is spent the outer
+    object keeps the schema's order (sound: a subset of the valid instances)."""
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+             "required": ["x", "y"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"p": inner, "q": {"type": "integer"}},
+              "required": ["p", "q"], "additionalProperties": False}
+    b = SchemaBuilder(schema, whitespace="", property_order="auto")
+    node = b.build()
+    assert node.kind == "objmix"
+    d = minimize(determinize(to_nfa(node, "")))
+    assert d.accepts(b'{"q":1,"p":{"y":2,"x":1}}')
+    assert not d.accepts(b'{"q":1,"p":{"y":2,"x":1},"q":1}')
+    inner_cost = SchemaBuilder(inner, whitespace="", property_order="auto")
+    inner_cost.build()
+    b2 = SchemaBuilder(schema, whitespace="", property_order="auto",
+                       auto_total=inner_cost.auto_spent, auto_root=0)
+    node2 = b2.build()
+    assert node2.kind == "obj"                # the outer object: schema order
+    d2 = minimize(determinize(to_nfa(node2, "")))
+    assert d2.accepts(b'{"p":{"y":2,"x":1},"q":1}')
+    assert not d2.accepts(b'{"q":1,"p":{"y":2,"x":1}}')
+
+
+def test_auto_order_root_object_may_double():
+    """The document's own object may double the automaton to take its properties in
+    any order (two members with large values); the same object as a property value
+    keeps the schema's order when past the per-object budget."""
+    big = {"type": "object", "properties": {f"k{i}": {"type": "string"} for i in range(6)}}
+    schema = {"type": "object", "properties": {"p": big, "q": {"type": "integer"}},
+              "required": ["p", "q"]}
+    small = {"auto_states": 10, "auto_total": 10}
+    assert _form(schema, **small)[0] == {"p", "q"}
+    assert _form(schema, auto_root=0, **small)[0] == set()
+    b = SchemaBuilder({"type": "object", "properties": {"w": schema}}, whitespace="",
+                      property_order="auto", **small)
+    assert b.build().args[0][0].value.kind == "obj"
+    d = _dfa(schema)
+    assert d.accepts(b'{"q":1,"p":{"k5":"x","k0":"y"}}')
+    assert not d.accepts(b'{"q":1,"p":{},"q":2}')
+
+
+def test_auto_order_min_max_properties():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                               "c": {"type": "integer"}},
+              "minProperties": 2, "maxProperties": 3, "additionalProperties": False}
+    d = _dfa(schema)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for r in range(4):
+        for perm in itertools.permutations("abc", r):
+            pairs = [(k, 1) for k in perm]
+            assert d.accepts(_text(pairs)) == oracle.is_valid(dict(pairs)), perm
+    assert not d.accepts(b'{"a":1,"a":1}')
+
+
+def test_auto_order_one_of_falls_back_when_products_are_too_large(monkeypatch):
+    """Under oneOf/not/if the operands are determinised; if the order-free objects make
+    an operand or product too large, the subschema is rebuilt in the schema's order.
+    (Simulated: the product refuses every operand built while the order is "auto".)"""
+    from jaxcd.errors import AutomatonTooLargeError
+    a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+         "required": ["x", "y"], "additionalProperties": False}
+    b = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+         "additionalProperties": False}
+    schema = {"oneOf": [a, b]}
+    real = SchemaBuilder._product
+
+    def product(self, *args):
+        if self.property_order == "auto":
+            raise AutomatonTooLargeError("simulated")
+        return real(self, *args)
+
+    monkeypatch.setattr(SchemaBuilder, "_product", product)
+    builder = SchemaBuilder(schema, whitespace="", property_order="auto")
+    d = minimize(determinize(to_nfa(builder.build(), "")))
+    assert builder.property_order == "auto"
+    assert d.accepts(b'{"x":1,"y":2}') and d.accepts(b'{"x":1}')
+    assert not d.accepts(b'{"y":2,"x":1}')          # rebuilt in the schema's order
+    monkeypatch.setattr(SchemaBuilder, "_product", real)
+    d2 = _dfa(schema)
+    assert d2.accepts(b'{"y":2,"x":1}') and d2.accepts(b'{"x":1}')
+    assert not d2.accepts(b'{"x":1,"y":2,"x":1}')
