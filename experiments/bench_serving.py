@@ -265,11 +265,21 @@ def main(argv=None) -> int:
     # warm-up call (one request per automaton bucket plus the longest prompt, so that the
     # stream's common bucket and prompt bucket are the same) that compiles its programs
     if "continuous" in a.modes:
-        longest = max(reqs, key=lambda r: len(m.encode_prompt(r["prompt"])))
+        # serve() prefills each insert group at the group's own prompt bucket: the warm-up
+        # holds, for every prompt bucket of the stream, one whole group (serve's default
+        # group = batch // 4 requests) of prompts of that bucket, placed first so that the
+        # first fill inserts them as groups of their own (the widest bucket's group also
+        # sets the stream's width), then one request per automaton bucket
+        G = max(1, a.batch // 4)
+        by_width = {}
+        for r in reqs:
+            by_width.setdefault(prompt_bucket(len(m.encode_prompt(r["prompt"]))), []).append(r)
+        blocks = [by_width[w][:G] for w in sorted(by_width)]
+        warm_reqs = [r for blk in sorted(blocks, key=len, reverse=True) for r in blk]
         firsts = {}
         for r in reqs:
             firsts.setdefault(tuple(r["bucket"]), r)
-        warm_reqs = list(firsts.values()) + [longest]
+        warm_reqs += [r for r in firsts.values() if all(r is not x for x in warm_reqs)]
         with phase("continuous_warmup"):
             c0 = compile_stats.snapshot()
             jaxcd.generate([r["prompt"] for r in warm_reqs],
@@ -298,6 +308,7 @@ def main(argv=None) -> int:
             "row_steps": sum(len(o.token_ids[0]) + int(o.ended[0]) for o in outs),
             "occupancy": st["occupancy"], "inserts": st["inserts"], "chunks": st["chunks"],
             "shifts": st["shifts"], "insert_s": st["insert_s"], "decode_s": st["decode_s"],
+            "prefill_tokens": st.get("prefill_tokens"),
             "groups": st["buckets"],
         }
         print(f"  continuous: {len(reqs)} requests, wall {ph['wall_s']:.1f}s (+ warm-up "
@@ -371,7 +382,8 @@ def main(argv=None) -> int:
     if cb:
         lines += ["", f"Continuous batching: occupancy {cb['occupancy']:.2f} (share of row-steps "
                   f"that decoded a live request), {cb['inserts']} insert calls "
-                  f"({cb['insert_s']:.1f} s), {cb['chunks']} decode calls, {cb['shifts']} cache "
+                  f"({cb['insert_s']:.1f} s; {cb['prefill_tokens']} prompt tokens prefilled, "
+                  f"padding included), {cb['chunks']} decode calls, {cb['shifts']} cache "
                   f"shifts; its warm-up call ({cb['warmup']['requests']} requests, "
                   f"{cb['warmup']['wall_s']:.1f} s) counted as overhead: "
                   + (f"{res['continuous_speedup_with_warmup']:.2f}×." if o else "–")]

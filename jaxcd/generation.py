@@ -536,7 +536,8 @@ def _generate_continuous(m: Model, prompts, fas, auto_s, *, method, budget, temp
              "prompt_bucket": prompt_bucket(max(len(p) for p in prompt_ids)),
              "bucket": st.groups[0] if len(st.groups) == 1 else None, "buckets": st.groups,
              "occupancy": round(st.occupancy, 4), "inserts": st.inserts, "chunks": st.chunks,
-             "shifts": st.shifts, "insert_s": round(st.insert_s, 4), **comp}
+             "shifts": st.shifts, "insert_s": round(st.insert_s, 4),
+             "prefill_tokens": st.prefill_tokens, **comp}
     return _results(m, fas, prompt_ids, row_of, toks, [o.valid for o in outs],
                     [o.ended for o in outs], stats)
 
