@@ -96,9 +96,10 @@ class Case:
             self.fa = compile_regex(source, vocab)
             self.pattern, flags = source, 0
         else:
-            # closed objects: the regex oracle has no form for open objects' extra keys
+            # closed objects: the regex oracle has no form for open objects' extra keys;
+            # the schema's property order: nor for "auto"'s order-free objects
             self.fa = compile_json_schema(source, vocab, whitespace_pattern="",
-                                          closed_objects=True)
+                                          closed_objects=True, property_order="schema")
             self.pattern, _ = schema_to_regex(source, "", closed_objects=True)
             flags = regex.ASCII      # jaxcd compiles the JSON regex with re.ASCII
         self.oracle = Oracle(self.pattern, flags, vocab.token_bytes, ~vocab.is_special,
