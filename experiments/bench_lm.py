@@ -14,7 +14,10 @@ weights in memory), and for batch sizes 1 and 16, a ~32-token prompt and 64 new 
 * ``jax-step``: a Python loop around the jitted, buffer-donating ``JaxLM`` decode step
   (+ ``jnp.argmax``), i.e. how a host-driven decoder calls the LM;
 * ``jax-scan``: the whole greedy loop as one jitted program (prefill + ``lax.scan``),
-  i.e. how a jitted decoder uses it; its decode time is (total - prefill).
+  i.e. how a jitted decoder uses it; its decode time is (total - prefill);
+* ``jax-step (xla dots)``: ``jax-step`` with ``JaxLM(matmul="xla")``, the layer scan
+  copying each layer's weights into XLA's dots (what ran before the native layer
+  kernel, :mod:`jaxcd.lm.kernels`; still what GPU/TPU and sharded weights run).
 
 Decode ms/token = decode wall time / 63 steps (the first new token comes from the
 prefill, which is timed separately). One warm-up run per implementation (compilation)
@@ -177,6 +180,12 @@ def bench_model(args, model_name, lm, hf, torch_threads):
             "jax-step": jax_step_runner(lm, lm.params, ids, n),
             "jax-scan": jax_scan_runner(lm, lm.params, ids, n),
         }
+        if lm.in_place_matmul():     # the copying layer scan (XLA's dots), for comparison
+            from jaxcd.lm.llama import JaxLM
+
+            lm_x = JaxLM(lm.config, dtype=lm.dtype, precision=lm.precision,
+                         attn_block=lm.attn_block, matmul="xla")
+            runners["jax-step (xla dots)"] = jax_step_runner(lm_x, lm.params, ids, n)
         if torch_threads == 1:
             runners.pop("torch (1t)")
         if args.no_scan:
@@ -326,7 +335,7 @@ def summarize(rows):
             sub = {r["impl"]: r for r in rows if r["batch"] == B and r.get("model", "") == model}
             med = {k: float(np.median(r["decode_ms_per_token_runs"])) for k, r in sub.items()}
             best = min((k for k in sub if k.startswith("torch")), key=med.get)
-            jx = [k for k in ("jax-step", "jax-scan") if k in sub]
+            jx = [k for k in ("jax-step", "jax-scan", "jax-step (xla dots)") if k in sub]
             per[str(B)] = {
                 "best_torch": best,
                 "median_ms": med,
@@ -378,7 +387,8 @@ def to_markdown(result):
         for B, s in per.items():
             parts = [f"{k} ×{s[f'speedup_{k}_vs_best_torch']:.2f} "
                      f"(paired ×{s[f'paired_median_{k}']:.2f})"
-                     for k in ("jax-step", "jax-scan") if f"speedup_{k}_vs_best_torch" in s]
+                     for k in ("jax-step", "jax-scan", "jax-step (xla dots)")
+                     if f"speedup_{k}_vs_best_torch" in s]
             lines.append(f"- {model}, batch {B} (vs {s['best_torch']}): " + ", ".join(parts))
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,8 @@ Each kernel is one C++ file against the headers that ship with jaxlib
 (``jax.ffi.include_dir()``), compiled on first use with the system C++ compiler
 (``$CXX``, default ``g++``; a few seconds) into the jaxcd cache (``$JAXCD_CACHE`` or
 ``~/.cache/jaxcd``, folder ``kernels``), keyed by the source, the jaxlib version, the
-compiler and the CPU's flags, and registered with ``jax.ffi`` for the CPU platform.
+compiler and the CPU's flags (and the shared header ``native_include/jaxcd_native.h``),
+and registered with ``jax.ffi`` for the CPU platform.
 Used by :mod:`jaxcd.decoding.kernels` (P-GCD scoring) and :mod:`jaxcd.lm.kernels`
 (the LM's in-place layer matmul).
 """
@@ -23,6 +24,8 @@ import warnings
 from pathlib import Path
 
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-pthread", "-w"]
+#: Headers shared by the kernels (``jaxcd_native.h``), on the include path.
+INCLUDE = Path(__file__).with_name("native_include")
 
 
 class KernelUnavailable(RuntimeError):
@@ -59,7 +62,7 @@ def build(src: Path) -> Path:
                                  timeout=30).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError) as e:
         raise KernelUnavailable(f"{cxx} --version failed: {e}") from e
-    code = src.read_bytes()
+    code = src.read_bytes() + b"".join(h.read_bytes() for h in sorted(INCLUDE.glob("*.h")))
     key = hashlib.sha256(b"\0".join([code, jaxlib.__version__.encode(), version.encode(),
                                      _cpu_flags().encode(), " ".join(FLAGS).encode()]))
     out = _cache_root() / f"{src.stem}-{key.hexdigest()[:16]}.so"
@@ -68,7 +71,8 @@ def build(src: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         so = Path(tmp) / out.name
-        cmd = [exe, *FLAGS, "-I", jax.ffi.include_dir(), str(src), "-o", str(so)]
+        cmd = [exe, *FLAGS, "-I", str(INCLUDE), "-I", jax.ffi.include_dir(), str(src), "-o",
+               str(so)]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:

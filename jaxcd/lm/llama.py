@@ -78,20 +78,21 @@ The ``L`` blocks are one :class:`Block` whose parameters are stored stacked, wit
 leading layer axis (``params["layers"]["attn"]["q_proj"]["kernel"]`` is
 ``[L, H, n_h D]``), and prefill, decode step and :meth:`JaxLM.logprobs_all` run them
 as one ``lax.scan`` over that axis. XLA compiles a single block whatever the depth, so
-compile time does not grow with ``L`` (``experiments/bench_lm_compile.py``). The price,
-on XLA:CPU (and GPU, short of XLA's dynamic-slice fusion): a matrix product cannot
-read its weight at a dynamic offset of the stacked array, so each scan iteration first
-copies its layer's weights, one extra pass over all weights per call (~540 MB for
-SmolLM2-135M in float32). Measured on a shared 2-core CPU: a decode step ~20-30%
-slower at batch 16 and ~35-55% at batch 1 than the unrolled loop it replaced.
-Tried against this (``experiments/bench_lm_compile.py --layer-forms``,
-``results/bench_lm_layer_forms.json``, a 7-matmul block at SmolLM2's shapes): weights
-stored per layer with each matmul a ``lax.switch`` over one-dot branches reads every
-weight in place and runs as fast as the unrolled loop (2.5x the stacked scan at batch 1,
-1.4x at batch 16), but its compile grows with depth like the unrolled loop (XLA:CPU
-compiles every branch), so it does not meet the flat-compile requirement. Static slices
-inside the branches copy again. What is left: a CPU matmul kernel (XLA FFI) that reads
-layer ``l`` of the stacked weight at an offset.
+compile time does not grow with ``L`` (``experiments/bench_lm_compile.py``).
+
+XLA:CPU's dot cannot read its weight at a dynamic offset of the stacked array, so a
+plain scan over the stacked weights first copies each layer's slice, and XLA's dot
+fusions at decode shapes (a few rows) run well below this CPU's limits. On CPU the
+projections therefore go through native kernels (:mod:`jaxcd.lm.kernels`, XLA FFI):
+:meth:`LlamaModel.run_layers` in its ``in_place`` mode closes over the stacked kernels
+and each :class:`Dense` multiplies by layer ``l`` where it lies
+(:func:`~jaxcd.lm.kernels.layer_matmul`); the tied output projection reads the
+embedding row by row (:func:`~jaxcd.lm.kernels.rows_matmul`). ``JaxLM(matmul=...)``:
+``"auto"`` (default: the kernels on the CPU backend when they build), ``"kernel"``,
+``"xla"`` (the copying scan: GPU/TPU, and weights sharded over a mesh). Calls with more
+than :data:`~jaxcd.lm.kernels.MAX_ROWS` rows (long prefills) use XLA's dot on the
+layer's slice. ``experiments/bench_lm.py`` times both forms side by side
+(``jax-step`` and ``jax-step (xla dots)``).
 
 Called eagerly (outside a caller's jit), :meth:`JaxLM.step` cannot update the cache in
 place and copies it; host loops should use :func:`step_donated`, which donates the
@@ -323,15 +324,26 @@ class Dense(nnx.Linear):
     layer = None
 
     def __call__(self, x, out_sharding=None):
-        kernel = self.kernel[...]
-        if kernel.ndim != 3:
+        if self.kernel[...].ndim != 3:
             return super().__call__(x, out_sharding)
-        from .kernels import layer_matmul
+        return Dense.many([self], x)[0]
 
-        y = layer_matmul(x, kernel, self.layer, precision=self.precision)
-        if self.bias is not None:       # already layer l's (run_layers scans the biases)
-            y = y + self.bias[...].astype(jnp.float32)
-        return y.astype(self.dtype or x.dtype)
+    @staticmethod
+    def many(projs: Sequence["Dense"], x: jax.Array) -> list[jax.Array]:
+        """``[p(x) for p in projs]``; in the in-place mode as one kernel call for all of
+        them (q/k/v, gate/up: they share ``x`` and the layer)."""
+        if projs[0].kernel[...].ndim != 3:
+            return [p(x) for p in projs]
+        from .kernels import layer_matmuls
+
+        p0 = projs[0]
+        ys = layer_matmuls(x, [p.kernel[...] for p in projs], p0.layer, precision=p0.precision)
+        out = []
+        for p, y in zip(projs, ys):
+            if p.bias is not None:       # already layer l's (run_layers scans the biases)
+                y = y + p.bias[...].astype(jnp.float32)
+            out.append(y.astype(p.dtype or x.dtype))
+        return out
 
 
 class Attention(nnx.Module):
@@ -357,9 +369,10 @@ class Attention(nnx.Module):
         """``x`` ``[B, T, H]`` -> rotated ``q`` ``[B, T, n_h, D]``; ``k`` ``[B, n_kv, D, T]``
         and ``v`` ``[B, n_kv, T, D]`` (the cache layouts)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).reshape(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).reshape(B, T, self.num_kv_heads, self.head_dim)
+        q, k, v = Dense.many([self.q_proj, self.k_proj, self.v_proj], x)
+        q = q.reshape(B, T, self.num_heads, self.head_dim)
+        k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         k = apply_rope(k, cos, sin)
@@ -378,9 +391,9 @@ class MLP(nnx.Module):
         self.activation = cfg.mlp_activation
 
     def __call__(self, x):
-        g = self.gate_proj(x)
+        g, u = Dense.many([self.gate_proj, self.up_proj], x)
         g = jax.nn.gelu(g, approximate=True) if self.activation == "gelu_tanh" else jax.nn.silu(g)
-        return self.down_proj(g * self.up_proj(x))
+        return self.down_proj(g * u)
 
 
 class Block(nnx.Module):

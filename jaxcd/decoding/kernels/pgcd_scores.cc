@@ -29,36 +29,16 @@
 #include <immintrin.h>
 #endif
 
+#include "jaxcd_native.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef uint16_t u8h __attribute__((vector_size(16)));
-typedef uint32_t u8w __attribute__((vector_size(32)));
-
-inline f8 load8(const float* p) {
-  f8 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-inline f8 load8(const uint16_t* p) {  // bfloat16 -> float32: the high half of the bits
-  u8h h;
-  std::memcpy(&h, p, sizeof h);
-  u8w w = __builtin_convertvector(h, u8w) << 16;
-  f8 x;
-  std::memcpy(&x, &w, sizeof x);
-  return x;
-}
-inline float to_f32(float x) { return x; }
-inline float to_f32(uint16_t x) {
-  uint32_t b = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
+using jaxcd::f8;
+using jaxcd::load8;
+using jaxcd::to_f32;
 inline float hsum(f8 x) {
   float s = 0.f;
   for (int j = 0; j < 8; ++j) s += x[j];
@@ -282,12 +262,7 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
 }
 
 int64_t num_threads(int64_t words) {
-  static const int64_t hw = [] {
-    const char* e = std::getenv("JAXCD_KERNEL_THREADS");
-    int64_t n = e ? std::atoll(e) : static_cast<int64_t>(std::thread::hardware_concurrency());
-    return std::max<int64_t>(1, n);
-  }();
-  return std::max<int64_t>(1, std::min<int64_t>(hw, words / 64));
+  return std::max<int64_t>(1, std::min<int64_t>(jaxcd::max_threads(), words / 64));
 }
 
 ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ...native_build import KernelUnavailable, NativeKernel
 
-__all__ = ["layer_matmul", "rows_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
+__all__ = ["layer_matmul", "layer_matmuls", "rows_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
            "KernelUnavailable", "MAX_ROWS"]
 
 TARGET = "jaxcd_layer_matmul"
@@ -71,50 +71,66 @@ def build_error() -> str | None:
     return _KERNEL.error
 
 
-def _call(x2: jax.Array, w: jax.Array, layer: jax.Array) -> jax.Array:
-    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x2.shape[0], w.shape[2]),
-                                                         jnp.float32))(x2, w, layer)
+def _call(x2: jax.Array, layer: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+    outs = tuple(jax.ShapeDtypeStruct((x2.shape[0], w.shape[2]), jnp.float32) for w in ws)
+    return tuple(jax.ffi.ffi_call(TARGET, outs)(x2, layer, *ws))
 
 
 @jax.custom_batching.custom_vmap
-def _matmul(x2, w, layer):
-    return _call(x2, w, layer)
+def _matmul(x2, layer, ws):
+    return _call(x2, layer, *ws)
 
 
 @_matmul.def_vmap
-def _matmul_vmap(axis_size, in_batched, x2, w, layer):
-    xb, wb, lb = in_batched
-    if not wb and not lb:       # only the rows are batched: fold them into M
-        y = _call(x2.reshape(-1, x2.shape[-1]), w, layer)
-        return y.reshape(axis_size, x2.shape[1], w.shape[2]), True
-    x2 = x2 if xb else jnp.broadcast_to(x2, (axis_size,) + x2.shape)
-    w = w if wb else jnp.broadcast_to(w, (axis_size,) + w.shape)
-    layer = layer if lb else jnp.broadcast_to(layer, (axis_size,))
-    return jax.lax.map(lambda a: _call(*a), (x2, w, layer)), True
+def _matmul_vmap(axis_size, in_batched, x2, layer, ws):
+    xb, lb, wbs = in_batched
+    if not lb and not any(wbs):   # only the rows are batched: fold them into M
+        ys = _call(x2.reshape(-1, x2.shape[-1]), layer, *ws)
+        return (tuple(y.reshape(axis_size, x2.shape[1], y.shape[-1]) for y in ys),
+                (True,) * len(ws))
+    bc = lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)  # noqa: E731
+    ys = jax.lax.map(lambda a: _call(a[0], a[1], *a[2]),
+                     (bc(x2, xb), bc(layer, lb), tuple(bc(w, b) for w, b in zip(ws, wbs))))
+    return ys, (True,) * len(ws)
+
+
+def _rows_of(x) -> int:
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    return rows
+
+
+def layer_matmuls(x: jax.Array, ws, layer, precision=jax.lax.Precision.HIGHEST,
+                  use_kernel: bool | None = None) -> list[jax.Array]:
+    """``[x · w[layer] for w in ws]`` for stacked weights ``w [L, K, N_w]`` (float32 or
+    bfloat16) sharing ``x [..., K]`` and an int ``layer`` (traced or not; clamped to
+    ``[0, L)`` like a dynamic slice), in ONE kernel call (q/k/v, gate/up). Float32
+    ``[..., N_w]`` each, accumulated in float32. Uses the kernel when
+    :func:`lm_kernel_available` (or ``use_kernel``) and the rows number at most
+    :data:`MAX_ROWS`, else XLA's dot on each ``w[layer]`` at ``precision``."""
+    ws = list(ws)
+    for w in ws:
+        if w.ndim != 3 or x.shape[-1] != w.shape[1]:
+            raise ValueError(f"layer_matmul: x {x.shape} and w {w.shape}: expected x [..., K] "
+                             f"and w [L, K, N]")
+    layer = jnp.asarray(layer, jnp.int32)
+    lead, rows = x.shape[:-1], _rows_of(x)
+    if use_kernel is None:
+        use_kernel = lm_kernel_available()
+    if use_kernel and rows <= MAX_ROWS and all(w.dtype in (jnp.float32, jnp.bfloat16)
+                                               for w in ws):
+        x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
+        return [y.reshape(*lead, y.shape[-1]) for y in _matmul(x2, layer, tuple(ws))]
+    return [jnp.dot(x, jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False),
+                    precision=precision, preferred_element_type=jnp.float32) for w in ws]
 
 
 def layer_matmul(x: jax.Array, w: jax.Array, layer, precision=jax.lax.Precision.HIGHEST,
                  use_kernel: bool | None = None) -> jax.Array:
-    """``x [..., K] · w[layer]`` for ``w [L, K, N]`` (float32 or bfloat16) and an int
-    ``layer`` (traced or not; clamped to ``[0, L)`` like a dynamic slice). Returns
-    float32 ``[..., N]`` (accumulated in float32). Uses the kernel when
-    :func:`lm_kernel_available` (or ``use_kernel``) and the rows number at most
-    :data:`MAX_ROWS`, else XLA's dot on ``w[layer]`` at ``precision``."""
-    if w.ndim != 3 or x.shape[-1] != w.shape[1]:
-        raise ValueError(f"layer_matmul: x {x.shape} and w {w.shape}: expected x [..., K] "
-                         f"and w [L, K, N]")
-    layer = jnp.asarray(layer, jnp.int32)
-    lead = x.shape[:-1]
-    rows = 1
-    for d in lead:
-        rows *= d
-    if use_kernel is None:
-        use_kernel = lm_kernel_available()
-    if use_kernel and rows <= MAX_ROWS and w.dtype in (jnp.float32, jnp.bfloat16):
-        x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
-        return _matmul(x2, w, layer).reshape(*lead, w.shape[2])
-    wl = jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False)
-    return jnp.dot(x, wl, precision=precision, preferred_element_type=jnp.float32)
+    """``x [..., K] · w[layer]`` for one stacked weight ``w [L, K, N]``: see
+    :func:`layer_matmuls`."""
+    return layer_matmuls(x, [w], layer, precision, use_kernel)[0]
 
 
 def _rows_call(x2: jax.Array, e: jax.Array) -> jax.Array:
@@ -145,10 +161,7 @@ def rows_matmul(x: jax.Array, e: jax.Array, precision=jax.lax.Precision.HIGHEST,
     if e.ndim != 2 or x.shape[-1] != e.shape[1]:
         raise ValueError(f"rows_matmul: x {x.shape} and e {e.shape}: expected x [..., K] "
                          f"and e [N, K]")
-    lead = x.shape[:-1]
-    rows = 1
-    for d in lead:
-        rows *= d
+    lead, rows = x.shape[:-1], _rows_of(x)
     if use_kernel is None:
         use_kernel = lm_kernel_available()
     if use_kernel and rows <= MAX_ROWS and e.dtype in (jnp.float32, jnp.bfloat16):

@@ -1,70 +1,48 @@
-// y[M, N] = x[M, K] · W[l, K, N] for a layer index l, reading layer l of the stacked
-// weight in place (XLA FFI, CPU).
+// The LM's projections on CPU (XLA FFI), reading stacked weights in place.
+//
+// JaxcdLayerMatmul: y_j[M, N_j] = x[M, K] · W_j[l, K, N_j] for one or more weights W_j
+// (e.g. q, k and v) sharing the input x and a layer index l, reading layer l of each
+// stacked weight where it lies.
 //
 // Why: the LM's layers run as one lax.scan over weights stacked [L, ...] so that XLA
 // compiles one block whatever the depth. XLA:CPU's dot cannot read its operand at a
-// dynamic offset, so every scan iteration first copies its layer's weights (a second
-// pass over all weights per decode step). This kernel takes the whole stacked array
-// and the index and reads the layer where it lies.
+// dynamic offset, so every scan iteration first copies its layer's weights, and its dot
+// fusions at decode shapes (a few rows) run well below this CPU's limits.
 //
-// Shapes: x [M, K] f32; W [L, K, N] f32 or bf16 (row-major, nnx.Linear's [in, out]);
-// l s32 scalar (clamped to [0, L)); y [M, N] f32. Any M, K, N.
+// Shapes: x [M, K] f32; l s32 scalar (clamped to [0, L)); W_j [L, K, N_j] f32 or bf16
+// (row-major, nnx.Linear's [in, out]); y_j [M, N_j] f32. Any M, K, N_j.
 //
-// The product is a register-blocked GEMM: tiles of MR ≤ 6 rows × 16 columns (12 AVX2
-// accumulators) walk the whole K, so each weight is read from memory once per call and
-// from L2 for the tile's other row blocks; columns are split into chunks claimed by the
-// calling thread and tasks on XLA's intra-op thread pool (an atomic counter: the caller
-// takes whatever no pool thread took, so it never waits on a task that has not started).
-// Accumulation is float32 in k order, so a row's result does not depend on M or on how
-// columns are split.
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <thread>
+// A register-blocked GEMM: tiles of MR <= 6 rows x 16 columns (12 AVX2 accumulators).
+// Each chunk of <= 16 column tiles walks K in blocks of 256 rows: it packs the block
+// (reading W row by row: long runs the prefetcher follows) into a [tile][k][16] buffer
+// that stays in L2, while the micro-kernels prefetch the next block's rows, then runs
+// the micro-kernels on it for every row tile. Chunks (over all weights) are claimed by
+// the calling thread and tasks on XLA's intra-op thread pool.
+//
+// JaxcdRowsMatmul: y[M, N] = x[M, K] · E[N, K]^T, the tied output projection whose weight
+// is the token embedding [V, H] (rows = outputs): tiles of 3 rows of x x 4 rows of E.
+//
+// Both accumulate each output in float32 in a fixed order that depends on K only, so a
+// row's result does not depend on M or on how the work is split.
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "jaxcd_native.h"
 
 namespace ffi = xla::ffi;
+using jaxcd::f8;
+using jaxcd::load8;
+using jaxcd::store8;
+using jaxcd::to_f32;
 
 namespace {
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef uint16_t u8h __attribute__((vector_size(16)));
-typedef uint32_t u8w __attribute__((vector_size(32)));
+constexpr int64_t NR = 16;         // columns per tile (two 8-lane vectors)
+constexpr int64_t KC = 256;        // rows of W per packed block
+constexpr int64_t MAX_TILES = 16;  // column tiles per chunk: a packed block is <= 257 KiB
 
-inline f8 load8(const float* p) {
-  f8 x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-inline f8 load8(const uint16_t* p) {  // bfloat16 -> float32: the high half of the bits
-  u8h h;
-  std::memcpy(&h, p, sizeof h);
-  u8w w = __builtin_convertvector(h, u8w) << 16;
-  f8 x;
-  std::memcpy(&x, &w, sizeof x);
-  return x;
-}
-inline void store8(float* p, f8 x) { std::memcpy(p, &x, sizeof x); }
-inline float to_f32(float x) { return x; }
-inline float to_f32(uint16_t x) {
-  uint32_t b = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-constexpr int64_t NR = 16;  // columns per tile (two 8-lane vectors)
-
-constexpr int64_t KC = 256;      // rows of W per packed block
-constexpr int64_t MAX_TILES = 16;  // column tiles per chunk: a packed block is <= 256 KiB
-
-// y[m0:m0+MR, 16 columns] (+)= x[m0:m0+MR, k0:k0+kc] · P, P the packed [kc, 16] panel.
-// With ``pf`` set, also prefetches one line per k at pf + k * ldpf (the next block's rows
-// of this tile), so the memory reads of the next pack overlap this block's arithmetic.
+// y[0:MR, 0:16] (+)= x[0:MR, 0:kc] · P, P the packed [kc, 16] panel; x rows K apart,
+// y rows N apart. With npf > 0, also prefetches pf + k * ldpf for k < npf (the next
+// block's rows of this tile), so the next pack's memory reads overlap this arithmetic.
 template <int MR, typename T>
 inline void micro(const float* x, int64_t K, const float* p, int64_t kc, float* y, int64_t N,
                   bool first, const T* pf, int64_t ldpf, int64_t npf) {
@@ -93,6 +71,23 @@ inline void micro(const float* x, int64_t K, const float* p, int64_t kc, float* 
   }
 }
 
+template <typename T>
+inline void micro_rows(const float* x, int64_t M, int64_t K, const float* p, int64_t kc,
+                       float* y, int64_t N, bool first, const T* pf, int64_t ldpf,
+                       int64_t npf) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6, npf = 0)
+    micro<6>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf);
+  switch (M - m) {
+    case 5: micro<5>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf); break;
+    case 4: micro<4>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf); break;
+    case 3: micro<3>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf); break;
+    case 2: micro<2>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf); break;
+    case 1: micro<1>(x + m * K, K, p, kc, y + m * N, N, first, pf, ldpf, npf); break;
+    default: break;
+  }
+}
+
 // Columns [n0, n1) with n1 - n0 < 16 (the ragged end), any rows: scalar, same k order.
 template <typename T>
 void tail(const float* x, int64_t M, int64_t K, const T* w, int64_t N, float* y, int64_t n0,
@@ -105,9 +100,7 @@ void tail(const float* x, int64_t M, int64_t K, const T* w, int64_t N, float* y,
     }
 }
 
-// Column tiles [t0, t1) (full 16-column tiles), all rows. W is read row by row (long
-// contiguous runs the prefetcher follows) into a packed [tile][k][16] block per KC rows,
-// which the micro-kernels then read from cache once per row tile.
+// Full column tiles [t0, t1) of y = x · w (w [K, N]), all rows.
 template <typename T>
 void columns(const float* x, int64_t M, int64_t K, const T* w, int64_t N, float* y,
              int64_t t0, int64_t t1) {
@@ -127,112 +120,92 @@ void columns(const float* x, int64_t M, int64_t K, const T* w, int64_t N, float*
         store8(pk + t * ts + k * NR + 8, load8(row + t * NR + 8));
       }
     }
-    const bool first = k0 == 0;
     const int64_t npf = std::min(KC, K - k0 - kc);   // rows of the next block
-    for (int64_t t = 0; t < nt; ++t) {
-      const float* p = pk + t * ts;
-      float* yc = y + (t0 + t) * NR;
-      const float* xk = x + k0;
-      const T* pf = w + (k0 + kc) * N + (t0 + t) * NR;
-      int64_t m = 0;
-      for (; m + 6 <= M; m += 6, pf = nullptr)
-        micro<6>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, pf ? npf : 0);
-      const int64_t np = pf ? npf : 0;
-      switch (M - m) {
-        case 5: micro<5>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, np); break;
-        case 4: micro<4>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, np); break;
-        case 3: micro<3>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, np); break;
-        case 2: micro<2>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, np); break;
-        case 1: micro<1>(xk + m * K, K, p, kc, yc + m * N, N, first, pf, N, np); break;
-        default: break;
-      }
-    }
+    for (int64_t t = 0; t < nt; ++t)
+      micro_rows(x + k0, M, K, pk + t * ts, kc, y + (t0 + t) * NR, N, k0 == 0,
+                 w + (k0 + kc) * N + (t0 + t) * NR, N, npf);
   }
 }
 
-int64_t max_threads() {
-  static const int64_t n = [] {
-    const char* e = std::getenv("JAXCD_KERNEL_THREADS");
-    int64_t v = e ? std::atoll(e) : static_cast<int64_t>(std::thread::hardware_concurrency());
-    return std::max<int64_t>(1, v);
-  }();
-  return n;
-}
-
-struct Job {
-  std::atomic<int64_t> next{0};   // next chunk to claim
-  std::atomic<int64_t> done{0};   // chunks finished
-  int64_t chunks = 0, per = 0, tiles = 0;
+struct Weight {
+  const void* data;   // layer l's [K, N] block
+  bool bf16;
+  int64_t N, tiles, chunks, first_chunk;
+  float* y;
 };
 
-ffi::Error Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer W,
-                ffi::Buffer<ffi::S32> layer, ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> layer,
+                     ffi::RemainingArgs ws, ffi::RemainingRets ys) {
   auto xd = x.dimensions();
-  auto wd = W.dimensions();
-  if (xd.size() != 2 || wd.size() != 3)
-    return ffi::Error::InvalidArgument("layer_matmul: x must be [M, K] and W [L, K, N]");
-  const int64_t M = xd[0], K = xd[1], L = wd[0], N = wd[2];
-  if (wd[1] != K) return ffi::Error::InvalidArgument("layer_matmul: x's K != W's K");
-  if (static_cast<int64_t>(y->element_count()) != M * N || layer.element_count() != 1)
-    return ffi::Error::InvalidArgument("layer_matmul: inconsistent shapes");
-  const bool bf16 = W.element_type() == ffi::DataType::BF16;
-  if (!bf16 && W.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("layer_matmul: W must be float32 or bfloat16");
-  const int64_t l = std::min<int64_t>(std::max<int64_t>(layer.typed_data()[0], 0), L - 1);
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("layer_matmul: x must be [M, K]");
+  const int64_t M = xd[0], K = xd[1];
+  if (layer.element_count() != 1)
+    return ffi::Error::InvalidArgument("layer_matmul: the layer index must be a scalar");
+  if (ws.size() == 0 || ws.size() != ys.size())
+    return ffi::Error::InvalidArgument("layer_matmul: one output per weight");
+  std::vector<Weight> wt;
+  int64_t chunks = 0;
+  const int64_t nt_max = std::min<int64_t>(jaxcd::max_threads(), pool.num_threads() + 1);
+  int64_t work = 0;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    auto w = ws.get<ffi::AnyBuffer>(j);
+    auto y = ys.get<ffi::AnyBuffer>(j);
+    if (!w.has_value() || !y.has_value())
+      return ffi::Error::InvalidArgument("layer_matmul: bad weight or output buffer");
+    auto wd = w->dimensions();
+    if (wd.size() != 3 || wd[1] != K)
+      return ffi::Error::InvalidArgument("layer_matmul: each W must be [L, K, N] with x's K");
+    const bool bf16 = w->element_type() == ffi::DataType::BF16;
+    if (!bf16 && w->element_type() != ffi::DataType::F32)
+      return ffi::Error::InvalidArgument("layer_matmul: W must be float32 or bfloat16");
+    const int64_t L = wd[0], N = wd[2];
+    if ((*y)->element_type() != ffi::DataType::F32 ||
+        static_cast<int64_t>((*y)->element_count()) != M * N)
+      return ffi::Error::InvalidArgument("layer_matmul: each output must be float32 [M, N]");
+    const int64_t l = std::min<int64_t>(std::max<int64_t>(layer.typed_data()[0], 0), L - 1);
+    Weight e;
+    e.bf16 = bf16;
+    e.data = static_cast<const char*>(w->untyped_data()) + l * K * N * (bf16 ? 2 : 4);
+    e.N = N;
+    e.tiles = N / NR;
+    e.chunks = std::max<int64_t>((e.tiles + MAX_TILES - 1) / MAX_TILES,
+                                 std::min<int64_t>(e.tiles, 2 * nt_max));
+    e.first_chunk = chunks;
+    e.y = static_cast<float*>((*y)->untyped_data());
+    chunks += e.chunks;
+    work += M * K * N;
+    wt.push_back(e);
+  }
   const float* xp = x.typed_data();
-  float* yp = y->typed_data();
-  const void* wbase = static_cast<const char*>(W.untyped_data()) +
-                      l * K * N * (bf16 ? 2 : 4);
-  const int64_t tiles = N / NR;   // full tiles; columns [tiles * 16, N) are the tail
-  auto run = [=](int64_t t0, int64_t t1) {
-    if (bf16)
-      columns(xp, M, K, static_cast<const uint16_t*>(wbase), N, yp, t0, t1);
-    else
-      columns(xp, M, K, static_cast<const float*>(wbase), N, yp, t0, t1);
-  };
-  if (tiles * NR < N) {
-    if (bf16)
-      tail(xp, M, K, static_cast<const uint16_t*>(wbase), N, yp, tiles * NR, N);
-    else
-      tail(xp, M, K, static_cast<const float*>(wbase), N, yp, tiles * NR, N);
-  }
-  // Split only when each share has real work (~64k multiply-adds), else run here.
-  int64_t nt = std::min<int64_t>(max_threads(), pool.num_threads() + 1);
-  nt = std::max<int64_t>(1, std::min<int64_t>(nt, (M * K * N) / (1 << 16)));
-  const int64_t chunks = std::max<int64_t>((tiles + MAX_TILES - 1) / MAX_TILES,
-                                           std::min<int64_t>(tiles, 4 * nt));
-  if (nt <= 1 || chunks < 2) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t per = (tiles + chunks - 1) / chunks;
-      run(std::min(tiles, c * per), std::min(tiles, (c + 1) * per));
+  for (const Weight& e : wt)   // the ragged columns (none for the usual widths)
+    if (e.tiles * NR < e.N) {
+      if (e.bf16)
+        tail(xp, M, K, static_cast<const uint16_t*>(e.data), e.N, e.y, e.tiles * NR, e.N);
+      else
+        tail(xp, M, K, static_cast<const float*>(e.data), e.N, e.y, e.tiles * NR, e.N);
     }
-    return ffi::Error::Success();
-  }
-  auto job = std::make_shared<Job>();
-  job->chunks = chunks;
-  job->per = (tiles + job->chunks - 1) / job->chunks;
-  job->tiles = tiles;
-  auto drain = [job, run]() {
-    for (;;) {
-      const int64_t c = job->next.fetch_add(1);
-      if (c >= job->chunks) return;
-      const int64_t t0 = c * job->per, t1 = std::min(job->tiles, t0 + job->per);
-      if (t0 < t1) run(t0, t1);
-      job->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t i = 1; i < nt; ++i) pool.Schedule([drain]() { drain(); });
-  drain();
-  while (job->done.load(std::memory_order_acquire) < job->chunks) std::this_thread::yield();
+  // Split only when each share has real work (~64k multiply-adds).
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(nt_max, work / (1 << 16)));
+  const Weight* wp = wt.data();
+  const int64_t nw = static_cast<int64_t>(wt.size());
+  jaxcd::parallel_chunks(pool, nt, chunks, [=](int64_t c) {
+    int64_t j = nw - 1;
+    while (wp[j].first_chunk > c) --j;
+    const Weight& e = wp[j];
+    const int64_t i = c - e.first_chunk, per = (e.tiles + e.chunks - 1) / e.chunks;
+    const int64_t t0 = std::min(e.tiles, i * per), t1 = std::min(e.tiles, t0 + per);
+    if (t0 >= t1) return;
+    if (e.bf16)
+      columns(xp, M, K, static_cast<const uint16_t*>(e.data), e.N, e.y, t0, t1);
+    else
+      columns(xp, M, K, static_cast<const float*>(e.data), e.N, e.y, t0, t1);
+  });
   return ffi::Error::Success();
 }
 
 // ---------------------------------------------------------------------------------
-// y[M, N] = x[M, K] · E[N, K]^T: the tied output projection, whose weight is the token
-// embedding [V, H] (rows = outputs). Tiles of 3 rows of x × 4 rows of E (12 vector
-// accumulators over k), each E row streamed once per call and re-read from L1 for the
-// other row tiles; a horizontal sum per output. Same k-order float32 accumulation per
-// lane, so a row's result does not depend on M.
+// y = x · E^T. Each lane of an accumulator sums k = lane, lane + 8, ... in order; the
+// eight lanes are added pairwise; the K % 8 tail terms follow in order.
 inline float hsum(f8 v) {
   float t[8];
   std::memcpy(t, &v, sizeof t);
@@ -295,47 +268,28 @@ ffi::Error RowsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffe
   const float* xp = x.typed_data();
   float* yp = y->typed_data();
   const void* ep = E.untyped_data();
-  auto run = [=](int64_t n0, int64_t n1) {
+  constexpr int64_t PER = 256;       // outputs per chunk
+  int64_t nt = std::min<int64_t>(jaxcd::max_threads(), pool.num_threads() + 1);
+  nt = std::max<int64_t>(1, std::min<int64_t>(nt, (M * K * N) / (1 << 16)));
+  jaxcd::parallel_chunks(pool, nt, (N + PER - 1) / PER, [=](int64_t c) {
+    const int64_t n0 = c * PER, n1 = std::min(N, n0 + PER);
     if (bf16)
       rows_range(xp, M, K, static_cast<const uint16_t*>(ep), yp, N, n0, n1);
     else
       rows_range(xp, M, K, static_cast<const float*>(ep), yp, N, n0, n1);
-  };
-  int64_t nt = std::min<int64_t>(max_threads(), pool.num_threads() + 1);
-  nt = std::max<int64_t>(1, std::min<int64_t>(nt, (M * K * N) / (1 << 16)));
-  const int64_t blocks = (N + 255) / 256;          // 256 outputs per chunk
-  if (nt <= 1 || blocks < 2) {
-    run(0, N);
-    return ffi::Error::Success();
-  }
-  auto job = std::make_shared<Job>();
-  job->chunks = blocks;
-  job->per = 256;
-  job->tiles = N;
-  auto drain = [job, run]() {
-    for (;;) {
-      const int64_t c = job->next.fetch_add(1);
-      if (c >= job->chunks) return;
-      const int64_t n0 = c * job->per, n1 = std::min(job->tiles, n0 + job->per);
-      if (n0 < n1) run(n0, n1);
-      job->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t i = 1; i < nt; ++i) pool.Schedule([drain]() { drain(); });
-  drain();
-  while (job->done.load(std::memory_order_acquire) < job->chunks) std::this_thread::yield();
+  });
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdLayerMatmul, Impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdLayerMatmul, LayerImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdRowsMatmul, RowsImpl,
                               ffi::Ffi::Bind()
