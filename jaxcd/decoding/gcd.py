@@ -228,17 +228,24 @@ def mask(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintState) -> 
     return unpack(mask_words(fa, tables, cs), fa.vocab_size)
 
 
-def next_state(fa: TensorizedAutomaton, state: jax.Array, token: jax.Array) -> jax.Array:
-    """``δ(state, token)``; ``fa.dead_state`` if the token is not allowed from ``state``."""
-    D = fa.out_dst.shape[1]
+def out_edge(fa: TensorizedAutomaton, state: jax.Array, token: jax.Array
+             ) -> tuple[jax.Array, jax.Array]:
+    """``(found, j)``: whether ``token`` is allowed from ``state``, and the index ``j`` of
+    the out-edge (column of ``fa.out_dst[state]``) that takes it."""
+    D = fa.out_dst.shape[-1]
     start = fa.out_start[state]
     deg = fa.out_start[state + 1] - start
     rows = start + state + 1 + jnp.arange(D)
     rows = fa.row_index[jnp.minimum(rows, fa.row_index.shape[0] - 1)]
     word = fa.cum_masks[rows, token >> 5]
     hit = ((word >> (token & 31).astype(jnp.uint32)) & 1).astype(bool) & (jnp.arange(D) < deg)
-    first = jnp.argmax(hit)
-    return jnp.where(jnp.any(hit), fa.out_dst[state, first], fa.dead_state).astype(jnp.int32)
+    return jnp.any(hit), jnp.argmax(hit)
+
+
+def next_state(fa: TensorizedAutomaton, state: jax.Array, token: jax.Array) -> jax.Array:
+    """``δ(state, token)``; ``fa.dead_state`` if the token is not allowed from ``state``."""
+    found, first = out_edge(fa, state, token)
+    return jnp.where(found, fa.out_dst[state, first], fa.dead_state).astype(jnp.int32)
 
 
 def advance(fa: TensorizedAutomaton, cs: ConstraintState, token: jax.Array) -> ConstraintState:

@@ -200,6 +200,30 @@ def _finished(c: _Carry, limit):
     return c.active & (c.done | (c.t >= limit))
 
 
+def _flat_view(fa: TensorizedAutomaton) -> TensorizedAutomaton:
+    """:func:`~jaxcd.decoding.buckets.flatten` of the stack without its ``out_dst``
+    (``[B·S, D]`` state ids offset by row): that one is a new array as large as the
+    stack's transitions (268 MB at bucket (4096, ·, 1024, ·) and 16 rows), written at
+    every decode call; the decode loop reads the stack's own ``out_dst`` instead
+    (:func:`_next_state_stacked`). Every other field is a reshape or a small array."""
+    ffa = flatten(fa)     # (its out_dst is dead code under jit: XLA drops it)
+    # shape [0, D]: out_edge reads D from it; any other read fails instead of reading
+    # row-local ids
+    object.__setattr__(ffa, "out_dst", jnp.zeros((0, fa.out_dst.shape[-1]), jnp.int32))
+    return ffa
+
+
+def _next_state_stacked(fa: TensorizedAutomaton, ffa: TensorizedAutomaton, state, tok):
+    """``gcd.next_state`` of the flattened stack (``ffa`` from :func:`_flat_view`) for
+    each row's flat ``state`` [B] and token: the edge found on ``ffa``, its target read
+    from the stack's ``out_dst [B, S, D]`` and offset to the row's flat ids."""
+    S = fa.dist.shape[1]
+    found, j = jax.vmap(gcd.out_edge, in_axes=(None, 0, 0))(ffa, state, tok)
+    b, local = state // S, state % S
+    dst = fa.out_dst[b, local, j] + b * S
+    return jnp.where(found, dst, ffa.dead_state).astype(jnp.int32)
+
+
 @partial(jax.jit, static_argnames=("lm", "constrained", "greedy"), donate_argnums=(4,))
 def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature, stop_at, *,
                   constrained: bool, greedy: bool):
@@ -207,7 +231,7 @@ def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature
     every row until ``stop_at`` active rows have finished or none is live. Returns the
     carry, the steps run, ``valid [B]`` and ``finished [B]``."""
     c = c._replace(active=c.active & ~release)
-    ffa = flatten(fa) if constrained else None
+    ffa = _flat_view(fa) if constrained else None
     eos = lm.eos_token_id
     N = c.toks.shape[1]
     B = c.toks.shape[0]
@@ -231,7 +255,7 @@ def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature
         lp = jnp.take_along_axis(c.logp, tok[:, None], axis=1)[:, 0]
         state = c.state
         if constrained:
-            nxt = jax.vmap(gcd.next_state, in_axes=(None, 0, 0))(ffa, c.state, tok)
+            nxt = _next_state_stacked(fa, ffa, c.state, tok)
             state = jnp.where(live, nxt, c.state)
         toks = c.toks.at[jnp.arange(B), jnp.where(live, c.t, N)].set(tok, mode="drop")
         lm_state, logp = lm.step(params, c.lm_state, tok)
