@@ -1704,12 +1704,7 @@ class _NFAEmitter:
         (mask, chain position, property count level, whether a member was emitted)."""
         members, extra, lo, hi, tracked, anywhere = node.args
         nfa = self.nfa
-        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
-        comma = seq(ws, lit(","), ws)
-        colon = seq(ws, lit(":"), ws)
-        start = self.emit(lit("{"), src)
-        close_in = nfa.add_state()
-        end = self.emit(seq(ws, lit("}")), close_in)
+        ws, comma, colon, start, close_in, end = self._obj_frame(src)
         tr = [m for m, f in zip(members, tracked) if f]
         chain = [m for m, f in zip(members, tracked) if not f]
         assert not any(m.required for m in chain)
@@ -1773,17 +1768,22 @@ class _NFAEmitter:
                     nfa.add_epsilon(q, close_in)
         return end
 
+    def _obj_frame(self, src: int):
+        """The delimiters of an object automaton: ``(ws, comma, colon, start, close_in,
+        end)``: ``start`` the state after ``{`` from ``src``, ``close_in`` a new state from
+        which ``ws }`` leads to ``end``."""
+        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
+        start = self.emit(lit("{"), src)
+        close_in = self.nfa.add_state()
+        end = self.emit(seq(ws, lit("}")), close_in)
+        return ws, seq(ws, lit(","), ws), seq(ws, lit(":"), ws), start, close_in, end
+
     def _obj_any(self, node: Node, src: int) -> int:
         """Members in any order: one state per (subset of declared members emitted,
         property count level, whether a member was emitted); extra members anywhere."""
         members, extra, lo, hi, loose = node.args
         nfa = self.nfa
-        ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
-        comma = seq(ws, lit(","), ws)
-        colon = seq(ws, lit(":"), ws)
-        start = self.emit(lit("{"), src)
-        close_in = nfa.add_state()
-        end = self.emit(seq(ws, lit("}")), close_in)
+        ws, comma, colon, start, close_in, end = self._obj_frame(src)
         n = len(members)
         counted = bool(lo) or hi is not None
         K = (max(lo, hi if hi is not None else 0) if counted else 0)
