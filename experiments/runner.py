@@ -22,6 +22,10 @@
 Methods (:data:`METHODS`)
 -------------------------
 =================  =====================================================================
+``none``           unconstrained sampling (the model alone): ``K`` independent samples;
+                   a sample is valid when its bytes are accepted by the example's byte
+                   DFA and it ended with EOS within the budget; the output is the first
+                   valid sample (sample 0 if none is)
 ``lcd``, ``gcd``   unweighted sampling: ``K`` independent samples (one batch) from the
                    LCD / GCD sampler; the output is the first *valid* sample (sample 0 if
                    none is). ``K = 1`` is plain LCD / GCD decoding; for ``gcd`` every
@@ -53,7 +57,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-METHODS = ("lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product", "awrs")
+METHODS = ("none", "lcd", "gcd", "smc-lcd", "smc-gcd", "smc-lookahead", "smc-product", "awrs")
 HMM_METHODS = ("smc-lookahead", "smc-product")
 
 
@@ -134,6 +138,15 @@ def dfa_predicate(dfa):
         q = dfa.run(prefix)
         return q >= 0 and (bool(dfa.accepting[q]) if final else True)
     return check
+
+
+def _accepted(dfa, vocab, row: list[int], eos: int) -> bool:
+    """An unconstrained sample is valid when it ended with EOS and its bytes (EOS
+    excluded) are a string of the constraint's language (the byte DFA)."""
+    if eos not in row:
+        return False
+    q = dfa.run(vocab.decode_bytes(row[: row.index(eos)]))
+    return q >= 0 and bool(dfa.accepting[q])
 
 
 # ---------------------------------------------------------------------------------------
@@ -300,7 +313,7 @@ class Runner:
         record. SMC methods (and ``share=False``) run once per K: SMC's particles
         interact through resampling, so K particles are not a subset of 16."""
         ks = [int(k) for k in ks]
-        if method not in ("lcd", "gcd") or not share or len(set(ks)) < 2:
+        if method not in ("none", "lcd", "gcd") or not share or len(set(ks)) < 2:
             return {K: self.run(method, c, prompt_ids, budget, K, seed, tag) for K in ks}
         full = self.run(method, c, prompt_ids, budget, max(ks), seed, tag)
         out = {}
@@ -339,7 +352,15 @@ class Runner:
         p0 = time.process_time()
         weights, chosen, log_Z, checks = None, None, None, None
         tables_s = 0.0
-        if method in ("lcd", "gcd"):
+        if method == "none":
+            ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
+            out = jax.device_get(decode.sample(key, lm, params, ids, lens, None, None,
+                                               budget=budget, constrained=False,
+                                               temperature=self.temperature, prefilled=pre))
+            toks = np.asarray(out.tokens)
+            valid = [_accepted(c.dfa, m.vocab, row, eos) for row in toks.tolist()]
+            chosen = next((i for i, v in enumerate(valid) if v), 0)
+        elif method in ("lcd", "gcd"):
             ta = time.perf_counter()
             tables = self._gtables(c, budget, method)
             tables_s = time.perf_counter() - ta

@@ -97,7 +97,7 @@ TITLES = {"satisfaction": "Constraint satisfaction (paper Table 1)",
           "second_model": "A second model"}
 BOOTSTRAP = 2000
 MAIN_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "live_multiple")
-LABELS = {"lcd": "LCD", "gcd": "GCD", "smc-lcd": "SMC-LCD", "smc-gcd": "SMC-GCD",
+LABELS = {"none": "unconstrained", "lcd": "LCD", "gcd": "GCD", "smc-lcd": "SMC-LCD", "smc-gcd": "SMC-GCD",
           "smc-lookahead": "P-GCD lookahead (SMC)", "smc-product": "P-GCD product (SMC)",
           "awrs": "AWRS-SMC"}
 

@@ -41,3 +41,25 @@ def smol_tokenizer():
 def smol_vocab(smol_tokenizer):
     from jaxcd import Vocabulary
     return Vocabulary.from_tokenizer(smol_tokenizer)
+
+
+# JAXCD_COMPILE_REPORT=DIR: one JSON line per test (setup + call + teardown) with the
+# tracing/lowering/XLA-compile seconds it spent, per xdist worker, to see which tests
+# make a cold-cache run slow (e.g. `cat DIR/*.jsonl | sort -t: -k6 -g`).
+if os.environ.get("JAXCD_COMPILE_REPORT"):
+    import json
+    import time
+
+    from jaxcd.decoding import compile_stats as _cs
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        before, t0 = _cs.snapshot(), time.perf_counter()
+        yield
+        d = _cs.snapshot() - before
+        out = os.environ["JAXCD_COMPILE_REPORT"]
+        os.makedirs(out, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(out, f"{worker}.jsonl"), "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "wall_s": round(time.perf_counter() - t0, 3),
+                                **d.as_dict()}) + "\n")

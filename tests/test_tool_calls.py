@@ -490,3 +490,34 @@ def test_runner_prefill_cache_and_shared_draw(tiny_runner):
     assert runner.run_ks("smc-gcd", c, prompt, budget, [3, 3], seed=1, tag="t")[3].shared_ks is None
     runner.release(c)
     assert not runner._prefills
+
+
+def test_runner_unconstrained_validity_is_the_regex(tiny_runner):
+    """method "none" (the model alone): a sample is valid iff it ended with EOS and its
+    text is in the language. `_accepted` against Python's re.fullmatch on GCD samples
+    (all in the language), their mutations and truncations, and rows without EOS; the
+    runner's own "none" call: one verdict per sample, the output the first valid one."""
+    import random
+    import re
+    from experiments.runner import _accepted
+    runner, c = tiny_runner
+    vocab, prompt = runner.model.vocab, [5, 17, 99, 3, 250, 7, 40]
+    g = runner.run("gcd", c, prompt, 16, 16, seed=2, tag="u")
+    rng, rows = random.Random(0), []
+    for t in g.texts:
+        b = list(t.encode())
+        rows += [b + [2], b + [2, 2], b]                                # ended / not ended
+        for _ in range(4):
+            m = list(b)
+            m[rng.randrange(len(m))] = rng.choice(b"abcdx")
+            rows.append(m[: rng.randrange(1, len(m) + 1)] + [2])
+    n_true = 0
+    for row in rows:
+        want = 2 in row and bool(re.fullmatch(rb"(ab|cd){1,5}", bytes(row[: row.index(2)])))
+        assert _accepted(c.dfa, vocab, row, 2) == want, row
+        n_true += want
+    assert 16 <= n_true < len(rows)                                     # both verdicts occur
+    r = runner.run("none", c, prompt, 16, 32, seed=2, tag="u")
+    assert len(r.texts) == len(r.valid) == 32
+    assert r.chosen == next((i for i, v in enumerate(r.valid) if v), 0)
+    assert r.output_valid == bool(r.valid[r.chosen])
