@@ -148,3 +148,49 @@ def test_new_constraints_in_warm_buckets_compile_nothing(fas):
     d = compile_stats.snapshot() - c0
     assert d.backend_compiles == 0 and d.traces == 0, d
     assert all(o.valid for o in out)
+
+
+def test_stack_rows_and_next_state_match_stack_automata(fas):
+    """serve's host stack (no ``out_dst``; each automaton padded straight into it) holds
+    the same arrays as ``stack_automata``, and its transition (target read from
+    ``edge_dst``) is ``gcd.next_state`` of the flattened ``stack_automata`` stack, for
+    every state and token."""
+    import jax.numpy as jnp
+
+    from jaxcd.decoding import gcd
+    from jaxcd.decoding.buckets import common_bucket, flatten, stack_automata
+    from jaxcd.decoding.serve import _flat_view, _next_state_stacked, _stack_rows
+    rows = [fas[i % len(fas)] for i in range(7)]
+    bucket = common_bucket(rows)
+    ref = stack_automata(rows, bucket)
+    got = _stack_rows(rows, bucket)
+    for k in ("edge_src", "edge_dst", "out_start", "cum_masks", "row_index", "dist",
+              "initial_state", "final_state", "dead_state"):
+        np.testing.assert_array_equal(getattr(got, k), getattr(ref, k), err_msg=k)
+    assert got.out_dst.shape == (7, bucket[0], 0)
+    fref = flatten(ref.to_device())
+    fgot = _flat_view(got.to_device(), int(bucket[2]))
+    states = jnp.repeat(jnp.arange(7 * bucket[0], dtype=jnp.int32), V)
+    toks = jnp.tile(jnp.arange(V, dtype=jnp.int32), 7 * bucket[0])
+    want = jax.vmap(gcd.next_state, in_axes=(None, 0, 0))(fref, states, toks)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_next_state_stacked)(fgot, states, toks)),
+                                  np.asarray(want))
+    assert int(jnp.sum(want != fref.dead_state)) > 7          # real transitions among them
+
+
+def test_inserts_are_whole_groups_of_one_prompt_bucket(fas):
+    """Only the stream's last insert group may hold padding rows, and a long prompt is
+    grouped with the other long ones (prefill tokens = groups × width)."""
+    lm = toy_lm()
+    # 3 long prompts (bucket 64) among 13 short ones (bucket 32)
+    reqs = [Request([1] * (40 if i in (2, 7, 11) else 1 + i % 3), fas[i % len(fas)],
+                    jax.random.PRNGKey(i)) for i in range(16)]
+    st = ServeStats()
+    out = serve(lm, lm.params, reqs, budget=10, rows=4, group=2, stats=st)
+    assert st.padding_rows == 0 and st.inserts == 8
+    # two groups hold the 3 long prompts (one of them with a short one): 2 x 2 x 64
+    assert st.prefill_tokens == 2 * 2 * 64 + 6 * 2 * 32
+    assert all(o.valid for o in out)
+    st = ServeStats()
+    serve(lm, lm.params, reqs[:7], budget=10, rows=4, group=2, stats=st)
+    assert st.padding_rows == 1 and st.inserts == 4

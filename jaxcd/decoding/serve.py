@@ -12,7 +12,10 @@ spent on finished rows. :func:`serve` keeps every row busy instead:
 2. one jitted program runs decode steps for the whole batch until ``group`` rows have
    finished (or every row has, when no request is waiting);
 3. the host collects the finished rows' outputs and inserts the next requests into
-   those rows; back to 2.
+   those rows, whole groups only (a group is prefilled at ``group`` rows whatever it
+   holds; a free row waits for the next decode call rather than be prefilled alone),
+   each group the next waiting request and the next ones of its prompt bucket; back
+   to 2.
 
 Every shape is fixed by the engine's buckets (rows, prompt width, budget bucket,
 automaton bucket, and the insert group's prompt bucket), so after one warm-up per bucket
@@ -55,10 +58,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..automata.tensorized import TensorizedAutomaton
+from ..automata.tensorized import TensorizedAutomaton, pad_automaton
 from . import gcd
-from .buckets import bucket_automaton, budget_bucket, common_bucket, flatten, prompt_bucket, \
-    stack_automata
+from .buckets import budget_bucket, common_bucket, flatten, prompt_bucket
 from .decode import draw, masked_logits, tables_for
 
 __all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes"]
@@ -94,7 +96,8 @@ class ServeStats:
     to ``group`` requests), ``shifts`` (cache shifts), ``row_steps`` (Σ over requests of
     their own steps: ``row_steps / (steps · rows)`` is the share of row-steps that did
     useful work), ``groups`` (automaton buckets served, in order), ``prefill_tokens``
-    (prompt tokens run through the LM by the inserts, padding included)."""
+    (prompt tokens run through the LM by the inserts, padding included), ``padding_rows``
+    (insert rows that held no request: only the stream's last group has any)."""
 
     rows: int = 0
     steps: int = 0
@@ -106,6 +109,7 @@ class ServeStats:
     decode_s: float = 0.0
     insert_s: float = 0.0
     prefill_tokens: int = 0      # Σ over insert calls of group rows × prefill width
+    padding_rows: int = 0        # insert rows that held no request (prefilled all the same)
 
     @property
     def occupancy(self) -> float:
@@ -200,38 +204,68 @@ def _finished(c: _Carry, limit):
     return c.active & (c.done | (c.t >= limit))
 
 
-def _flat_view(fa: TensorizedAutomaton) -> TensorizedAutomaton:
-    """:func:`~jaxcd.decoding.buckets.flatten` of the stack without its ``out_dst``
-    (``[B·S, D]`` state ids offset by row): that one is a new array as large as the
-    stack's transitions (268 MB at bucket (4096, ·, 1024, ·) and 16 rows), written at
-    every decode call; the decode loop reads the stack's own ``out_dst`` instead
-    (:func:`_next_state_stacked`). Every other field is a reshape or a small array."""
-    ffa = flatten(fa)     # (its out_dst is dead code under jit: XLA drops it)
-    # shape [0, D]: out_edge reads D from it; any other read fails instead of reading
-    # row-local ids
-    object.__setattr__(ffa, "out_dst", jnp.zeros((0, fa.out_dst.shape[-1]), jnp.int32))
+def _stack_rows(fas: Sequence[TensorizedAutomaton], bucket) -> TensorizedAutomaton:
+    """The automata of ``fas`` padded to ``bucket`` and stacked ``[G, ...]`` (host
+    arrays), as :func:`~jaxcd.decoding.buckets.stack_automata` lays them out, except
+    ``out_dst``, which is left out (shape ``[G, S, 0]``): the decode loop reads a
+    transition's target from ``edge_dst`` at ``out_start[state] + j``
+    (:func:`_next_state_stacked`), the same entry in the canonical layout. ``out_dst``
+    padded to the bucket's out-degree is the largest table of a stack after the masks
+    (``S × D`` ids: 16 MiB per row at bucket (4096, ·, 1024, ·), for automata whose real
+    out-degree is a few dozen). Each automaton is padded once, straight into the stack,
+    with only its own mask rows copied (the rest of the bucket's rows stay zero)."""
+    S, E, D, R = (int(x) for x in bucket)
+    G = len(fas)
+    W = int(fas[0].cum_masks.shape[1])
+    out = {"edge_src": np.empty((G, E), np.int32), "edge_dst": np.empty((G, E), np.int32),
+           "out_start": np.empty((G, S + 1), np.int32),
+           "out_dst": np.zeros((G, S, 0), np.int32),
+           "cum_masks": np.zeros((G, R, W), np.uint32),
+           "row_index": np.empty((G, E + S), np.int32), "dist": np.empty((G, S), np.int32),
+           "initial_state": np.empty((G,), np.int32), "final_state": np.empty((G,), np.int32),
+           "dead_state": np.empty((G,), np.int32)}
+    for g, fa in enumerate(fas):
+        if fa.num_states > S or fa.num_edges > E or fa.out_dst.shape[1] > D or \
+                fa.cum_masks.shape[0] > R:
+            raise ValueError(f"automaton {fa.key!r} ({fa.bucket}) does not fit bucket {bucket}")
+        p, _ = pad_automaton(fa, num_states=S, num_edges=E,
+                             max_out_degree=int(fa.out_dst.shape[1]),
+                             num_mask_rows=int(fa.cum_masks.shape[0]), key=fa.key)
+        for k in ("edge_src", "edge_dst", "out_start", "row_index", "dist", "initial_state",
+                  "final_state", "dead_state"):
+            out[k][g] = getattr(p, k)
+        out["cum_masks"][g, :p.cum_masks.shape[0]] = p.cum_masks
+    return TensorizedAutomaton(**out, vocab_size=fas[0].vocab_size, eos_id=fas[0].eos_id,
+                               key="stack")
+
+
+def _flat_view(fa: TensorizedAutomaton, D: int) -> TensorizedAutomaton:
+    """:func:`~jaxcd.decoding.buckets.flatten` of a :func:`_stack_rows` stack (no
+    ``out_dst``), with an ``out_dst`` of shape ``[0, D]``: :func:`gcd.out_edge` reads
+    the out-degree ``D`` from it, and any other read fails instead of reading wrong
+    ids."""
+    ffa = flatten(fa)
+    object.__setattr__(ffa, "out_dst", jnp.zeros((0, D), jnp.int32))
     return ffa
 
 
-def _next_state_stacked(fa: TensorizedAutomaton, ffa: TensorizedAutomaton, state, tok):
-    """``gcd.next_state`` of the flattened stack (``ffa`` from :func:`_flat_view`) for
-    each row's flat ``state`` [B] and token: the edge found on ``ffa``, its target read
-    from the stack's ``out_dst [B, S, D]`` and offset to the row's flat ids."""
-    S = fa.dist.shape[1]
+def _next_state_stacked(ffa: TensorizedAutomaton, state, tok):
+    """``gcd.next_state`` of the flattened stack for each row's flat ``state`` [B] and
+    token: the out-edge ``j`` found on ``ffa``, its target ``edge_dst[out_start[state] +
+    j]`` (flat ids already: :func:`~jaxcd.decoding.buckets.flatten` offsets both)."""
     found, j = jax.vmap(gcd.out_edge, in_axes=(None, 0, 0))(ffa, state, tok)
-    b, local = state // S, state % S
-    dst = fa.out_dst[b, local, j] + b * S
-    return jnp.where(found, dst, ffa.dead_state).astype(jnp.int32)
+    e = jnp.minimum(ffa.out_start[state] + j, ffa.edge_dst.shape[0] - 1)
+    return jnp.where(found, ffa.edge_dst[e], ffa.dead_state).astype(jnp.int32)
 
 
-@partial(jax.jit, static_argnames=("lm", "constrained", "greedy"), donate_argnums=(4,))
+@partial(jax.jit, static_argnames=("lm", "constrained", "greedy", "D"), donate_argnums=(4,))
 def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature, stop_at, *,
-                  constrained: bool, greedy: bool):
+                  constrained: bool, greedy: bool, D: int = 0):
     """Rows ``release`` [B] (collected by the host) leave the batch; then decode steps for
     every row until ``stop_at`` active rows have finished or none is live. Returns the
     carry, the steps run, ``valid [B]`` and ``finished [B]``."""
     c = c._replace(active=c.active & ~release)
-    ffa = _flat_view(fa) if constrained else None
+    ffa = _flat_view(fa, D) if constrained else None
     eos = lm.eos_token_id
     N = c.toks.shape[1]
     B = c.toks.shape[0]
@@ -255,7 +289,7 @@ def _decode_chunk(lm, params, fa, tables, c: _Carry, release, limit, temperature
         lp = jnp.take_along_axis(c.logp, tok[:, None], axis=1)[:, 0]
         state = c.state
         if constrained:
-            nxt = _next_state_stacked(fa, ffa, c.state, tok)
+            nxt = _next_state_stacked(ffa, c.state, tok)
             state = jnp.where(live, nxt, c.state)
         toks = c.toks.at[jnp.arange(B), jnp.where(live, c.t, N)].set(tok, mode="drop")
         lm_state, logp = lm.step(params, c.lm_state, tok)
@@ -305,12 +339,27 @@ def _shift(c: _Carry, delta):
 
 
 # ------------------------------------------------------------------------------- serving
+def _pick_group(queue: list, k: int, width: dict) -> list:
+    """Take ``k`` requests off ``queue`` for one insert group: the first waiting request
+    and, in queue order, the next ones of its prompt bucket (the group is prefilled at
+    its widest prompt's bucket, so a long prompt among short ones would multiply the
+    group's prefill); then, if still short, the next narrower ones; then any."""
+    w = width[queue[0]]
+    order = ([i for i in queue if width[i] == w] + [i for i in queue if width[i] < w]
+             + [i for i in queue if width[i] > w])
+    take = order[:k]
+    chosen = set(take)
+    queue[:] = [i for i in queue if i not in chosen]
+    return take
+
+
 def stack_bytes(bucket, vocab_size: int, rows: int) -> int:
     """Device bytes of ``rows`` automata stacked at ``bucket`` = (states, edges,
-    out-degree, mask rows), with their β tables for a budget bucket of 64."""
+    out-degree, mask rows) as :func:`serve` holds them (no ``out_dst``), with their β
+    tables for a budget bucket of 64."""
     S, E, D, R = (int(x) for x in bucket)
     W = -(-int(vocab_size) // 32)
-    per_row = 4 * (R * W + S * D + 3 * E + 3 * S + 1) + 65 * S * 5
+    per_row = 4 * (R * W + 3 * E + 3 * S + 1) + 65 * S * 5
     return rows * per_row
 
 
@@ -410,8 +459,7 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
     lm_state, logp0 = _empty_state(lm, params, B, P, S_cache)
     fa = tables = None
     if constrained:                     # empty rows: any automaton, all-zero tables
-        blank = bucket_automaton(requests[idx[0]].fa, bucket)
-        fa = stack_automata([blank] * B, bucket).to_device()
+        fa = _stack_rows([requests[idx[0]].fa] * B, bucket).to_device()
         S = int(bucket[0])
         tables = gcd.BudgetTables(jnp.zeros((N + 1, B * S), bool),
                                   jnp.zeros((N + 1, B * S), jnp.int32), jnp.int32(budget))
@@ -427,11 +475,17 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
     s = P                               # shared write slot (host mirror)
     offsets = np.full(B, P, np.int64)   # host mirror of the rows' offsets
 
+    width = {i: prompt_bucket(len(requests[i].prompt_ids)) for i in idx}
+
     while queue or any(h is not None for h in holder):
         free = [b for b in range(B) if holder[b] is None]
         t0 = time.perf_counter()
-        while queue and free:
-            take = [queue.pop(0) for _ in range(min(G, len(queue), len(free)))]
+        # whole groups only: a group of fewer than G requests is prefilled at G rows all
+        # the same (padding rows cost a prompt each), so rows that are free while fewer
+        # than G are stay free until the decode call below has freed G (the tail of the
+        # stream, fewer than G waiting, goes in as one group)
+        while queue and len(free) >= min(G, len(queue)):
+            take = _pick_group(queue, min(G, len(queue)), width)
             rws = [free.pop(0) for _ in take]
             if s + N > S_cache:          # not room for a whole budget: shift the cache left
                 live = [offsets[b] for b in range(B) if holder[b] is not None]
@@ -444,15 +498,16 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
             pad = G - len(take)
             # the group's own prompt bucket (<= P): most prompts are far shorter than the
             # stream's longest, and the prefill's cost is its width
-            Pg = min(P, prompt_bucket(max(len(requests[i].prompt_ids) for i in take)))
+            Pg = min(P, max(width[i] for i in take))
             ids, lens = pad_prompts([requests[i].prompt_ids for i in take + take[-1:] * pad],
                                     pad_id=pad_id, length=Pg)
             new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), Pg)
             st.prefill_tokens += G * Pg
+            st.padding_rows += pad
             new_fa = new_tables = None
             if constrained:
-                new_fa = stack_automata([requests[i].fa for i in take + take[-1:] * pad],
-                                        bucket).to_device()
+                new_fa = _stack_rows([requests[i].fa for i in take + take[-1:] * pad],
+                                     bucket).to_device()
                 new_tables = tables_for(new_fa, method, budget, N)
             keys = jnp.stack([_raw_key(requests[i].key) for i in take + take[-1:] * pad])
             row_arr = jnp.asarray(rws + [B] * pad, jnp.int32)
@@ -468,10 +523,12 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
         # decode until G rows finished (or all, when nobody waits)
         t0 = time.perf_counter()
         n_active = sum(h is not None for h in holder)
-        stop_at = min(G, n_active) if queue else n_active
+        # stop once the next group has rows: G free ones (fewer for the stream's tail)
+        stop_at = max(1, min(G, len(queue)) - len(free)) if queue else n_active
         c, steps, valid, fin = _decode_chunk(lm, params, fa, tables, c, jnp.asarray(release),
                                              limit, temp, jnp.int32(stop_at),
-                                             constrained=constrained, greedy=greedy)
+                                             constrained=constrained, greedy=greedy,
+                                             D=int(bucket[2]) if constrained else 0)
         steps = int(steps)
         s += steps
         st.steps += steps
