@@ -39,7 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from jaxcd.decoding import gcd, serve as serve_mod  # noqa: E402
 from jaxcd.decoding.buckets import (automaton_bucket, budget_bucket, common_bucket,  # noqa: E402
-                                    flatten, prompt_bucket, stack_automata)
+                                    flatten, prompt_bucket)
 from jaxcd.decoding.decode import draw, masked_logits, tables_for  # noqa: E402
 from jaxcd.generation import build_constraint, load_model  # noqa: E402
 from jaxcd.lm.interface import pad_prompts  # noqa: E402
@@ -108,7 +108,8 @@ def main(argv=None):
             break
         sel = [fa for _, fa in reqs[:Bx]]
         prompts = [m.encode_prompt(c["prompt"]) for c, _ in reqs[:Bx]]
-        fa = stack_automata(sel, bk).to_device()
+        fa = serve_mod._stack_rows(sel, bk).to_device()      # as serve holds them
+        D = int(bk[2])
         tables = tables_for(fa, "gcd", a.budget, N)
         ids, lens = pad_prompts(prompts, pad_id=0, length=P)
         state, logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), S_cache)
@@ -127,7 +128,7 @@ def main(argv=None):
 
         @jax.jit
         def f_mask(fa, tables, cs, logp):
-            return masked_logits(flatten(fa), tables, cs, logp)
+            return masked_logits(serve_mod._flat_view(fa, D), tables, cs, logp)
         rec("mask (masked_logits)", label, lambda: f_mask(fa, tables, cs, logp))
         ml = f_mask(fa, tables, cs, logp)
 
@@ -139,18 +140,17 @@ def main(argv=None):
 
         @jax.jit
         def f_adv(fa, st, tok):
-            ffa = flatten(fa)
-            return jax.vmap(gcd.next_state, in_axes=(None, 0, 0))(ffa, st, tok)
+            return serve_mod._next_state_stacked(serve_mod._flat_view(fa, D), st, tok)
         rec("advance (next_state)", label, lambda: f_adv(fa, cs.state, tok))
 
         @jax.jit
         def f_select(fa, tables, cs, logp, keys, t):
-            ffa = flatten(fa)
+            ffa = serve_mod._flat_view(fa, D)
             k = jax.vmap(jax.random.fold_in)(keys, t)
             lg = masked_logits(ffa, tables, cs, logp)
             tk, lq, _, empty = draw(k, lg / temp, jnp.zeros(logp.shape[0], bool), eos)
             lp = jnp.take_along_axis(logp, tk[:, None], axis=1)[:, 0]
-            nxt = jax.vmap(gcd.next_state, in_axes=(None, 0, 0))(ffa, cs.state, tk)
+            nxt = serve_mod._next_state_stacked(ffa, cs.state, tk)
             return tk, lq, lp, nxt
         rec("select (mask+draw+advance)", label, lambda: f_select(fa, tables, cs, logp, keys, tcur))
 
@@ -174,7 +174,7 @@ def main(argv=None):
         Sc = Pw + 2 * N
         sel = [fa for _, fa in reqs[:B]]
         prompts = [m.encode_prompt(c["prompt"])[-Pw:] for c, _ in reqs[:B]]
-        fa = stack_automata(sel, bucket).to_device()
+        fa = serve_mod._stack_rows(sel, bucket).to_device()
         tables = tables_for(fa, "gcd", a.budget, N)
         ids, lens = pad_prompts(prompts, pad_id=0, length=Pw)
         k = 16
@@ -189,21 +189,23 @@ def main(argv=None):
             return jax.block_until_ready(c)
 
         def run_chunk(c):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = serve_mod._decode_chunk(lm, params, fa, tables, c, jnp.zeros(B, bool),
                                           jnp.int32(k), temp, jnp.int32(B), constrained=True,
-                                          greedy=False)
+                                          greedy=False, D=int(bucket[2]))
             jax.block_until_ready(out)
-            return (time.perf_counter() - t0) / int(out[1]), out
+            n = int(out[1])
+            return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
 
         run_chunk(chunk())
-        ts = [run_chunk(chunk())[0] for _ in range(max(2, a.repeats // 2))]
+        ts = [run_chunk(chunk()) for _ in range(max(2, a.repeats // 2))]
         rows_here.append({"piece": f"decode loop (_decode_chunk, {k} steps), per step",
                           "shape": f"B={B}, P={Pw}, cache {Sc}",
-                          "median_ms": 1e3 * statistics.median(ts), "min_ms": 1e3 * min(ts),
-                          "cpu_ms": float("nan")})
-        print(f"  decode loop per step  B={B} P={Pw}: {1e3 * statistics.median(ts):.2f} ms "
-              f"(min {1e3 * min(ts):.2f})", flush=True)
+                          "median_ms": 1e3 * statistics.median(x for x, _ in ts),
+                          "min_ms": 1e3 * min(x for x, _ in ts),
+                          "cpu_ms": 1e3 * statistics.median(y for _, y in ts)})
+        print(f"  decode loop per step  B={B} P={Pw}: {rows_here[-1]['median_ms']:.2f} ms "
+              f"(min {rows_here[-1]['min_ms']:.2f}, cpu {rows_here[-1]['cpu_ms']:.2f})", flush=True)
         holder = {"s": lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), Sc)[0]}
         tk = jnp.full((B,), 17, jnp.int32)
 
@@ -231,14 +233,14 @@ def main(argv=None):
     ids, lens = pad_prompts(prompts, pad_id=0, length=P)
     rec("insert: lm.prefill", f"G={G}, P={P}",
         lambda: lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), P))
-    rec("insert: stack_automata (host)", f"G={G}, {bucket}",
-        lambda: stack_automata([fa for _, fa in take], bucket).to_device())
-    new_fa = stack_automata([fa for _, fa in take], bucket).to_device()
+    rec("insert: stack (host, serve._stack_rows) + to_device", f"G={G}, {bucket}",
+        lambda: serve_mod._stack_rows([fa for _, fa in take], bucket).to_device())
+    new_fa = serve_mod._stack_rows([fa for _, fa in take], bucket).to_device()
     rec("insert: tables_for (beta)", f"G={G}", lambda: tables_for(new_fa, "gcd", a.budget, N))
     new_tables = tables_for(new_fa, "gcd", a.budget, N)
     ids64, lens64 = pad_prompts([p[-64:] for p in prompts], pad_id=0, length=64)
     ns, nl = lm.prefill(params, jnp.asarray(ids64), jnp.asarray(lens64), 64)
-    B_fa = stack_automata([fa for _, fa in reqs[:B]], bucket).to_device()
+    B_fa = serve_mod._stack_rows([fa for _, fa in reqs[:B]], bucket).to_device()
     B_tab = tables_for(B_fa, "gcd", a.budget, N)
     st0, lp0 = serve_mod._empty_state(lm, params, B, P, S_cache)
     live = {"c": serve_mod._Carry(st0, lp0, jnp.zeros(B, jnp.int32), jnp.zeros(B, jnp.int32),

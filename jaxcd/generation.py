@@ -537,7 +537,8 @@ def _generate_continuous(m: Model, prompts, fas, auto_s, *, method, budget, temp
              "bucket": st.groups[0] if len(st.groups) == 1 else None, "buckets": st.groups,
              "occupancy": round(st.occupancy, 4), "inserts": st.inserts, "chunks": st.chunks,
              "shifts": st.shifts, "insert_s": round(st.insert_s, 4),
-             "prefill_tokens": st.prefill_tokens, **comp}
+             "prefill_tokens": st.prefill_tokens, "prefix_tokens": st.prefix_tokens,
+             "padding_rows": st.padding_rows, **comp}
     return _results(m, fas, prompt_ids, row_of, toks, [o.valid for o in outs],
                     [o.ended for o in outs], stats)
 

@@ -194,3 +194,66 @@ def test_inserts_are_whole_groups_of_one_prompt_bucket(fas):
     st = ServeStats()
     serve(lm, lm.params, reqs[:7], budget=10, rows=4, group=2, stats=st)
     assert st.padding_rows == 1 and st.inserts == 4
+
+
+def test_prefill_after_a_shared_prefix_is_a_full_prefill(tiny):
+    """``JaxLM.prefill_after`` (a prefix prefilled once, each prompt's rest attending to
+    its cache) gives the cache and log-probabilities of ``prefill`` on the whole prompts,
+    and decoding from it gives the same steps."""
+    import jax.numpy as jnp
+    lm, params, _, _ = tiny
+    rng = np.random.default_rng(3)
+    prefix = rng.integers(3, 250, size=11).tolist()
+    rests = [rng.integers(3, 250, size=int(n)).tolist() for n in (1, 7, 16, 4)]
+    P0, T, max_len = 16, 16, 48
+    pre = lm.prefill(params, *map(jnp.asarray, pad_prompts([prefix], length=P0)), P0)[0]
+    ids, lens = pad_prompts(rests, length=T)
+    st, lp = lm.prefill_after(params, pre, jnp.asarray(ids), jnp.asarray(lens), max_len)
+    fids, flens = pad_prompts([prefix + r for r in rests], length=P0 + T)
+    st_ref, lp_ref = lm.prefill(params, jnp.asarray(fids), jnp.asarray(flens), max_len)
+    np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_ref), atol=2e-4)
+    np.testing.assert_array_equal(np.asarray(st["offset"]), np.asarray(st_ref["offset"]))
+    np.testing.assert_array_equal(np.asarray(st["slot"]), np.asarray(st_ref["slot"]))
+    for b, off in enumerate(np.asarray(st_ref["offset"])):       # the filled slots
+        np.testing.assert_allclose(np.asarray(st["k"])[b, ..., off:P0 + T],
+                                   np.asarray(st_ref["k"])[b, ..., off:P0 + T], atol=2e-4)
+        np.testing.assert_allclose(np.asarray(st["v"])[b, :, :, off:P0 + T],
+                                   np.asarray(st_ref["v"])[b, :, :, off:P0 + T], atol=2e-4)
+    tok = jnp.asarray([5, 9, 17, 33], jnp.int32)
+    for _ in range(3):
+        st, lp = lm.step(params, st, tok)
+        st_ref, lp_ref = lm.step(params, st_ref, tok)
+        np.testing.assert_allclose(np.asarray(lp), np.asarray(lp_ref), atol=5e-4)
+
+
+def test_shared_prefix_rows_match_a_full_recompute(tiny):
+    """Prompts that share a prefix (a chat template's system turn): the prefix is
+    prefilled once and the inserts run only the rest; each request's log-probability
+    still equals a cache-free recompute of its whole prompt + output, across refills,
+    cache shifts and a group too long for the prefix path (prefilled whole)."""
+    lm, params, vocab, toks = tiny
+    pats = [r"[0-9]{1,6}", r"(yes|no)", r"[a-f]+z", r"x[0-9a-c]{2,9}y"]
+    fas = [compile_regex(p, vocab) for p in pats]
+    rng = np.random.default_rng(5)
+    head = rng.integers(3, 250, size=13).tolist()
+    # rests of 1-20 tokens (width 32 after the prefix) and some of 40-50 (prompt
+    # bucket 64: prefix 32 + rest 64 > 64, so those are prefilled whole)
+    reqs = [Request(head + rng.integers(3, 250, size=int(rng.integers(40, 51) if i % 6 == 1
+                                                          else rng.integers(1, 21))).tolist(),
+                    fas[i % 4], jax.random.PRNGKey(i)) for i in range(14)]
+    st, st_off = ServeStats(), ServeStats()
+    out = serve(lm, params, reqs, budget=12, rows=4, group=2, stats=st)
+    serve(lm, params, reqs, budget=12, rows=4, group=2, stats=st_off, share_prefix=False)
+    assert st.prefix_tokens == 13 and st_off.prefix_tokens == 0
+    assert st.prefill_tokens < st_off.prefill_tokens
+    assert st.shifts >= 1
+    eos = lm.eos_token_id
+    for i, (r, o) in enumerate(zip(reqs, out)):
+        assert o.valid and o.ended
+        gen = list(o.tokens[: list(o.tokens).index(eos) + 1])
+        assert re.fullmatch(pats[i % 4], text_of(gen, toks, eos)), i
+        ids, lens = pad_prompts([list(r.prompt_ids) + gen])
+        lp_all = np.asarray(lm.logprobs_all(params, ids, lens))[0]
+        P = len(r.prompt_ids)
+        ref = sum(lp_all[P - 1 + j, gen[j]] for j in range(len(gen)))
+        assert o.logprob == pytest.approx(float(ref), abs=2e-3), i

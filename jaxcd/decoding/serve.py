@@ -63,7 +63,7 @@ from . import gcd
 from .buckets import budget_bucket, common_bucket, flatten, prompt_bucket
 from .decode import draw, masked_logits, tables_for
 
-__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes"]
+__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes", "shared_prefix_len"]
 
 
 class Request(NamedTuple):
@@ -97,7 +97,8 @@ class ServeStats:
     their own steps: ``row_steps / (steps · rows)`` is the share of row-steps that did
     useful work), ``groups`` (automaton buckets served, in order), ``prefill_tokens``
     (prompt tokens run through the LM by the inserts, padding included), ``padding_rows``
-    (insert rows that held no request: only the stream's last group has any)."""
+    (insert rows that held no request: only the stream's last group has any),
+    ``prefix_tokens`` (the prompts' shared prefix, prefilled once; 0 if none)."""
 
     rows: int = 0
     steps: int = 0
@@ -110,6 +111,7 @@ class ServeStats:
     insert_s: float = 0.0
     prefill_tokens: int = 0      # Σ over insert calls of group rows × prefill width
     padding_rows: int = 0        # insert rows that held no request (prefilled all the same)
+    prefix_tokens: int = 0       # the shared prompt prefix prefilled once (0: none)
 
     @property
     def occupancy(self) -> float:
@@ -341,16 +343,38 @@ def _shift(c: _Carry, delta):
 # ------------------------------------------------------------------------------- serving
 def _pick_group(queue: list, k: int, width: dict) -> list:
     """Take ``k`` requests off ``queue`` for one insert group: the first waiting request
-    and, in queue order, the next ones of its prompt bucket (the group is prefilled at
-    its widest prompt's bucket, so a long prompt among short ones would multiply the
-    group's prefill); then, if still short, the next narrower ones; then any."""
+    and, in queue order, the next ones of its insert class ``width[i]`` (``(path,
+    width)``: the group is prefilled at its widest member's width, so a long prompt
+    among short ones would multiply the group's prefill); then, if still short, the next
+    ones of the same path and a narrower width; then any."""
     w = width[queue[0]]
-    order = ([i for i in queue if width[i] == w] + [i for i in queue if width[i] < w]
-             + [i for i in queue if width[i] > w])
+    order = ([i for i in queue if width[i] == w]
+             + [i for i in queue if width[i][0] == w[0] and width[i][1] < w[1]]
+             + [i for i in queue if width[i][0] != w[0] or width[i][1] > w[1]])
     take = order[:k]
     chosen = set(take)
     queue[:] = [i for i in queue if i not in chosen]
     return take
+
+
+def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens that every prompt of ``prompts`` begins with, at most the shortest
+    prompt's length minus one (each prompt keeps a token of its own)."""
+    prompts = [list(p) for p in prompts]
+    if not prompts:
+        return 0
+    n = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    for p in prompts[1:]:
+        k = 0
+        while k < n and p[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+_MAX_PREFIX = 32     # a shared prefix is prefilled at width 32 (longer ones are cut)
+_MIN_PREFIX = 8      # shorter shared prefixes are not worth a program of their own
 
 
 def stack_bytes(bucket, vocab_size: int, rows: int) -> int:
@@ -378,7 +402,7 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
           rows: int = 16, group: int | None = None, temperature: float = 1.0,
           pad_id: int = 0, prompt_width: int | None = None, progress=None,
           stats: ServeStats | None = None,
-          max_automata_bytes: int = 1 << 30) -> list[Finished]:
+          max_automata_bytes: int = 1 << 30, share_prefix: bool = True) -> list[Finished]:
     """Decode ``requests`` with continuous batching; returns one :class:`Finished` per
     request, in order.
 
@@ -391,7 +415,12 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
     (:func:`stack_bytes`); otherwise requests are served in groups by their own bucket,
     smallest first, a group of large automata with fewer rows (as many as fit; an error
     if not even one does). ``temperature=0`` is greedy. ``progress``: a callable ``progress(n_done)`` called as requests finish.
-    ``stats``: a :class:`ServeStats` to fill in.
+    ``stats``: a :class:`ServeStats` to fill in. ``share_prefix`` (LMs with
+    ``prefill_after``, e.g. :class:`~jaxcd.lm.llama.JaxLM`): the tokens every prompt
+    begins with (a chat template's system turn; up to 32) are prefilled once, and each
+    insert group runs only the rest of its prompts through the LM, attending to the
+    prefix's cache (:meth:`~jaxcd.lm.llama.JaxLM.prefill_after`: the same cache and
+    log-probabilities as prefilling the whole prompts, up to float rounding).
 
     Raises :class:`~jaxcd.errors.BudgetTooSmallError` (naming the request's constraint)
     before decoding if some request's constraint cannot end within ``budget``."""
@@ -443,12 +472,13 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
         n_done = _serve_group(lm, params, requests, idx, bucket, out, st, budget=int(budget),
                               N=N, P=P, rows=rows_g, G=min(G, rows_g), method=method,
                               temperature=temperature,
-                              pad_id=pad_id, progress=progress, n_done=n_done)
+                              pad_id=pad_id, progress=progress, n_done=n_done,
+                              share_prefix=share_prefix)
     return out
 
 
 def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budget, N, P, rows,
-                 G, method, temperature, pad_id, progress, n_done):
+                 G, method, temperature, pad_id, progress, n_done, share_prefix=True):
     from ..lm.interface import pad_prompts
     constrained = method != "none"
     B = rows
@@ -475,7 +505,27 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
     s = P                               # shared write slot (host mirror)
     offsets = np.full(B, P, np.int64)   # host mirror of the rows' offsets
 
-    width = {i: prompt_bucket(len(requests[i].prompt_ids)) for i in idx}
+    # the prompts' shared prefix (a chat template's system turn): prefilled once, each
+    # insert group then runs only the rest of its prompts through the LM
+    prefix, n0, PB = None, 0, 0
+    if share_prefix and hasattr(lm, "prefill_after") and _is_kv(lm_state):
+        n0 = min(_MAX_PREFIX, shared_prefix_len([requests[i].prompt_ids for i in idx]))
+        if n0 >= _MIN_PREFIX:
+            PB = prompt_bucket(n0)
+            ids0, lens0 = pad_prompts([list(requests[idx[0]].prompt_ids[:n0])], pad_id=pad_id,
+                                      length=PB)
+            prefix = lm.prefill(params, jnp.asarray(ids0), jnp.asarray(lens0), PB)[0]
+            st.prefill_tokens += PB
+            st.prefix_tokens = n0
+        else:
+            n0 = 0
+    # each request's insert class: (0, T) prefilled after the prefix at rest width T
+    # (the insert writes prefix + rest, width PB + T <= P), or (1, Pg) prefilled whole
+    width = {}
+    for i in idx:
+        n = len(requests[i].prompt_ids)
+        T = prompt_bucket(n - n0) if prefix is not None else 0
+        width[i] = (0, T) if prefix is not None and PB + T <= P else (1, prompt_bucket(n))
 
     while queue or any(h is not None for h in holder):
         free = [b for b in range(B) if holder[b] is None]
@@ -496,20 +546,30 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
                     offsets -= delta
                     st.shifts += 1
             pad = G - len(take)
-            # the group's own prompt bucket (<= P): most prompts are far shorter than the
+            rows_in = take + take[-1:] * pad
+            # the group's own width (<= P): most prompts are far shorter than the
             # stream's longest, and the prefill's cost is its width
-            Pg = min(P, max(width[i] for i in take))
-            ids, lens = pad_prompts([requests[i].prompt_ids for i in take + take[-1:] * pad],
-                                    pad_id=pad_id, length=Pg)
-            new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), Pg)
-            st.prefill_tokens += G * Pg
+            if all(width[i][0] == 0 for i in take):         # after the shared prefix
+                T = max(width[i][1] for i in take)
+                Pg = PB + T
+                ids, lens = pad_prompts([requests[i].prompt_ids[n0:] for i in rows_in],
+                                        pad_id=pad_id, length=T)
+                new_state, new_logp = lm.prefill_after(params, prefix, jnp.asarray(ids),
+                                                       jnp.asarray(lens), Pg)
+                st.prefill_tokens += G * T
+            else:
+                Pg = min(P, max(prompt_bucket(len(requests[i].prompt_ids)) for i in take))
+                ids, lens = pad_prompts([requests[i].prompt_ids for i in rows_in],
+                                        pad_id=pad_id, length=Pg)
+                new_state, new_logp = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens),
+                                                 Pg)
+                st.prefill_tokens += G * Pg
             st.padding_rows += pad
             new_fa = new_tables = None
             if constrained:
-                new_fa = _stack_rows([requests[i].fa for i in take + take[-1:] * pad],
-                                     bucket).to_device()
+                new_fa = _stack_rows([requests[i].fa for i in rows_in], bucket).to_device()
                 new_tables = tables_for(new_fa, method, budget, N)
-            keys = jnp.stack([_raw_key(requests[i].key) for i in take + take[-1:] * pad])
+            keys = jnp.stack([_raw_key(requests[i].key) for i in rows_in])
             row_arr = jnp.asarray(rws + [B] * pad, jnp.int32)
             c, fa, tables = _insert(c, fa, tables, row_arr, new_state, new_logp, new_fa,
                                     new_tables, keys, jnp.int32(s), constrained=constrained, P=Pg,

@@ -412,7 +412,7 @@ class Block(nnx.Module):
         self.post_norms = cfg.post_norms
 
     def __call__(self, x, cos, sin, mask, cache=None, layer=None, slot=None, offset=None,
-                 block=None):
+                 block=None, past=None):
         """Two modes.
 
         * ``cache is None`` (prefill / full recompute): ``x`` ``[B, T, H]``; attends over
@@ -428,6 +428,11 @@ class Block(nnx.Module):
           copy the whole cache per layer). With ``block`` set, uses
           :func:`attend_decode_blocked` with ``offset`` ``[B]`` (the first slot each
           row may attend) instead of ``mask``.
+
+        ``past = (k_past [B, n_kv, D, P0], v_past [B, n_kv, P0, D])`` (prefill mode only):
+        keys and values of earlier tokens that ``x``'s tokens also attend to, before their
+        own (``mask`` is then ``[B, T, P0 + T]``); the returned ``k`` / ``v`` are ``x``'s
+        own.
         """
         a = self.attn
         akw = dict(scale=a.scale, softcap=a.softcap)
@@ -447,6 +452,11 @@ class Block(nnx.Module):
                 vl = _with_new_slot(jax.lax.dynamic_index_in_dim(vc, layer, 1, keepdims=False),
                                     v, j, slot, 2)
                 h = attend(q, kl, vl, mask, self.attn.precision, **akw)
+        elif past is not None:
+            kp, vp = past
+            h = attend(q, jnp.concatenate([kp.astype(k.dtype), k], axis=-1),
+                       jnp.concatenate([vp.astype(v.dtype), v], axis=-2), mask,
+                       self.attn.precision, **akw)
         else:
             h = attend(q, k, v, mask, self.attn.precision, **akw)
         h = self.attn.o_proj(h)
@@ -851,6 +861,64 @@ class JaxLM:
         logits = model.logits(x[:, -1], self.in_place_matmul())
         return state, jax.nn.log_softmax(logits, axis=-1)
 
+    def _prefill_after(self, params, prefix, prompt_ids, prompt_lengths, max_len: int):
+        """See :meth:`prefill_after`."""
+        TRACE_COUNTS["prefill_after"] += 1
+        model = self.model(params)
+        pk, pv, poff = prefix["k"], prefix["v"], prefix["offset"][0]
+        P0 = pk.shape[-1]                               # the prefix's width (bucket)
+        G, T = prompt_ids.shape
+        W = P0 + T
+        n0 = P0 - poff                                  # the prefix's tokens (traced)
+        off = (T - prompt_lengths).astype(jnp.int32)    # suffix offsets [G]
+        j = jnp.arange(T, dtype=jnp.int32)
+        # absolute positions: the suffix's tokens follow the prefix's n0 tokens
+        qpos = n0 + jnp.maximum(j[None, :] - off[:, None], 0)                 # [G, T]
+        cos_k, sin_k = self._cos_sin(qpos)
+        p = jnp.arange(P0, dtype=jnp.int32)
+        kpos = jnp.concatenate([jnp.broadcast_to(p - poff, (G, P0)), qpos], axis=1)  # [G, W]
+        kreal = jnp.concatenate([jnp.broadcast_to(p >= poff, (G, P0)),
+                                 j[None, :] >= off[:, None]], axis=1)             # [G, W]
+        kslot = jnp.concatenate([p - P0, j])            # suffix slot of each key (prefix < 0)
+        full = kreal[:, None, :] & (kslot[None, None, :] <= j[None, :, None])      # [G, T, W]
+        # a padding query row attends to the prefix (never to nothing)
+        masks = [full]
+        if self.window is not None:
+            masks.append(full & (qpos[:, :, None] - kpos[:, None, :] < self.window))
+        masks = mask_bias(jnp.stack(masks))                                      # [K, G, T, W]
+        x = model.embed_tokens(prompt_ids.astype(jnp.int32))
+
+        def body(layer, l, x):
+            kp = jnp.broadcast_to(jax.lax.dynamic_index_in_dim(pk, l, 1, keepdims=False),
+                                  (G,) + pk.shape[2:])
+            vp = jnp.broadcast_to(jax.lax.dynamic_index_in_dim(pv, l, 1, keepdims=False),
+                                  (G,) + pv.shape[2:])
+            x, k, v = layer(x, self._pick(cos_k, self._rope_kind, l),
+                            self._pick(sin_k, self._rope_kind, l),
+                            self._pick(masks, self._mask_kind, l), past=(kp, vp))
+            return x, (k.astype(self.dtype), v.astype(self.dtype))
+
+        x, (ks, vs) = model.run_layers(body, x, in_place=self.in_place_matmul())
+        # the layout of a stand-alone prefill of prefix + suffix at width W: row g's
+        # tokens right-aligned, offset F = W - n0 - len; slot w < F is padding
+        F = (W - n0 - prompt_lengths).astype(jnp.int32)                          # [G]
+        w = jnp.arange(W, dtype=jnp.int32)[None, :]
+        src = jnp.where(w < F[:, None] + n0, poff + (w - F[:, None]),            # prefix slot
+                        P0 + off[:, None] + (w - F[:, None] - n0))               # suffix slot
+        src = jnp.clip(src, 0, W - 1)                                            # [G, W]
+        kc = jnp.concatenate([jnp.broadcast_to(pk, (G,) + pk.shape[1:]),
+                              jnp.moveaxis(ks, 0, 1)], axis=-1)                  # [G, L, nkv, D, W]
+        vc = jnp.concatenate([jnp.broadcast_to(pv, (G,) + pv.shape[1:]),
+                              jnp.moveaxis(vs, 0, 1)], axis=-2)                  # [G, L, nkv, W, D]
+        kc = jnp.take_along_axis(kc, src[:, None, None, None, :], axis=-1)
+        vc = jnp.take_along_axis(vc, src[:, None, None, :, None], axis=-2)
+        extra = self.cache_slots(max_len) - W
+        kc = jnp.pad(kc, ((0, 0),) * 4 + ((0, extra),))
+        vc = jnp.pad(vc, ((0, 0),) * 3 + ((0, extra), (0, 0)))
+        state = {"k": kc, "v": vc, "slot": jnp.full((G,), W, jnp.int32), "offset": F}
+        logits = model.logits(x[:, -1], self.in_place_matmul())
+        return state, jax.nn.log_softmax(logits, axis=-1)
+
     def _step(self, params, state, tokens):
         TRACE_COUNTS["step"] += 1
         model = self.model(params)
@@ -903,6 +971,33 @@ class JaxLM:
         self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
         self._check_cache_memory(prompt_ids.shape[0], int(max_len))
         return _prefill_jit(self, params, prompt_ids, prompt_lengths, int(max_len))
+
+    def prefill_after(self, params: PyTree, prefix: PyTree, prompt_ids: jax.Array,
+                      prompt_lengths: jax.Array, max_len: int) -> tuple[PyTree, jax.Array]:
+        """Prefill prompts that all begin with one shared prefix, running only their own
+        tokens through the model: ``prefix`` is the state of ``prefill`` of ONE row
+        ``[1, P0]`` (the prefix, left-padded, with ``max_len = P0``); ``prompt_ids``
+        ``[G, T]`` (left-padded) and ``prompt_lengths`` ``[G]`` (each ``>= 1``) the rest
+        of each prompt. Returns what ``prefill`` of the whole prompts (prefix + rest,
+        left-padded to width ``P0 + T``) returns, up to float rounding: the cache laid out
+        at width ``P0 + T`` with ``max_len`` slots, and the log-probabilities ``[G, V]``
+        of the token after each prompt. The rest's tokens attend to the prefix's cached
+        keys and values and to their own."""
+        prompt_ids = jnp.asarray(prompt_ids)
+        prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+        if not (isinstance(prefix, dict) and {"k", "v", "offset"} <= set(prefix)) or \
+                prefix["k"].shape[0] != 1:
+            raise ValueError("prefill_after: prefix must be the state of a one-row prefill")
+        width = prefix["k"].shape[-1] + prompt_ids.shape[1]
+        if _is_concrete(prefix["slot"]) and int(np.asarray(prefix["slot"])[0]) != \
+                prefix["k"].shape[-1]:
+            raise ValueError("prefill_after: prefill the prefix with max_len = its width "
+                             "(a cache with no empty slot)")
+        self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
+        if max_len < width:
+            raise ValueError(f"max_len={max_len} is smaller than prefix + prompt width {width}")
+        self._check_cache_memory(prompt_ids.shape[0], int(max_len))
+        return _prefill_after_jit(self, params, prefix, prompt_ids, prompt_lengths, int(max_len))
 
     def cache_bytes(self, batch: int, max_len: int) -> int:
         """Bytes of the KV cache :meth:`prefill` allocates for ``batch`` rows."""
@@ -1002,6 +1097,9 @@ class JaxLM:
 _prefill_jit = jax.jit(lambda lm, p, ids, lens, max_len: lm._prefill(p, ids, lens, max_len),
                        static_argnums=(0, 4))
 _step_jit = jax.jit(lambda lm, p, s, t: lm._step(p, s, t), static_argnums=0)
+_prefill_after_jit = jax.jit(
+    lambda lm, p, pre, ids, lens, max_len: lm._prefill_after(p, pre, ids, lens, max_len),
+    static_argnums=(0, 5))
 _step_jit_donate = jax.jit(lambda lm, p, s, t: lm._step(p, s, t), static_argnums=0,
                            donate_argnums=2)
 _all_jit = jax.jit(lambda lm, p, ids, lens: lm._logprobs_all(p, ids, lens), static_argnums=0)
