@@ -65,6 +65,7 @@ import numpy as np  # noqa: E402
 import jaxcd  # noqa: E402
 from jaxcd.decoding import compile_stats  # noqa: E402
 from jaxcd.decoding.buckets import automaton_bucket, budget_bucket, prompt_bucket  # noqa: E402
+from jaxcd.decoding.serve import insert_classes, stream_prefix_len  # noqa: E402
 from jaxcd.generation import build_constraint, load_model  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "corpus"
@@ -265,21 +266,33 @@ def main(argv=None) -> int:
     # warm-up call (one request per automaton bucket plus the longest prompt, so that the
     # stream's common bucket and prompt bucket are the same) that compiles its programs
     if "continuous" in a.modes:
-        # serve() prefills each insert group at the group's own prompt bucket: the warm-up
-        # holds, for every prompt bucket of the stream, one whole group (serve's default
-        # group = batch // 4 requests) of prompts of that bucket, placed first so that the
-        # first fill inserts them as groups of their own (the widest bucket's group also
-        # sets the stream's width), then one request per automaton bucket
+        # serve() prefills each insert group by its insert class (after the prompts'
+        # shared prefix at the rest's width, or whole at the prompt's bucket; one prefill
+        # and one insert program per class): the warm-up holds a group per class of the
+        # stream (computed as serve does), the longest prompt (the stream's width), one
+        # request per automaton bucket, and prompts of both kinds (so that its shared
+        # prefix is the stream's)
         G = max(1, a.batch // 4)
-        by_width = {}
-        for r in reqs:
-            by_width.setdefault(prompt_bucket(len(m.encode_prompt(r["prompt"]))), []).append(r)
-        blocks = [by_width[w][:G] for w in sorted(by_width)]
-        warm_reqs = [r for blk in sorted(blocks, key=len, reverse=True) for r in blk]
+        ids_of = {id(r): m.encode_prompt(r["prompt"]) for r in reqs}
+        width = prompt_bucket(max(len(x) for x in ids_of.values()))
+        n0 = stream_prefix_len(list(ids_of.values()))
+        cls = insert_classes([len(ids_of[id(r)]) for r in reqs], width, n0)
+        # per class (narrowest first), a whole group of that class where the stream has
+        # one, so that the first fill prefills it alone; the longest prompt first
+        longest = max(reqs, key=lambda r: len(ids_of[id(r)]))
+        warm_reqs = []
+        for want in sorted(set(cls)):
+            members = [r for r, c in zip(reqs, cls) if c == want]
+            members.sort(key=lambda r: r is not longest)
+            warm_reqs += members[:G]
         firsts = {}
         for r in reqs:
             firsts.setdefault(tuple(r["bucket"]), r)
+            firsts.setdefault(r["kind"], r)
         warm_reqs += [r for r in firsts.values() if all(r is not x for x in warm_reqs)]
+        warm_n0 = stream_prefix_len([ids_of[id(r)] for r in warm_reqs])
+        print(f"  continuous: shared prefix {n0} tokens (warm-up: {warm_n0}), insert classes "
+              f"{sorted(set(cls))}, warm-up {len(warm_reqs)} requests", flush=True)
         with phase("continuous_warmup"):
             c0 = compile_stats.snapshot()
             jaxcd.generate([r["prompt"] for r in warm_reqs],
@@ -308,7 +321,9 @@ def main(argv=None) -> int:
             "row_steps": sum(len(o.token_ids[0]) + int(o.ended[0]) for o in outs),
             "occupancy": st["occupancy"], "inserts": st["inserts"], "chunks": st["chunks"],
             "shifts": st["shifts"], "insert_s": st["insert_s"], "decode_s": st["decode_s"],
-            "prefill_tokens": st.get("prefill_tokens"),
+            "prefill_tokens": st.get("prefill_tokens"), "prefix_tokens": st.get("prefix_tokens"),
+            "padding_rows": st.get("padding_rows"), "insert_classes": sorted(set(cls)),
+            "warmup_prefix_tokens": warm_n0,
             "groups": st["buckets"],
         }
         print(f"  continuous: {len(reqs)} requests, wall {ph['wall_s']:.1f}s (+ warm-up "
@@ -383,7 +398,9 @@ def main(argv=None) -> int:
         lines += ["", f"Continuous batching: occupancy {cb['occupancy']:.2f} (share of row-steps "
                   f"that decoded a live request), {cb['inserts']} insert calls "
                   f"({cb['insert_s']:.1f} s; {cb['prefill_tokens']} prompt tokens prefilled, "
-                  f"padding included), {cb['chunks']} decode calls, {cb['shifts']} cache "
+                  f"padding included; the prompts' shared prefix of {cb['prefix_tokens']} "
+                  f"tokens prefilled once; {cb['padding_rows']} padding rows), "
+                  f"{cb['chunks']} decode calls, {cb['shifts']} cache "
                   f"shifts; its warm-up call ({cb['warmup']['requests']} requests, "
                   f"{cb['warmup']['wall_s']:.1f} s) counted as overhead: "
                   + (f"{res['continuous_speedup_with_warmup']:.2f}×." if o else "–")]

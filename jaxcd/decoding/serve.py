@@ -63,7 +63,8 @@ from . import gcd
 from .buckets import budget_bucket, common_bucket, flatten, prompt_bucket
 from .decode import draw, masked_logits, tables_for
 
-__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes", "shared_prefix_len"]
+__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes", "shared_prefix_len",
+           "stream_prefix_len", "insert_classes"]
 
 
 class Request(NamedTuple):
@@ -373,6 +374,27 @@ def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def insert_classes(lengths: Sequence[int], P: int, n0: int) -> list[tuple[int, int]]:
+    """The insert class of prompts of ``lengths`` tokens in a stream of width ``P`` whose
+    prompts share ``n0`` tokens (0: no shared prefix): ``(0, T)``, prefilled after the
+    shared prefix at rest width ``T`` (the insert writes the prefix's bucket + ``T`` <=
+    ``P`` slots), or ``(1, Pg)``, prefilled whole at its prompt bucket. One prefill
+    program and one insert program per class: a warm-up with a request of each class
+    compiles every program of a stream."""
+    PB = prompt_bucket(n0) if n0 else 0
+    out = []
+    for n in lengths:
+        T = prompt_bucket(n - n0) if n0 else 0
+        out.append((0, T) if n0 and PB + T <= P else (1, prompt_bucket(n)))
+    return out
+
+
+def stream_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """The shared prefix :func:`serve` prefills once for these prompts (0: none)."""
+    n0 = min(_MAX_PREFIX, shared_prefix_len(prompts))
+    return n0 if n0 >= _MIN_PREFIX else 0
+
+
 _MAX_PREFIX = 32     # a shared prefix is prefilled at width 32 (longer ones are cut)
 _MIN_PREFIX = 8      # shorter shared prefixes are not worth a program of their own
 
@@ -509,23 +531,15 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
     # insert group then runs only the rest of its prompts through the LM
     prefix, n0, PB = None, 0, 0
     if share_prefix and hasattr(lm, "prefill_after") and _is_kv(lm_state):
-        n0 = min(_MAX_PREFIX, shared_prefix_len([requests[i].prompt_ids for i in idx]))
-        if n0 >= _MIN_PREFIX:
+        n0 = stream_prefix_len([requests[i].prompt_ids for i in idx])
+        if n0:
             PB = prompt_bucket(n0)
             ids0, lens0 = pad_prompts([list(requests[idx[0]].prompt_ids[:n0])], pad_id=pad_id,
                                       length=PB)
             prefix = lm.prefill(params, jnp.asarray(ids0), jnp.asarray(lens0), PB)[0]
             st.prefill_tokens += PB
             st.prefix_tokens = n0
-        else:
-            n0 = 0
-    # each request's insert class: (0, T) prefilled after the prefix at rest width T
-    # (the insert writes prefix + rest, width PB + T <= P), or (1, Pg) prefilled whole
-    width = {}
-    for i in idx:
-        n = len(requests[i].prompt_ids)
-        T = prompt_bucket(n - n0) if prefix is not None else 0
-        width[i] = (0, T) if prefix is not None and PB + T <= P else (1, prompt_bucket(n))
+    width = dict(zip(idx, insert_classes([len(requests[i].prompt_ids) for i in idx], P, n0)))
 
     while queue or any(h is not None for h in holder):
         free = [b for b in range(B) if holder[b] is None]
