@@ -13,7 +13,8 @@ import numpy as np
 
 from .automata.bits import unpack_bits
 from .automata.fsa import DFA, NFA, determinize, minimize
-from .automata.json_schema import DEFAULT_MAX_DEPTH, schema_to_nfa
+from .automata.json_schema import DEFAULT_MAX_DEPTH, _auto_tree, schema_to_nfa
+from .automata.schema_builder import to_nfa
 from .automata.keywords import keywords_to_dfa, normalize_groups
 from .automata.lifting import tensorize
 from .automata.pycall import tool_call_nfa
@@ -136,21 +137,31 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     """
     src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
+        memo: dict = {}
+
         def build(order):
-            nfa, text = schema_to_nfa(schema, whitespace_pattern, strict, max_depth,
-                                      closed_objects=closed_objects, property_order=order)
+            # the tree: an error here is final for "auto" (the builder already tried the
+            # schema's order wherever an order-free object made a subschema too large)
+            node, ws, text, b = _auto_tree(schema, whitespace_pattern, strict, max_depth,
+                                           closed_objects, order, memo)
+            return b.auto_used, text, lambda: minimize(determinize(to_nfa(node, ws)))
+
+        def finish(order, text, make):
             return _cached("json_schema", text,
                            {"ws": whitespace_pattern, "strict": bool(strict),
                             "depth": int(max_depth), "closed": bool(closed_objects),
                             "order": order, "builder": 4},
-                           vocab, lambda: minimize(determinize(nfa)), cache)
-        if property_order == "auto":
-            try:
-                return build("auto")
-            except AutomatonTooLargeError:
-                pass
-            return build("schema")
-        return build(property_order)
+                           vocab, make, cache)
+        used, text, make = build(property_order)
+        if property_order != "auto" or not used:
+            # no order-free object: the schema's order, whatever the option
+            return finish(property_order, text, make)
+        try:
+            return finish("auto", text, make)
+        except AutomatonTooLargeError:
+            pass
+        _, text, make = build("schema")
+        return finish("schema", text, make)
 
 
 def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,

@@ -1054,31 +1054,64 @@ def intersect(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
     pair = a.byte_class.astype(np.int64) * b.num_classes + b.byte_class
     uniq, byte_class = np.unique(pair, return_inverse=True)
     ca, cb = uniq // b.num_classes, uniq % b.num_classes
-    ids = {(0, 0): 0}
-    order = [(0, 0)]
+    ta = a.trans[:, ca].astype(np.int64)
+    tb = b.trans[:, cb].astype(np.int64)
+    nb = b.num_states
+    # breadth-first over the reachable pairs, one level at a time (vectorised): pair
+    # (x, y) is the key x * nb + y; a level's new pairs get ids in the order of their
+    # first appearance (row-major over the level's states and the classes), which is the
+    # order of a state-by-state BFS
+    dense = a.num_states * nb <= _DENSE_PAIR_IDS
+    if dense:
+        id_of = np.full(a.num_states * nb, -1, np.int64)
+        id_of[0] = 0
+    else:
+        known_keys = np.zeros(1, np.int64)
+        known_ids = np.zeros(1, np.int64)
+    keys = [np.zeros(1, np.int64)]
+    frontier = keys[0]
     rows = []
-    i = 0
-    while i < len(order):
-        qa, qb = order[i]
-        i += 1
-        da = a.trans[qa, ca]
-        db = b.trans[qb, cb]
-        row = np.full(len(uniq), -1, np.int32)
-        for c in np.nonzero((da >= 0) & (db >= 0))[0]:
-            key = (int(da[c]), int(db[c]))
-            j = ids.get(key)
-            if j is None:
-                j = len(order)
-                if j >= max_states:
-                    raise too_large("max_dfa_states", j + 1, "states", "intersect",
-                                    at_least=True, value=int(max_states))
-                ids[key] = j
-                order.append(key)
-            row[c] = j
+    n = 1
+    while len(frontier):
+        da = ta[frontier // nb]
+        db = tb[frontier % nb]
+        ok = (da >= 0) & (db >= 0)
+        flat = (da * nb + db)[ok]
+        if dense:
+            fresh = flat[id_of[flat] < 0]
+        else:
+            pos = np.minimum(np.searchsorted(known_keys, flat), len(known_keys) - 1)
+            fresh = flat[known_keys[pos] != flat]
+        uk, first = np.unique(fresh, return_index=True)
+        uk = uk[np.argsort(first, kind="stable")]
+        if n + len(uk) > max_states:
+            raise too_large("max_dfa_states", int(max_states) + 1, "states", "intersect",
+                            at_least=True, value=int(max_states))
+        new_ids = n + np.arange(len(uk), dtype=np.int64)
+        n += len(uk)
+        if dense:
+            id_of[uk] = new_ids
+            ids = id_of[flat]
+        else:
+            allk = np.concatenate([known_keys, uk])
+            o = np.argsort(allk, kind="stable")
+            known_keys = allk[o]
+            known_ids = np.concatenate([known_ids, new_ids])[o]
+            ids = known_ids[np.searchsorted(known_keys, flat)]
+        row = np.full(ok.shape, -1, np.int32)
+        row[ok] = ids
         rows.append(row)
-    trans = np.stack(rows).astype(np.int32)
-    acc = np.array([a.accepting[x] and b.accepting[y] for x, y in order], bool)
-    return minimize(DFA(trans, acc, byte_class.astype(np.int32)))
+        keys.append(uk)
+        frontier = uk
+    trans = np.concatenate(rows).astype(np.int32)
+    order = np.concatenate(keys)
+    acc = a.accepting[order // nb] & b.accepting[order % nb]
+    return minimize(DFA(trans, acc.astype(bool), byte_class.astype(np.int32)))
+
+
+# pair-id table of intersect: a dense array when the pair space has at most this many
+# entries (8 bytes each), else sorted keys
+_DENSE_PAIR_IDS = 1 << 23
 
 
 def _as_nfa(x) -> NFA:

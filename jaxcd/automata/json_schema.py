@@ -87,6 +87,16 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
     return to_nfa(node, b.whitespace), text
 
 
+def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed_objects,
+               property_order, string_memo: dict):
+    """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
+    its attempts share ``string_memo`` (string nodes do not depend on the order)."""
+    obj, text = load_schema(schema)
+    b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
+    b._string_memo = string_memo
+    return b.build(), b.whitespace, text, b
+
+
 def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,
                     strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH, *,
                     closed_objects: bool = False,

@@ -45,6 +45,11 @@ from .utf8 import MAX_CODE_POINT, normalize_ranges
 DEFAULT_MAX_DEPTH = 2
 # strict mode: a maxLength above max_count is enforced as this tighter bound
 TIGHT_MAX_LENGTH = 256
+# maxItems: an array automaton holds one copy of the item per counted item; past this
+# many NFA states the bound is tightened, to at least TIGHT_MIN_ITEMS items (a
+# subtracted operand drops it instead)
+MAX_COUNTED_ITEM_STATES = 2048
+TIGHT_MIN_ITEMS = 8
 DEFAULT_FREE_DEPTH = 3            # containers nested in a free-form value
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
 
@@ -186,6 +191,9 @@ _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_ONE = ("additionalProperties", "propertyNames", "not", "if", "then", "else",
                   "contains", "unevaluatedProperties", "unevaluatedItems",
                   "additionalItems")
+#: ``oneOf``/``not``/``if``: two operands are shown disjoint (no determinisation needed)
+#: by a search over at most this many pairs of their NFA states
+MAX_DISJOINT_PAIRS = 50_000
 # keywords enforced by automaton products (see _node)
 _PRODUCT_KW = ("__and", "oneOf", "not", "if")
 _TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
@@ -491,6 +499,14 @@ class SchemaBuilder:
     auto_states: int = field(default_factory=lambda: AUTO_ORDER_STATES)
     auto_total: int = field(default_factory=lambda: AUTO_ORDER_TOTAL)
     auto_root: float = field(default_factory=lambda: AUTO_ORDER_ROOT)
+    # set by build(): True if the tree has an order-free object (property_order="auto")
+    auto_used: bool = False
+    # strings are built the same way in every attempt of one compile (property order,
+    # depth): their nodes by (schema text, polarity)
+    _string_memo: dict = field(default_factory=dict)
+    # NFAs emitted by disjoint(), by node id, for a later to_dfa (cleared after each
+    # product keyword)
+    _nfa_memo: dict = field(default_factory=dict)
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
 
@@ -612,8 +628,13 @@ class SchemaBuilder:
                         n = self.node(self.root, "")
                     except _TooBig as e:
                         last = e
+                        if o == "auto" and self.auto_spent == 0:
+                            # no order-free form was built before the failure: the
+                            # schema's order would repeat the same steps to it
+                            break
                         continue
                     self.depth_used = depth
+                    self.auto_used = o == "auto" and self.auto_spent > 0
                     return n
         finally:
             self.max_depth, self.property_order = requested, order
@@ -673,12 +694,19 @@ class SchemaBuilder:
             # next to allOf first if "properties" is written before "allOf"
             parts = [rest] + subs if _before(schema, "properties", "allOf") else subs + [rest]
             return self.node(self.merge(parts, f"{path}/allOf"), path)
-        if self.property_order == "auto" and any(k in schema for k in _PRODUCT_KW):
-            # automaton products: if the order-free objects make an operand or product
-            # too large, the subschema is built again in the schema's order
+        if self.property_order == "auto" and (any(k in schema for k in _PRODUCT_KW)
+                                              or schema.get("uniqueItems") is True):
+            # automaton products (and uniqueItems' subsets of values): if the order-free
+            # objects make an operand or product too large, the subschema is built again
+            # in the schema's order (unless no
+            # order-free form was built in it: the schema's order would fail the same way)
+            spent = self.auto_spent
             try:
                 return self._node_rest(schema, path)
             except AutomatonTooLargeError:
+                if self.auto_spent == spent:
+                    raise
+                self.auto_spent = spent
                 self.property_order = "schema"
                 try:
                     return self._node_rest(schema, path)
@@ -688,6 +716,12 @@ class SchemaBuilder:
 
     def _node_rest(self, schema: dict, path: str) -> Node:
         """``_node`` after ``$ref`` and ``allOf``."""
+        try:
+            return self._node_rest1(schema, path)
+        finally:
+            self._nfa_memo.clear()
+
+    def _node_rest1(self, schema: dict, path: str) -> Node:
         if "__and" in schema:            # internal: conjuncts merge() could not combine
             rest = {k: v for k, v in schema.items() if k != "__and"}
             d = self.to_dfa(self.node(rest, path), path, "allOf")
@@ -709,8 +743,9 @@ class SchemaBuilder:
             else_s = schema.get("else", True)
             yes = self.node(self.merge([rest, cond, then_s], f"{path}/then"), path)
             no = self.node(self.merge([rest, else_s], f"{path}/else"), path)
-            if no.kind != "empty":
-                c = self.to_dfa(self.negated(cond, f"{path}/if"), f"{path}/if", "if")
+            neg_cond = self.negated(cond, f"{path}/if") if no.kind != "empty" else EMPTY
+            if no.kind != "empty" and not self.disjoint(no, neg_cond):
+                c = self.to_dfa(neg_cond, f"{path}/if", "if")
                 d = self._product(self.to_dfa(no, f"{path}/else", "else"), c, f"{path}/if",
                                   "if/else", difference)
                 no = Node("dfa", (d,), d.num_states + 1)
@@ -719,7 +754,7 @@ class SchemaBuilder:
             rest = {k: v for k, v in schema.items() if k != "not"}
             neg = self.negated(schema["not"], f"{path}/not")
             base = self.node(rest, path)
-            if neg.kind == "empty" or base.kind == "empty":
+            if neg.kind == "empty" or base.kind == "empty" or self.disjoint(base, neg):
                 return base
             d = self._product(self.to_dfa(base, path, "not"),
                               self.to_dfa(neg, f"{path}/not", "not"), f"{path}/not", "not",
@@ -772,11 +807,9 @@ class SchemaBuilder:
             return node.args[0]
         if node.size > 40 * self.max_product_states:
             self._product_too_large(node.size, path, keyword, "NFA states")
-        nfa = NFA()
-        st = nfa.add_state()
-        nfa.start = st
-        e = _NFAEmitter(nfa, self.whitespace).emit(node, st)
-        nfa.accepting = {e}
+        hit = self._nfa_memo.pop(id(node), None)
+        nfa = hit[1] if hit is not None and hit[0] is node else \
+            _node_nfa(node, self.whitespace)
         try:
             return minimize(determinize(nfa, max_states=self.max_product_states))
         except AutomatonTooLargeError:
@@ -817,16 +850,49 @@ class SchemaBuilder:
                 out.append(opts[g[0]])
                 continue
             g = sorted(g)
-            pos = [self.to_dfa(opts[i], path, "oneOf") for i in g]
-            neg = [self.to_dfa(negated(i), path, "oneOf") for i in g]
-            for i, d in enumerate(pos):
-                x = d
-                for j, e in enumerate(neg):
-                    if j != i and not is_empty(x):
-                        x = self._product(x, e, path, "oneOf", difference)
+            negs = [negated(i) for i in g]
+            # branch i loses only the (superset) branches j it can share a value with:
+            # an NFA product search shows most pairs disjoint, and a branch disjoint
+            # from every other one is kept as it is, without determinising anything
+            meets = [[j for j in range(len(g)) if j != i
+                      and not self.disjoint(opts[g[i]], negs[j])] for i in range(len(g))]
+            pos: dict = {}
+            neg: dict = {}
+            for i in range(len(g)):
+                if not meets[i]:
+                    out.append(opts[g[i]])
+                    continue
+                if i not in pos:
+                    pos[i] = self.to_dfa(opts[g[i]], path, "oneOf")
+                x = pos[i]
+                for j in meets[i]:
+                    if is_empty(x):
+                        break
+                    if j not in neg:
+                        neg[j] = self.to_dfa(negs[j], path, "oneOf")
+                    x = self._product(x, neg[j], path, "oneOf", difference)
                 if not is_empty(x):
                     out.append(Node("dfa", (x,), x.num_states + 1))
         return alt(*out)
+
+    def disjoint(self, a: Node, b: Node) -> bool:
+        """True if no string is in both ``a`` and ``b`` (found by a search over pairs of
+        their NFA states, at most ``MAX_DISJOINT_PAIRS``); False if one is, or past that
+        bound."""
+        if a.kind == "empty" or b.kind == "empty":
+            return True
+        if not (_first_bytes(a) & _first_bytes(b)):
+            return True
+        if a.size + b.size > 40 * self.max_product_states:
+            return False
+        return _nfa_disjoint(self._memo_nfa(a), self._memo_nfa(b), MAX_DISJOINT_PAIRS) is True
+
+    def _memo_nfa(self, node: Node) -> NFA:
+        """``node``'s NFA, kept for the ``to_dfa`` that may follow a ``disjoint``."""
+        hit = self._nfa_memo.get(id(node))
+        if hit is None or hit[0] is not node:
+            hit = self._nfa_memo[id(node)] = (node, _node_nfa(node, self.whitespace))
+        return hit[1]
 
     # -- dependentRequired / dependentSchemas / dependencies ----------------------------
     def _dependencies(self, schema: dict, path: str) -> list[tuple[str, Any]]:
@@ -1154,6 +1220,20 @@ class SchemaBuilder:
                              f"{', '.join(sorted(FORMATS))})", f"{path}/format")
 
     def string(self, schema: dict, path: str) -> Node:
+        if not any(k in schema for k in ("pattern", "format")):
+            return self._string(schema, path)
+        try:
+            key = (json.dumps({k: schema.get(k) for k in ("minLength", "maxLength",
+                                                              "pattern", "format")},
+                              sort_keys=True), self._neg)
+        except (TypeError, ValueError):
+            return self._string(schema, path)
+        hit = self._string_memo.get(key)
+        if hit is None:
+            hit = self._string_memo[key] = self._string(schema, path)
+        return hit
+
+    def _string(self, schema: dict, path: str) -> Node:
         lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
         parts: list[NFA] = []
         fmt = schema.get("format")
@@ -1296,6 +1376,13 @@ class SchemaBuilder:
         # the number of leading elements taken from head is min(n, n_head)
         tail_lo = max(lo - n_head, 0)
         tail_hi = None if hi is None else hi - n_head
+        if (tail_hi is not None and rest.kind != "empty"
+                and rest.size * tail_hi > MAX_COUNTED_ITEM_STATES):
+            # one copy of the item per counted element: past the budget the upper bound
+            # is dropped in a subtracted operand (a superset) and tightened elsewhere
+            # (every array built is valid; longer valid ones are refused)
+            tail_hi = None if self._neg else max(
+                tail_lo, min(tail_hi, TIGHT_MIN_ITEMS), MAX_COUNTED_ITEM_STATES // rest.size)
         options = []
         if lo == 0:
             options.append(EPS)
@@ -1313,13 +1400,14 @@ class SchemaBuilder:
             if tail_hi is None or tail_hi >= 1:
                 t_lo = max(tail_lo, 1)
                 options.append(Node("list", (rest, sep_node, t_lo, tail_hi),
-                                    rest.size * (t_lo + 1) + 4))
+                                    rest.size * (max(t_lo, tail_hi or 0) + 1) + 4))
         elif acc is not None and acc.kind != "empty" and (hi is None or n_head <= hi):
             if tail_lo == 0:
                 options.append(acc)
             if tail_hi is None or tail_hi >= 1:
                 t_lo = max(tail_lo, 1)
-                lst = Node("list", (rest, sep_node, t_lo, tail_hi), rest.size * (t_lo + 1) + 4)
+                lst = Node("list", (rest, sep_node, t_lo, tail_hi),
+                           rest.size * (max(t_lo, tail_hi or 0) + 1) + 4)
                 options.append(seq(acc, sep_node, lst))
         body = alt(*options)
         if body.kind == "empty":
@@ -1614,6 +1702,47 @@ def _node_dfa(node: Node) -> DFA:
     e = _NFAEmitter(nfa, "").emit(node, s)
     nfa.accepting = {e}
     return minimize(determinize(nfa))
+
+
+def _node_nfa(node: Node, whitespace: str) -> NFA:
+    nfa = NFA()
+    st = nfa.add_state()
+    nfa.start = st
+    nfa.accepting = {_NFAEmitter(nfa, whitespace).emit(node, st)}
+    return nfa
+
+
+def _nfa_disjoint(a: NFA, b: NFA, max_pairs: int) -> bool | None:
+    """True if ``L(a) ∩ L(b)`` is empty, False if not, None if the search over the
+    reachable pairs of states passes ``max_pairs`` pairs (or as much transition work)."""
+    ta, tb, ea, eb = a.trans, b.trans, a.eps, b.eps
+    acc_a, acc_b = a.accepting, b.accepting
+    first = (a.start, b.start)
+    seen = {first}
+    stack = [first]
+    work = 0
+    while stack:
+        p, q = stack.pop()
+        if p in acc_a and q in acc_b:
+            return False
+        succ = [(e, q) for e in ea[p]]
+        succ += [(p, e) for e in eb[q]]
+        tp, tq = ta[p], tb[q]
+        if tp and tq:
+            work += len(tp) * len(tq)
+            if work > 8 * max_pairs:
+                return None
+            for lo, hi, d in tp:
+                for lo2, hi2, d2 in tq:
+                    if lo <= hi2 and lo2 <= hi:
+                        succ.append((d, d2))
+        for x in succ:
+            if x not in seen:
+                if len(seen) >= max_pairs:
+                    return None
+                seen.add(x)
+                stack.append(x)
+    return True
 
 
 def _declared_key_dfa(declared: list[str]) -> DFA:

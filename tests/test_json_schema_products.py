@@ -1,0 +1,140 @@
+"""oneOf / not / if-else: operands shown disjoint by a search over NFA state pairs are
+kept without determinising (schema_builder.SchemaBuilder.disjoint). Brute force: every
+small instance of a fixed universe against the jsonschema library, and the pair search
+against the emptiness of the DFA intersection."""
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from jaxcd.automata import determinize, intersect, minimize
+from jaxcd.automata.fsa import is_empty
+from jaxcd.automata.json_schema import schema_to_nfa
+from jaxcd.automata.regex import regex_to_nfa
+from jaxcd.automata.schema_builder import MAX_DISJOINT_PAIRS, _nfa_disjoint
+
+# instances: scalars, and objects over keys a/b/k with a few values, in both key orders
+_SCALARS = [None, True, 0, 1, -2, 1.5, "", "x", "y", "ab"]
+_VALUES = [None, 0, 1, "x", "y", True, [], [1], {"a": 1}]
+
+
+def _universe():
+    out = list(_SCALARS) + [[], [1], ["x", 1]]
+    keys = ["a", "b", "k"]
+    for n in range(3):
+        for ks in itertools.permutations(keys, n):
+            for vs in itertools.product(["x", 1, None], repeat=n):
+                out.append(dict(zip(ks, vs)))
+    for k in keys:
+        for v in _VALUES:
+            out.append({k: v})
+    return out
+
+
+UNIVERSE = _universe()
+
+
+def _texts(v):
+    # dict key order matters to the automaton: keep it
+    return json.dumps(v, separators=(",", ":"))
+
+
+SCHEMAS = [
+    # disjoint by a discriminating const (kept as a union, no product)
+    {"oneOf": [{"type": "object", "properties": {"k": {"const": "x"}, "a": {"type": "integer"}},
+                "required": ["k"]},
+               {"type": "object", "properties": {"k": {"const": "y"}, "b": {}},
+                "required": ["k"]}]},
+    # overlapping branches (the difference is needed)
+    {"oneOf": [{"type": "object", "required": ["a"]}, {"type": "object", "required": ["b"]}]},
+    {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}, {"type": "string"}]},
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+               {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+               {"type": "object", "properties": {"b": {}}, "required": ["b"],
+                "additionalProperties": False}]},
+    # a branch disjoint from one and overlapping another
+    {"oneOf": [{"const": "x"}, {"type": "string", "maxLength": 1}, {"type": "integer"}]},
+    # not: disjoint (base kept) and overlapping
+    {"type": "string", "not": {"type": "integer"}},
+    {"type": "object", "properties": {"a": {}}, "not": {"required": ["b"]}},
+    {"type": "object", "not": {"properties": {"k": {"const": "x"}}, "required": ["k"]}},
+    # if/then/else: else disjoint from if, and overlapping
+    {"type": "object", "properties": {"k": {"type": "string"}},
+     "if": {"properties": {"k": {"const": "x"}}, "required": ["k"]},
+     "then": {"required": ["a"]}, "else": {"required": ["b"]}},
+    {"if": {"type": "integer"}, "then": {"minimum": 1}, "else": {"type": "string"}},
+    # oneOf inside an object property and items
+    {"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"}, {"type": "null"},
+                                                      {"type": "object", "required": ["a"]}]}}},
+]
+
+
+@pytest.mark.parametrize("order", ["auto", "schema"])
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_products_against_jsonschema(schema, order):
+    d = minimize(determinize(schema_to_nfa(schema, "", property_order=order)[0]))
+    oracle = jsonschema.validators.validator_for(schema)(schema)
+    for v in UNIVERSE:
+        ok = d.accepts(_texts(v).encode())
+        if ok:                                   # never an invalid instance
+            assert oracle.is_valid(v), (schema, v)
+        elif not isinstance(v, dict) or len(v) < 2:
+            # objects of two or more keys may be refused for their key order (extra keys
+            # before declared ones, docs/json_schema.md); nothing else is refused
+            assert not oracle.is_valid(v), (schema, v)
+
+
+def test_nfa_disjoint_against_dfa_intersection():
+    rng = random.Random(5)
+    atoms = ["a", "b", "c", "[ab]", "[^a]", ".", "(ab)*", "a{2,4}", "[a-c]+", "é", "x?", ""]
+
+    def rr(d=0):
+        k = rng.randrange(4 if d < 3 else 1)
+        if k == 0:
+            return rng.choice(atoms)
+        if k == 1:
+            return rr(d + 1) + rr(d + 1)
+        if k == 2:
+            return "(" + rr(d + 1) + "|" + rr(d + 1) + ")"
+        return "(" + rr(d + 1) + ")*"
+    seen = {True: 0, False: 0}
+    for _ in range(400):
+        x, y = rr(), rr()
+        a, b = regex_to_nfa(x), regex_to_nfa(y)
+        got = _nfa_disjoint(a, b, MAX_DISJOINT_PAIRS)
+        want = is_empty(intersect(minimize(determinize(a)), minimize(determinize(b))))
+        assert got is want, (x, y)
+        seen[got] += 1
+    assert seen[True] >= 20 and seen[False] >= 20
+    # past the pair bound: no answer
+    assert _nfa_disjoint(regex_to_nfa("[ab]{30}c"), regex_to_nfa("[ab]{30}d"), 10) is None
+
+
+def test_max_items_past_the_item_budget():
+    """A maxItems whose counter would copy the item past MAX_COUNTED_ITEM_STATES is
+    tightened (every array accepted is valid) and, in a subtracted operand, dropped (so
+    the difference never keeps an invalid array)."""
+    from jaxcd.automata.schema_builder import MAX_COUNTED_ITEM_STATES
+    item = {"type": "string", "pattern": "^[a-f]{24}$"}
+    word = "abcdef" * 4
+    cases = [{"type": "array", "items": item, "maxItems": 1000},
+             {"type": "array", "items": item, "minItems": 2, "maxItems": 900},
+             {"type": "array", "items": item, "not": {"maxItems": 1000}},
+             {"type": "array", "items": item, "not": {"items": item, "maxItems": 800}}]
+    for schema in cases:
+        d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+        oracle = jsonschema.validators.validator_for(schema)(schema)
+        for n in list(range(6)) + [200, 799, 800, 801, 899, 900, 901, 999, 1000, 1001]:
+            v = [word] * n
+            ok = d.accepts(_texts(v).encode())
+            if ok:
+                assert oracle.is_valid(v), (schema, n)
+            elif n < 6 and "not" not in schema:
+                assert not oracle.is_valid(v), (schema, n)     # short arrays are exact
+            assert not d.accepts(_texts(v + ["x"]).encode())
+    # the tightened bound keeps the automaton small
+    d = minimize(determinize(schema_to_nfa(cases[0], "")[0]))
+    assert d.num_states < 2 * MAX_COUNTED_ITEM_STATES
