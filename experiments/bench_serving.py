@@ -123,6 +123,9 @@ def main(argv=None) -> int:
                     help="one-by-one phase on a seeded sample of this many requests (0: all)")
     ap.add_argument("--modes", default="single,static,continuous",
                     help="comma-separated phases to run: single, static, continuous")
+    ap.add_argument("--split-single", action="store_true",
+                    help="run half of the one-by-one sample first and half after the other "
+                         "phases (same load drift for both modes)")
     ap.add_argument("--out", default=str(RESULTS / "bench_serving"))
     a = ap.parse_args(argv)
     a.modes = set(a.modes.split(","))
@@ -179,53 +182,41 @@ def main(argv=None) -> int:
     res_single = res_batch = res_cont = None
     seen = set()
     # 1. one by one (all requests, or a seeded sample of --single of them)
-    if "single" in a.modes:
-        pick = sorted(random.Random(a.seed + 1).sample(range(len(reqs)), a.single)) \
-            if 0 < a.single < len(reqs) else list(range(len(reqs)))
-        single = []
-        with phase("single"):
-            for n_i, i in enumerate(pick):
+    single, pick = [], []
+
+    def run_single(part, name):
+        """One-by-one calls on ``part`` (request indices), each timed on its own."""
+        with phase(name):
+            for i in part:
                 r = reqs[i]
                 k = key_of(r, 1)
                 warm = k in seen
                 seen.add(k)
                 c0 = compile_stats.snapshot()
-                t0 = time.perf_counter()
+                t0, p0 = time.perf_counter(), time.process_time()
                 out = jaxcd.generate(r["prompt"], **{r["kind"]: r["spec"]}, method="gcd",
                                      budget=a.budget, seed=i, model=m, progress=False)
-                wall = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.process_time() - p0
                 d = compile_stats.snapshot() - c0
                 st = out.stats
-                single.append({"name": r["name"], "warm": warm, "wall_s": wall,
+                single.append({"name": r["name"], "warm": warm, "wall_s": wall, "cpu_s": cpu,
                                "automaton_s": r["automaton_s"], "load_s": st["automaton_s"],
                                "xla_compiles": d.backend_compiles, "traces": d.traces,
                                "xla_compile_s": d.compile_s, "decode_s": st["decode_s"],
                                "setup_s": max(wall - st["decode_s"] - st["automaton_s"], 0.0),
                                "steps": st["steps"], "valid": out.valid[0]})
-                if n_i % 10 == 0:
-                    print(f"  one-by-one {n_i}/{len(pick)}: wall {wall:.2f}s, compiles "
+                if len(single) % 10 == 1:
+                    print(f"  one-by-one {len(single)}/{len(pick)}: wall {wall:.2f}s, compiles "
                           f"{d.backend_compiles}", flush=True)
-        warm_single = [x for x in single if x["warm"]]
-        ph = phases["single"]
-        res_single = {
-            "requests": len(pick), "sampled": len(pick) < len(reqs), **ph,
-            "requests_per_s": len(pick) / ph["wall_s"],
-            "requests_per_cpu_s": len(pick) / ph["cpu_s"],
-            "decode_requests_per_s": len(pick) / sum(x["decode_s"] for x in single),
-            "xla_compiles": sum(x["xla_compiles"] for x in single),
-            "xla_compiles_warm": sum(x["xla_compiles"] for x in warm_single),
-            "traces_warm": sum(x["traces"] for x in warm_single),
-            "warm_requests": len(warm_single),
-            "valid": sum(x["valid"] for x in single),
-            "steps": sum(x["steps"] for x in single),
-            "latency": {k: {"p50": pct([x[k] for x in warm_single], 50),
-                            "p95": pct([x[k] for x in warm_single], 95)}
-                        for k in ("wall_s", "automaton_s", "xla_compile_s", "setup_s",
-                                  "decode_s")},
-            "per_request": single,
-        }
 
-    # 2. static mixed batches
+    if "single" in a.modes:
+        pick = sorted(random.Random(a.seed + 1).sample(range(len(reqs)), a.single)) \
+            if 0 < a.single < len(reqs) else list(range(len(reqs)))
+        # --split-single: half of the sample before the other phases, half after (the
+        # load of a shared machine drifts; both modes then see the same drift)
+        first = pick[: (len(pick) + 1) // 2] if a.split_single else pick
+        run_single(first, "single")
+    # 2. static mixed batches    # 2. static mixed batches
     if "static" in a.modes:
         batches = []
         with phase("static"):
@@ -331,6 +322,38 @@ def main(argv=None) -> int:
               f"{d_cont.backend_compiles}, valid {res_cont['valid']}, occupancy "
               f"{st['occupancy']:.2f}", flush=True)
 
+    if "single" in a.modes:
+        if a.split_single:
+            run_single(pick[(len(pick) + 1) // 2:], "single_2")
+            for k in ("wall_s", "cpu_s"):
+                phases["single"][k] += phases["single_2"][k]
+        warm_single = [x for x in single if x["warm"]]
+        ph = phases["single"]
+        ww, wc = sum(x["wall_s"] for x in warm_single), sum(x["cpu_s"] for x in warm_single)
+        res_single = {
+            "requests": len(pick), "sampled": len(pick) < len(reqs), **ph,
+            "split": bool(a.split_single),
+            # all requests, the first of each bucket with its XLA compiles
+            "requests_per_s_all": len(pick) / ph["wall_s"],
+            "requests_per_cpu_s_all": len(pick) / ph["cpu_s"],
+            # warm requests only (the continuous mode's warm-up call is left out too)
+            "requests_per_s": len(warm_single) / ww if warm_single else float("nan"),
+            "requests_per_cpu_s": len(warm_single) / wc if warm_single else float("nan"),
+            "decode_requests_per_s": len(pick) / sum(x["decode_s"] for x in single),
+            "xla_compiles": sum(x["xla_compiles"] for x in single),
+            "xla_compiles_warm": sum(x["xla_compiles"] for x in warm_single),
+            "traces_warm": sum(x["traces"] for x in warm_single),
+            "warm_requests": len(warm_single),
+            "valid": sum(x["valid"] for x in single),
+            "steps": sum(x["steps"] for x in single),
+            "steps_warm": sum(x["steps"] for x in warm_single),
+            "latency": {k: {"p50": pct([x[k] for x in warm_single], 50),
+                            "p95": pct([x[k] for x in warm_single], 95)}
+                        for k in ("wall_s", "automaton_s", "xla_compile_s", "setup_s",
+                                  "decode_s")},
+            "per_request": single,
+        }
+
     buckets = sorted({tuple(r["bucket"]) for r in reqs})
     res = {
         "command": "python -m experiments.bench_serving " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -353,10 +376,17 @@ def main(argv=None) -> int:
                 x["requests_per_cpu_s"] / o["requests_per_cpu_s"]
     if o and cb:
         res["continuous_speedup_with_warmup"] = cb["requests_per_s_with_warmup"] / o["requests_per_s"]
+        # both modes with their compiles: one by one over all its requests (the first
+        # request of each bucket compiles), continuous with its warm-up call
+        res["continuous_speedup_all_in"] = cb["requests_per_s_with_warmup"] / \
+            o["requests_per_s_all"]
 
     def ld(name):
         st_, en = load.get(name + "_start"), load.get(name + "_end")
-        return f"{st_[0]:.1f}→{en[0]:.1f}" if st_ and en else "–"
+        out = f"{st_[0]:.1f}→{en[0]:.1f}" if st_ and en else "–"
+        if name == "single" and load.get("single_2_start"):
+            out += f", then {ld('single_2')}"
+        return out
 
     lines = [
         "# Serving benchmark: constraints as data", "",
@@ -372,8 +402,10 @@ def main(argv=None) -> int:
     ]
     if o:
         lines.append(
-            f"| one by one{' (seeded sample)' if o['sampled'] else ''} | {o['requests']} | "
-            f"{o['requests_per_s']:.3f} | {o['requests_per_cpu_s']:.3f} | {o['xla_compiles']} | "
+            f"| one by one{' (seeded sample)' if o['sampled'] else ''}"
+            f"{', half before and half after the other modes' if o['split'] else ''} | "
+            f"{o['requests']} | {o['requests_per_s']:.3f} (warm requests) | "
+            f"{o['requests_per_cpu_s']:.3f} | {o['xla_compiles']} | "
             f"{o['xla_compiles_warm']} ({o['warm_requests']} warm) | {o['valid']}/{o['requests']} "
             f"| {o['steps']} | {ld('single')} |")
     if b:
@@ -394,6 +426,11 @@ def main(argv=None) -> int:
             lines.append(f"{label} / one by one: **{res[f'{name}_speedup_requests_per_s']:.2f}×** "
                          f"requests/s (wall), {res[f'{name}_speedup_requests_per_cpu_s']:.2f}× "
                          "requests per CPU-second.")
+    if o and cb:
+        lines += ["", f"One by one over all {o['requests']} requests (the first of each bucket "
+                  f"with its XLA compiles): {o['requests_per_s_all']:.3f} requests/s; against "
+                  f"continuous batching with its warm-up call: "
+                  f"{res['continuous_speedup_all_in']:.2f}×."]
     if cb:
         lines += ["", f"Continuous batching: occupancy {cb['occupancy']:.2f} (share of row-steps "
                   f"that decoded a live request), {cb['inserts']} insert calls "
