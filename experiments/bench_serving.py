@@ -275,7 +275,10 @@ def main(argv=None) -> int:
         for want in sorted(set(cls)):
             members = [r for r, c in zip(reqs, cls) if c == want]
             members.sort(key=lambda r: r is not longest)
-            warm_reqs += members[:G]
+            # too few of the class for a group: narrower ones of the same path fill it,
+            # as in the stream (a wider or other-path request would change its program)
+            members += [r for r, c in zip(reqs, cls) if c[0] == want[0] and c[1] < want[1]]
+            warm_reqs += [r for r in members if all(r is not x for x in warm_reqs)][:G]
         firsts = {}
         for r in reqs:
             firsts.setdefault(tuple(r["bucket"]), r)
