@@ -32,6 +32,7 @@ class Model:
     tokenizer: Any
     vocab: Vocabulary
     path: str
+    mesh: Any = None        # the jax.sharding.Mesh of load_model(mesh=...), else None
 
     def encode_prompt(self, prompt: str | None, chat: bool = True) -> list[int]:
         return format_prompt(self.tokenizer, prompt, chat=chat)
@@ -78,7 +79,21 @@ def load_model(path: str | None = None, dtype: str | None = None, mesh=None) -> 
     from .checkpoints import load_checkpoint
 
     lm, params, tok, vocab, where = load_checkpoint(path, dtype=dtype, mesh=mesh)
-    return Model(lm, params, tok, vocab, where)
+    return Model(lm, params, tok, vocab, where, mesh)
+
+
+def _on_data_axis(m: Model, *arrays):
+    """``arrays`` (row-major: prompt ids ``[B, P]``, lengths ``[B]``) split over the
+    model's mesh's ``data`` axis when it has one of size > 1 dividing ``B``, so that the
+    rows (and everything computed from them) run data-parallel beside the
+    tensor-parallel weights; unchanged otherwise. Returns ``(arrays, shards)``."""
+    mesh = m.mesh
+    n = int(mesh.shape["data"]) if mesh is not None and "data" in mesh.axis_names else 1
+    if n <= 1 or arrays[0].shape[0] % n:
+        return arrays, 1
+    from .checkpoints import data_sharding
+    sh = data_sharding(mesh)
+    return tuple(jax.device_put(a, sh) for a in arrays), n
 
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
@@ -435,7 +450,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
     if n_chunks > 1 and progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=f"jaxcd {method}", unit="sample", file=sys.stderr)
-    chunks, steps = [], 0
+    chunks, steps, data_shards = [], 0, 1
     pre = None
     if len(prompts) == 1:
         # every row decodes the same prompt: run it through the LM once ([1, width]) and
@@ -447,6 +462,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
         rows = row_of[c * bs:(c + 1) * bs]
         rows = rows + [rows[-1]] * (bs - len(rows))          # the last chunk: same shape
         ids, lens = pad_prompts([prompt_ids[i] for i in rows], pad_id=pad_id, length=width)
+        (ids, lens), data_shards = _on_data_axis(m, ids, lens)
         fa, tables = fa_shared, tables_shared
         if method != "none" and not shared:
             fa = stack_automata([fas[i] for i in rows], bucket).to_device()
@@ -473,6 +489,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
              "decode_s": round(dt, 4), "steps": steps,
              "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
              "batching": "static", "batch_rows": bs, "batches": n_chunks,
+             "data_shards": data_shards,
              "prompts": len(prompts), "budget_bucket": N, "prompt_bucket": width,
              "bucket": list(bucket) if bucket else None, **comp}
     return _results(m, fas, prompt_ids, row_of, toks, valid_all, ended_all, stats)
@@ -569,11 +586,12 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
     t_setup = time.perf_counter() - t0
     key = jax.random.PRNGKey(seed)
     t1 = time.perf_counter()
-    outs, steps = [], 0
+    outs, steps, data_shards = [], 0, 1
     for c in range(-(-P // bs)):
         rows = list(range(c * bs, min(P, (c + 1) * bs)))
         rows = rows + [rows[-1]] * (bs - len(rows))
         ids, lens = pad_prompts([prompt_ids[i] for i in rows], pad_id=pad_id, length=width)
+        (ids, lens), data_shards = _on_data_axis(m, ids, lens)
         fa = fa_shared if shared else stack_automata([fas[i] for i in rows], bucket)
         k = key if c == 0 else jax.random.fold_in(key, c)
         res = smc.run(k, m.lm, m.params, ids, lens, fa, budget=budget, steps=N,
@@ -603,7 +621,8 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
                      "setup_s": round(t_setup, 4), "decode_s": round(dt, 4), "steps": steps,
                      "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
                      "budget_bucket": N, "prompt_bucket": width, "bucket": list(bucket),
-                     "prompts": P, **comp, "valid": int(sum(valid)),
+                     "prompts": P, "data_shards": data_shards, **comp,
+                     "valid": int(sum(valid)),
                      "log_Z": float(np.asarray(res.log_Z)[r]),
                      "resampling_steps": int(np.asarray(res.resampled)[r].sum()),
                      "min_budget": fas[i].min_budget}

@@ -314,7 +314,9 @@ def test_sharded_checkpoint_bf16_and_memory_refusal(tmp_path, bpe_tokenizer, mon
 
 def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
     """On 4 forced host devices (a subprocess), weights sharded tensor-parallel over a
-    (data=2, model=2) mesh give the log-probs of one device; loading imports no torch."""
+    (data=2, model=2) mesh give the log-probs of one device; loading imports no torch.
+    jaxcd.generate with that model (GCD greedy, and SMC) splits the prompt rows over the
+    data axis and gives the outputs of one device, each valid for its own regex."""
     save_tiny("gemma3", tmp_path, bpe_tokenizer)
     script = textwrap.dedent(f"""
         import sys, numpy as np, jax, jax.numpy as jnp
@@ -341,13 +343,31 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
         err = np.abs(out[0] - out[1]).max()
         print("ERR", err)
         assert err < 1e-5, err
+        # generate: 4 prompts with their own regexes, rows split over the data axis
+        rxs = ["(ab|ba){2,4}", "[0-9]{3}", "(yes|no)", "x+y"]
+        prompts = ["hi", "a number", "say", "go on"]
+        res = {{}}
+        for name, m in (("one", one), ("tp", tp)):
+            for meth, kw in (("gcd", dict(num_samples=2, temperature=0.0)),
+                             ("smc", dict(particles=2, seed=3))):
+                rs = jaxcd.generate(prompts, constraints=[{{"regex": r}} for r in rxs], model=m,
+                                    method=meth, budget=12, progress=False, **kw)
+                res[name, meth] = rs
+        import re
+        for meth in ("gcd", "smc"):
+            a, b = res["one", meth], res["tp", meth]
+            assert a[0].stats["data_shards"] == 1 and b[0].stats["data_shards"] == 2
+            for r, x, y in zip(rxs, a, b):
+                assert all(re.fullmatch(r, t) for t in y.texts), (r, y.texts)
+                assert x.texts == y.texts, (meth, x.texts, y.texts)
+        print("GEN ok")
     """)
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "ERR" in r.stdout
+    assert "ERR" in r.stdout and "GEN ok" in r.stdout
 
 
 def test_folder_model_everywhere(tmp_path, bpe_tokenizer, capsys):
