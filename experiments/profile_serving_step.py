@@ -233,6 +233,19 @@ def main(argv=None):
     ids, lens = pad_prompts(prompts, pad_id=0, length=P)
     rec("insert: lm.prefill", f"G={G}, P={P}",
         lambda: lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), P))
+    # what serve runs instead for most groups: the shared prefix prefilled once, each
+    # group's rest of the prompts after it (JaxLM.prefill_after)
+    all_ids = [m.encode_prompt(c["prompt"]) for c, _ in reqs]
+    n0 = serve_mod.stream_prefix_len(all_ids)
+    if n0:
+        PB = prompt_bucket(n0)
+        pre = lm.prefill(params, *map(jnp.asarray, pad_prompts([all_ids[0][:n0]], pad_id=0,
+                                                               length=PB)), PB)[0]
+        T = prompt_bucket(max(len(p) - n0 for p in prompts))
+        ids_r, lens_r = pad_prompts([p[n0:] for p in prompts], pad_id=0, length=T)
+        rec("insert: lm.prefill_after (shared prefix)", f"G={G}, prefix {n0}, rest T={T}",
+            lambda: lm.prefill_after(params, pre, jnp.asarray(ids_r), jnp.asarray(lens_r),
+                                     PB + T))
     rec("insert: stack (host, serve._stack_rows) + to_device", f"G={G}, {bucket}",
         lambda: serve_mod._stack_rows([fa for _, fa in take], bucket).to_device())
     new_fa = serve_mod._stack_rows([fa for _, fa in take], bucket).to_device()
