@@ -521,3 +521,12 @@ def test_runner_unconstrained_validity_is_the_regex(tiny_runner):
     assert len(r.texts) == len(r.valid) == 32
     assert r.chosen == next((i for i, v in enumerate(r.valid) if v), 0)
     assert r.output_valid == bool(r.valid[r.chosen])
+
+
+def test_strip_fence_removes_one_surrounding_markdown_fence():
+    from experiments.accuracy_models import strip_fence
+    body = '[{"name": "f", "arguments": {"x": 1}}]'
+    for wrapped in (f"```json\n{body}\n```", f"```\n{body}\n```", f"  ```json\n{body}```\n"):
+        assert strip_fence(wrapped) == body, wrapped
+    for same in (body, f"text ```json\n{body}\n```", f"```json\n{body}"):
+        assert strip_fence(same) == same
