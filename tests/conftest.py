@@ -12,15 +12,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # `model.generate` here). Set before torch is imported anywhere; subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# XLA's CPU backend at LLVM optimisation level 1 instead of its default: a cold run's
-# time is ~60% XLA compiling, and level 1 compiles the suite's programs ~1.6x faster
-# (tests/test_budget_walks.py with an empty cache: 224 -> 141 s of compiling, run time
-# unchanged). It is code generation only, no fast-math: results can differ at most in
-# rounding (where multiply-adds fuse differently). Set XLA_FLAGS yourself to override it.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_backend_optimization_level=1").strip()
-
 import pytest
 
 from jaxcd.model_files import enable_compile_cache
