@@ -143,10 +143,7 @@ def dfa_predicate(dfa):
 def _accepted(dfa, vocab, row: list[int], eos: int) -> bool:
     """An unconstrained sample is valid when it ended with EOS and its bytes (EOS
     excluded) are a string of the constraint's language (the byte DFA)."""
-    if eos not in row:
-        return False
-    q = dfa.run(vocab.decode_bytes(row[: row.index(eos)]))
-    return q >= 0 and bool(dfa.accepting[q])
+    return eos in row and dfa_predicate(dfa)(vocab.decode_bytes(row[: row.index(eos)]), True)
 
 
 # ---------------------------------------------------------------------------------------
