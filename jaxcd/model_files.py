@@ -44,6 +44,18 @@ def _repair_compile_cache(d: Path) -> None:
         pass
 
 
+def compile_cache_setting() -> bool | Path:
+    """``JAXCD_COMPILE_CACHE``: ``False`` (``0``, ``off``, ``false``, ``no``), ``True``
+    (unset, empty, ``1``, ``on``, ``true``, ``yes``: the default directory) or the
+    directory it names."""
+    v = os.environ.get("JAXCD_COMPILE_CACHE", "").strip()
+    if v.lower() in ("0", "false", "no", "off"):
+        return False
+    if v.lower() in ("", "1", "true", "yes", "on"):
+        return True
+    return Path(v).expanduser()
+
+
 def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CACHE_MAX_BYTES,
                          path: str | os.PathLike | None = None) -> Path | None:
     """Turn on JAX's persistent compilation cache in ``<cache>/xla_cache`` (or ``path``).
@@ -55,13 +67,25 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
     the XLA compile is skipped. The cache is bounded by ``max_bytes`` (least recently
     used entries are evicted) and its reads and writes take a file lock (``filelock``),
     so parallel processes (pytest-xdist workers, the experiment runners) can share it.
-    ``JAXCD_COMPILE_CACHE=0`` turns it off. Returns the directory, or ``None`` when off.
-    Call it before the first compile of the process."""
+    ``JAXCD_COMPILE_CACHE=0`` turns it off; ``JAXCD_COMPILE_CACHE=/some/dir`` (any value
+    other than ``0/1/on/off/true/false/yes/no``) keeps it on in that directory instead of
+    ``<cache>/xla_cache`` (an explicit ``path`` still wins). Child processes inherit the
+    variable, so e.g. a test run and the experiment runs it starts share one directory.
+    ``JAXCD_COMPILE_CACHE_MIN_S`` overrides ``min_compile_s``. Returns the directory, or
+    ``None`` when off. Call it before the first compile of the process."""
     import jax
 
-    if os.environ.get("JAXCD_COMPILE_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
+    setting = compile_cache_setting()
+    if setting is False:
         return None
-    d = Path(path) if path is not None else cache_dir() / "xla_cache"
+    if path is not None:
+        d = Path(path)
+    elif isinstance(setting, Path):
+        d = setting
+    else:
+        d = cache_dir() / "xla_cache"
+    if os.environ.get("JAXCD_COMPILE_CACHE_MIN_S", "").strip():
+        min_compile_s = float(os.environ["JAXCD_COMPILE_CACHE_MIN_S"])
     d.mkdir(parents=True, exist_ok=True)
     try:
         import filelock  # noqa: F401  - the bounded cache locks its reads and writes

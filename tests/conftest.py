@@ -19,7 +19,9 @@ from jaxcd.model_files import enable_compile_cache
 # JAX's persistent compilation cache (<jaxcd cache>/xla_cache, bounded, file-locked so the
 # xdist workers share it): most of the suite's time is XLA compiling the LM step and the
 # SMC/decode programs; a rerun on the same machine loads them instead. Tracing, and every
-# assertion, still run. JAXCD_COMPILE_CACHE=0 runs the suite without it.
+# assertion, still run. JAXCD_COMPILE_CACHE=0 runs the suite without it;
+# JAXCD_COMPILE_CACHE=DIR uses DIR instead (e.g. an empty one, to time a cold run: the
+# workers and the experiment subprocesses the tests start then share what each compiles).
 enable_compile_cache(min_compile_s=0.1)
 
 

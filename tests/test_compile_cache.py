@@ -1,5 +1,7 @@
 """jaxcd.model_files.enable_compile_cache: a second process loads the program that the
-first one compiled (JAX's own cache-hit event), and the switch turns it off."""
+first one compiled (JAX's own cache-hit event), the switch turns it off, and
+``JAXCD_COMPILE_CACHE=DIR`` / ``JAXCD_COMPILE_CACHE_MIN_S`` choose its directory and
+threshold (inherited by child processes, e.g. the experiment runs the tests start)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import json, sys, jax, jax.numpy as jnp
 from jaxcd.model_files import enable_compile_cache
 events = []
 jax.monitoring.register_event_listener(lambda e, **k: events.append(e))
-d = enable_compile_cache(min_compile_s=0.0, path=sys.argv[1])
+d = enable_compile_cache(min_compile_s=0.0, path=None if sys.argv[1] == "-" else sys.argv[1])
 f = jax.jit(lambda x: jnp.sin(x) @ jnp.cos(x).T + 3.0)
 y = f(jnp.ones((7, 5)))
 print(json.dumps({"dir": None if d is None else str(d), "value": float(y[0, 0]),
@@ -23,24 +25,32 @@ print(json.dumps({"dir": None if d is None else str(d), "value": float(y[0, 0]),
 
 def _run(path, **env):
     out = subprocess.run([sys.executable, "-c", PROG, str(path)], capture_output=True,
-                         text=True, timeout=300, env={**os.environ, **env})
+                         text=True, timeout=300,
+                         env={**{k: v for k, v in os.environ.items()
+                                 if k != "JAXCD_COMPILE_CACHE_MIN_S"}, **env})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_second_process_hits_the_cache(tmp_path):
-    d = tmp_path / "cc"
+    """The second process finds the directory through JAXCD_COMPILE_CACHE=DIR (not
+    <JAXCD_CACHE>/xla_cache), as a child of a test run does."""
+    d, home = tmp_path / "cc", tmp_path / "home"
     first = _run(d, JAXCD_COMPILE_CACHE="1")
     assert first["dir"] == str(d) and first["hits"] == 0
     assert any(p.name.endswith("-cache") for p in d.iterdir())     # an entry was written
-    second = _run(d, JAXCD_COMPILE_CACHE="1")
+    second = _run("-", JAXCD_COMPILE_CACHE=str(d), JAXCD_CACHE=str(home))
+    assert second["dir"] == str(d) and not (home / "xla_cache").exists()
     assert second["hits"] >= 1 and second["value"] == first["value"]
 
 
-def test_switched_off(tmp_path):
+def test_switched_off_and_threshold(tmp_path):
     d = tmp_path / "cc"
     r = _run(d, JAXCD_COMPILE_CACHE="0")
     assert r["dir"] is None and not d.exists()
+    # JAXCD_COMPILE_CACHE_MIN_S raises the write threshold over min_compile_s=0
+    r = _run("-", JAXCD_COMPILE_CACHE=str(d), JAXCD_COMPILE_CACHE_MIN_S="1e9")
+    assert r["dir"] == str(d) and r["hits"] == 0 and not list(d.glob("*-cache"))
 
 
 def test_entry_without_access_time_is_repaired(tmp_path):
