@@ -62,7 +62,9 @@ def test_each_request_decodes_exactly_as_alone(fas, method, groups):
     assert 0.5 < st.occupancy <= 1.0
     N = budget_bucket(n)
     for i, (r, o) in enumerate(zip(reqs, out)):
-        ids, lens = pad_prompts([r.prompt_ids])
+        # one prompt width for every reference (TableLM ignores the prompt): one program
+        # per method and automaton bucket
+        ids, lens = pad_prompts([r.prompt_ids], length=3)
         fa = bucket_automaton(r.fa) if r.fa is not None else None
         tables = tables_for(fa, method, n, N) if fa is not None else None
         ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, budget=N, limit=n,
@@ -119,16 +121,26 @@ def test_real_lm_rows_match_a_full_recompute(tiny):
     out = serve(lm, params, reqs, budget=n, rows=4, group=2, stats=st)
     assert st.shifts >= 1                                     # the cache was shifted
     assert 2 * 32 * st.inserts < st.prefill_tokens < 2 * 64 * st.inserts   # both widths
+    assert_valid_and_recomputed(lm, params, reqs, out, pats, toks)
+
+
+def assert_valid_and_recomputed(lm, params, reqs, out, pats, toks, width=96):
+    """Every output ended, is valid for its own regex, and its log-probability equals a
+    cache-free recompute of prompt + output. The recompute runs every request in one
+    left-padded batch of ``width`` slots (one program for the tests of this file; padded
+    rows equal one-by-one rows: test_lm_llama.test_batched_left_padded_equals_one_by_one)."""
     eos = lm.eos_token_id
+    gens = []
     for i, (r, o) in enumerate(zip(reqs, out)):
         assert o.valid and o.ended
-        gen = list(o.tokens[: list(o.tokens).index(eos) + 1])
-        assert re.fullmatch(pats[i % 4], text_of(gen, toks, eos)), i
-        seq = list(r.prompt_ids) + gen
-        ids, lens = pad_prompts([seq])
-        lp_all = np.asarray(lm.logprobs_all(params, ids, lens))[0]      # [T, V]
-        P = len(r.prompt_ids)
-        ref = sum(lp_all[P - 1 + j, gen[j]] for j in range(len(gen)))
+        gens.append(list(o.tokens[: list(o.tokens).index(eos) + 1]))
+        assert re.fullmatch(pats[i % 4], text_of(gens[-1], toks, eos)), i
+    seqs = [list(r.prompt_ids) + g for r, g in zip(reqs, gens)]
+    ids, lens = pad_prompts(seqs, length=width)
+    lp_all = np.asarray(lm.logprobs_all(params, ids, lens))                # [B, width, V]
+    for i, (r, o, gen) in enumerate(zip(reqs, out, gens)):
+        P = width - len(seqs[i]) + len(r.prompt_ids)          # the prompt's end in the row
+        ref = sum(lp_all[i, P - 1 + j, gen[j]] for j in range(len(gen)))
         assert o.logprob == pytest.approx(float(ref), abs=2e-3), i
 
 
@@ -247,13 +259,4 @@ def test_shared_prefix_rows_match_a_full_recompute(tiny):
     assert st.prefix_tokens == 13 and st_off.prefix_tokens == 0
     assert st.prefill_tokens < st_off.prefill_tokens
     assert st.shifts >= 1
-    eos = lm.eos_token_id
-    for i, (r, o) in enumerate(zip(reqs, out)):
-        assert o.valid and o.ended
-        gen = list(o.tokens[: list(o.tokens).index(eos) + 1])
-        assert re.fullmatch(pats[i % 4], text_of(gen, toks, eos)), i
-        ids, lens = pad_prompts([list(r.prompt_ids) + gen])
-        lp_all = np.asarray(lm.logprobs_all(params, ids, lens))[0]
-        P = len(r.prompt_ids)
-        ref = sum(lp_all[P - 1 + j, gen[j]] for j in range(len(gen)))
-        assert o.logprob == pytest.approx(float(ref), abs=2e-3), i
+    assert_valid_and_recomputed(lm, params, reqs, out, pats, toks)
