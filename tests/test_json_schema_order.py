@@ -249,3 +249,41 @@ def test_auto_order_one_of_falls_back_when_products_are_too_large(monkeypatch):
     d2 = _dfa(schema)
     assert d2.accepts(b'{"y":2,"x":1}') and d2.accepts(b'{"x":1}')
     assert not d2.accepts(b'{"x":1,"y":2,"x":1}')
+
+
+def test_auto_dfa_cap_falls_back_to_schema_order(monkeypatch):
+    """compile_json_schema: an order-free automaton is determinised up to AUTO_DFA_CAP
+    states only; past it the schema's order is compiled instead (a subset of the valid
+    instances), checked against jsonschema on every key order."""
+    import jaxcd.automata.json_schema as js
+    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd.errors import AutomatonTooLargeError
+
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"},
+              "required": list("abcd"), "additionalProperties": False}
+    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
+                                        eos_id=0)
+
+    def accepts(fa, text):
+        q = int(fa.initial_state)
+        for c in text.encode():
+            q = fa.next_state(q, c - 31)
+            if q == int(fa.dead_state):
+                return False
+        return fa.next_state(q, 0) == int(fa.final_state)
+
+    free = compile_json_schema(schema, vocab)
+    monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
+    node, ws, _, _ = js._auto_tree(schema, None, True, 2, False, "auto", {})
+    nfa = to_nfa(node, ws)
+    assert nfa.dfa_cap == 5
+    with pytest.raises(AutomatonTooLargeError):
+        determinize(nfa)
+    capped = compile_json_schema(schema, vocab)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for perm in itertools.permutations("abcd"):
+        inst = {k: 1 for k in perm}
+        text = json.dumps(inst, separators=(",", ":"))
+        assert oracle.is_valid(inst) and accepts(free, text)
+        assert accepts(capped, text) == (perm == tuple("abcd")), perm
+    assert not accepts(capped, '{"a":1,"b":1,"c":1}')

@@ -138,3 +138,67 @@ def test_max_items_past_the_item_budget():
     # the tightened bound keeps the automaton small
     d = minimize(determinize(schema_to_nfa(cases[0], "")[0]))
     assert d.num_states < 2 * MAX_COUNTED_ITEM_STATES
+
+
+_REC = {"definitions": {"f": {"oneOf": [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "sub": {"$ref": "#/definitions/f"}},
+     "additionalProperties": {"type": "integer"}},
+    {"type": "object", "properties": {"b": {"type": ["string", "integer"]},
+                                      "sub": {"$ref": "#/definitions/f"}},
+     "required": ["b"], "additionalProperties": {"type": "integer"}}]}},
+    "type": "object",
+    "properties": {"x": {"$ref": "#/definitions/f"}, "y": {"$ref": "#/definitions/f"}}}
+
+
+def _rec_universe():
+    leaf = [{}, {"a": 1}, {"a": "s"}, {"b": "s"}, {"a": 1, "b": "s"}, {"b": 1}, {"b": None},
+            {"a": 1, "b": 2}, 1, None]
+    one = leaf + [{"a": 1, "sub": v} for v in leaf] + [{"b": "s", "sub": v} for v in leaf]
+    out = [{"x": v} for v in one] + [{"y": v} for v in one]
+    out += [{"x": v, "y": w} for v in leaf for w in leaf]
+    return out
+
+
+def test_product_memo_recursive_oneof(monkeypatch):
+    """A oneOf reached through a recursive $ref from several places is determinised once
+    per context (SchemaBuilder._memo_product): the same language as without the memo,
+    fewer determinisations, and no instance accepted that jsonschema rejects (every
+    valid one within the recursion depth accepted).""" 
+    from jaxcd.automata import schema_builder as sb
+    from jaxcd.automata.fsa import difference
+
+    calls = []
+    real = sb.determinize
+
+    def counting(nfa, *a, **k):
+        calls.append(nfa.num_states)
+        return real(nfa, *a, **k)
+    monkeypatch.setattr(sb, "determinize", counting)
+    with_memo = minimize(determinize(schema_to_nfa(_REC, "", max_depth=1, property_order="auto")[0]))
+    n_memo = len(calls)
+    calls.clear()
+    monkeypatch.setattr(sb.SchemaBuilder, "_memo_product", sb.SchemaBuilder._product_node)
+    plain = minimize(determinize(schema_to_nfa(_REC, "", max_depth=1, property_order="auto")[0]))
+    assert len(calls) > n_memo
+    assert is_empty(difference(with_memo, plain)) and is_empty(difference(plain, with_memo))
+    oracle = jsonschema.Draft7Validator(_REC)
+    n_valid = 0
+    for v in _rec_universe():
+        ok = with_memo.accepts(_texts(v).encode())
+        if ok or "sub" not in json.dumps(v):       # max_depth=1: no nested "sub"
+            assert ok == oracle.is_valid(v), v
+        n_valid += ok
+    assert n_valid >= 10
+
+
+def test_product_work_limit():
+    """All products of one schema together build at most max_product_work automaton
+    states; past it the schema is refused with a size error (not minutes of work)."""
+    from jaxcd.automata.schema_builder import SchemaBuilder
+    from jaxcd.errors import AutomatonTooLargeError
+    schema = SCHEMAS[3]                          # overlapping oneOf: needs products
+    b = SchemaBuilder(schema, whitespace="")
+    b.build()
+    assert b.product_work > 0
+    with pytest.raises(AutomatonTooLargeError, match="max_product_work"):
+        SchemaBuilder(schema, whitespace="", max_product_work=b.product_work // 2).build()

@@ -52,6 +52,10 @@ class NFA:
         self.accepting: set[int] = set()
         self.start: int = 0
         self.max_states = current_limits().max_nfa_states
+        # a producer's own bound on the DFA of this NFA, below
+        # CompileLimits.max_dfa_states (a cheaper fallback exists past it): determinize
+        # stops there
+        self.dfa_cap: int | None = None
 
     @property
     def trans(self) -> list[list[tuple[int, int, int]]]:
@@ -276,6 +280,9 @@ def determinize(nfa: NFA, max_states: int | None = None) -> DFA:
     """
     limits = current_limits()
     max_states = limits.max_dfa_states if max_states is None else int(max_states)
+    cap = getattr(nfa, "dfa_cap", None)
+    if cap is not None:
+        max_states = min(max_states, int(cap))
     if nfa.num_states == 0:
         return empty_dfa()
     n = nfa.num_states

@@ -28,8 +28,8 @@ from typing import Any
 
 from ..errors import SchemaError
 from .fsa import NFA
-from .schema_builder import (DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED, PROPERTY_ORDERS,
-                             STRUCTURAL,
+from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED,
+                             PROPERTY_ORDERS, STRUCTURAL, Node,
                              UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
                              to_regex)
 
@@ -94,7 +94,12 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b._string_memo = string_memo
-    return b.build(), b.whitespace, text, b
+    node = b.build()
+    if b.auto_used and AUTO_DFA_CAP:
+        # an order-free form past this many DFA states: compile_json_schema falls back
+        # to the schema's order (cheaper than determinising on to max_dfa_states)
+        node = Node("capped", (node, AUTO_DFA_CAP), node.size)
+    return node, b.whitespace, text, b
 
 
 def schema_to_regex(schema: dict | str, whitespace_pattern: str | None = None,

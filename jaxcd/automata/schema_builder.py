@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 import re
 import re._constants as C
 import re._parser as P
@@ -162,6 +163,9 @@ NOT_ENFORCED = {"contains", "minContains", "maxContains", "unevaluatedItems", "$
 # keywords enforced by automaton products (``oneOf``, ``not``, ``if``/``then``/``else``):
 # each operand is determinised with at most this many states, and the product too
 DEFAULT_MAX_PRODUCT_STATES = 20_000
+# all products of one schema together: operand NFAs, their DFAs and the product DFAs,
+# in states (a schema past it would spend minutes in them)
+MAX_PRODUCT_WORK = 1_000_000
 # dependentRequired / dependentSchemas / dependencies: each name doubles the cases
 MAX_DEPENDENCIES = 8
 PROPERTY_ORDERS = ("auto", "schema", "any")
@@ -177,6 +181,9 @@ MAX_ANY_ORDER_PROPERTIES = 10
 AUTO_ORDER_STATES = 8_000
 AUTO_ORDER_TOTAL = 80_000
 AUTO_ORDER_ROOT = 1.0
+# compile_json_schema: the DFA of a schema with order-free objects is built with at most
+# this many states (before minimisation); past it, the schema's order is compiled instead
+AUTO_DFA_CAP = 20_000
 # subschema paths below which an object is a value inside the document's object
 _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
                 "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
@@ -489,6 +496,9 @@ class SchemaBuilder:
     # None: max(max_depth, DEFAULT_FREE_DEPTH)
     max_free_depth: int | None = None
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
+    # automaton states built by products in one build (see _spend)
+    max_product_work: int = MAX_PRODUCT_WORK
+    product_work: int = 0
     # polarity: True while building an operand that is subtracted (oneOf's other
     # branches, not, the else branch's if): it is built as a superset (properties in
     # any order, recursion cut to any value) so that the difference never keeps an
@@ -509,6 +519,10 @@ class SchemaBuilder:
     _nfa_memo: dict = field(default_factory=dict)
     _ref_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
+    # nodes (or size errors) of subschemas with automaton products, by context (see
+    # _memo_product)
+    _product_memo: dict = field(default_factory=dict)
+    _reach_memo: dict = field(default_factory=dict)
 
     @property
     def free_depth(self) -> int:
@@ -694,25 +708,88 @@ class SchemaBuilder:
             # next to allOf first if "properties" is written before "allOf"
             parts = [rest] + subs if _before(schema, "properties", "allOf") else subs + [rest]
             return self.node(self.merge(parts, f"{path}/allOf"), path)
-        if self.property_order == "auto" and (any(k in schema for k in _PRODUCT_KW)
-                                              or schema.get("uniqueItems") is True):
-            # automaton products (and uniqueItems' subsets of values): if the order-free
-            # objects make an operand or product too large, the subschema is built again
-            # in the schema's order (unless no
-            # order-free form was built in it: the schema's order would fail the same way)
-            spent = self.auto_spent
+        if any(k in schema for k in _PRODUCT_KW):
+            return self._memo_product(schema, path)
+        if self.property_order == "auto" and schema.get("uniqueItems") is True:
+            return self._product_node(schema, path)      # uniqueItems' subsets of values
+        return self._node_rest(schema, path)
+
+    def _memo_product(self, schema: dict, path: str) -> Node:
+        """``_node`` of a subschema with an automaton product (``oneOf``, ``not``,
+        ``if``, merged ``allOf``), memoised: the same subschema met again in the same
+        context (polarity, property order, depth, the multiset of ``$ref`` s being
+        expanded, which decides every recursion cut below it, and whether it lies inside
+        a value) gets the same node, or the same size error, without determinising its
+        operands again (recursive ``$ref`` s that reach one ``oneOf`` from several
+        places)."""
+        try:
+            text = json.dumps(schema, sort_keys=True)
+            reach = self._reachable_refs(schema, text)
+            key = (text, self._neg, self.property_order, self.max_depth,
+                   frozenset((k, c) for k, c in Counter(self._ref_stack).items()
+                             if k in reach),
+                   any(x in path for x in _VALUE_PATHS))
+        except (TypeError, ValueError, SchemaError):
+            return self._product_node(schema, path)
+        hit = self._product_memo.get(key)
+        if hit is not None:
+            if isinstance(hit, Exception):
+                raise hit
+            self.auto_spent += hit[1]
+            return hit[0]
+        spent = self.auto_spent
+        try:
+            n = self._product_node(schema, path)
+        except AutomatonTooLargeError as e:
+            self._product_memo[key] = e
+            raise
+        self._product_memo[key] = (n, self.auto_spent - spent)
+        return n
+
+    def _reachable_refs(self, schema: Any, text: str) -> frozenset:
+        """The ``$ref`` keys (as :meth:`resolve` names them) that building ``schema``
+        may expand: those in it and, transitively, in their targets."""
+        hit = self._reach_memo.get(text)
+        if hit is not None:
+            return hit
+        seen: set = set()
+        stack = [schema]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, dict):
+                ref = x.get("$ref")
+                if isinstance(ref, str):
+                    key = "#" if ref in ("", "#") else ref
+                    if key not in seen:
+                        seen.add(key)
+                        try:
+                            stack.append(self.resolve(ref, "")[0])
+                        except (SchemaError, UnsupportedSchemaError):
+                            pass
+                stack.extend(v for k, v in x.items() if isinstance(v, (dict, list)))
+            elif isinstance(x, list):
+                stack.extend(v for v in x if isinstance(v, (dict, list)))
+        out = self._reach_memo[text] = frozenset(seen)
+        return out
+
+    def _product_node(self, schema: dict, path: str) -> Node:
+        if self.property_order != "auto":
+            return self._node_rest(schema, path)
+        # if the order-free objects make an operand or product too large, the subschema
+        # is built again in the schema's order (unless no order-free form was built in
+        # it: the schema's order would fail the same way)
+        spent = self.auto_spent
+        try:
+            return self._node_rest(schema, path)
+        except AutomatonTooLargeError:
+            if self.auto_spent == spent:
+                raise
+            self.auto_spent = spent
+            self.property_order = "schema"
             try:
                 return self._node_rest(schema, path)
-            except AutomatonTooLargeError:
-                if self.auto_spent == spent:
-                    raise
-                self.auto_spent = spent
-                self.property_order = "schema"
-                try:
-                    return self._node_rest(schema, path)
-                finally:
-                    self.property_order = "auto"
-        return self._node_rest(schema, path)
+            finally:
+                self.property_order = "auto"
 
     def _node_rest(self, schema: dict, path: str) -> Node:
         """``_node`` after ``$ref`` and ``allOf``."""
@@ -808,18 +885,37 @@ class SchemaBuilder:
         if node.size > 40 * self.max_product_states:
             self._product_too_large(node.size, path, keyword, "NFA states")
         hit = self._nfa_memo.pop(id(node), None)
-        nfa = hit[1] if hit is not None and hit[0] is node else \
-            _node_nfa(node, self.whitespace)
+        if hit is not None and hit[0] is node:
+            nfa = hit[1]
+        else:
+            nfa = _node_nfa(node, self.whitespace)
+            self._spend(nfa.num_states, path, keyword)
         try:
-            return minimize(determinize(nfa, max_states=self.max_product_states))
+            d = determinize(nfa, max_states=self.max_product_states)
         except AutomatonTooLargeError:
             self._product_too_large(self.max_product_states, path, keyword, "DFA states")
+        self._spend(d.num_states, path, keyword)
+        return minimize(d)
+
+    def _spend(self, states: int, path: str, keyword: str) -> None:
+        """Count the automaton states that products build (operand NFAs, their DFAs,
+        product DFAs); past ``max_product_work`` the schema is refused (its products
+        would take minutes)."""
+        self.product_work += states
+        if self.product_work > self.max_product_work:
+            raise AutomatonTooLargeError(
+                f"{keyword!r} at {path or '/'} is enforced by an automaton product, and "
+                f"the schema's products have built more than {self.max_product_work:,} "
+                "automaton states in all (limit max_product_work); simplify the schema "
+                "(e.g. fewer overlapping oneOf branches inside recursive $refs)")
 
     def _product(self, a: DFA, b: DFA, path: str, keyword: str, op) -> DFA:
         try:
-            return op(a, b, self.max_product_states)
+            d = op(a, b, self.max_product_states)
         except AutomatonTooLargeError:
             self._product_too_large(self.max_product_states, path, keyword, "DFA states")
+        self._spend(d.num_states, path, keyword)
+        return d
 
     def _product_too_large(self, size, path, keyword, what):
         raise AutomatonTooLargeError(
@@ -892,6 +988,7 @@ class SchemaBuilder:
         hit = self._nfa_memo.get(id(node))
         if hit is None or hit[0] is not node:
             hit = self._nfa_memo[id(node)] = (node, _node_nfa(node, self.whitespace))
+            self._spend(hit[1].num_states, "", "oneOf")
         return hit[1]
 
     # -- dependentRequired / dependentSchemas / dependencies ----------------------------
@@ -1823,6 +1920,10 @@ class _NFAEmitter:
             return self._obj_any(node, src)
         if k == "objmix":
             return self._obj_mix(node, src)
+        if k == "capped":                  # (tree, DFA states): see NFA.dfa_cap
+            cap = node.args[1]
+            nfa.dfa_cap = cap if nfa.dfa_cap is None else min(nfa.dfa_cap, cap)
+            return self.emit(node.args[0], src)
         raise AssertionError(k)
 
     def _obj_mix(self, node: Node, src: int) -> int:
