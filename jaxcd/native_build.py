@@ -7,7 +7,7 @@ Each kernel is one C++ file against the headers that ship with jaxlib
 compiler and the CPU's flags (and the shared header ``native_include/jaxcd_native.h``),
 and registered with ``jax.ffi`` for the CPU platform.
 Used by :mod:`jaxcd.decoding.kernels` (P-GCD scoring) and :mod:`jaxcd.lm.kernels`
-(the LM's in-place layer matmul).
+(the LM's in-place layer matmul and decode attention).
 """
 
 from __future__ import annotations

@@ -69,7 +69,11 @@ per token, negligible for the short contexts of constrained decoding; caches lon
 :func:`attend_decode_blocked`). Keys are stored transposed so that both attention
 products are plain batched matrix products (no per-step transposes; about 2x faster
 attention on CPU than the ``[S, D]`` layout). ``S = max_len`` (rounded up to a multiple
-of ``attn_block`` when larger than it). A write past the last slot is clamped by XLA
+of ``attn_block`` when larger than it). On CPU, with the native kernels (below), a
+decode step attends through :func:`jaxcd.lm.kernels.decode_attention` instead: it reads
+layer ``l``'s slots ``offset_b .. slot`` of each row where they lie (skipping the left
+padding), with this step's key/value standing in for slot ``slot`` as above, and gives
+the same result up to float rounding. A write past the last slot is clamped by XLA
 (it overwrites the last slot), so ``max_len`` must cover prompt + new tokens.
 
 Depth
@@ -411,6 +415,18 @@ class Block(nnx.Module):
             self.post_mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, **norm)
         self.post_norms = cfg.post_norms
 
+    def _decode_kernel(self, kc, vc) -> bool:
+        """Whether a decode step attends through the native kernel
+        (:func:`jaxcd.lm.kernels.decode_attention`): in the in-place mode of
+        :meth:`LlamaModel.run_layers` (the CPU kernels, not a mesh), with a float32 or
+        bfloat16 cache, when the kernel is available (else XLA's attention)."""
+        if self.attn.q_proj.kernel[...].ndim != 3 or kc.dtype != vc.dtype or \
+                kc.dtype not in (jnp.float32, jnp.bfloat16):
+            return False
+        from .kernels import decode_attention_available
+
+        return decode_attention_available()
+
     def __call__(self, x, cos, sin, mask, cache=None, layer=None, slot=None, offset=None,
                  block=None, past=None):
         """Two modes.
@@ -427,7 +443,10 @@ class Block(nnx.Module):
           (the cache is only read here: writing it inside the layer loop would make XLA
           copy the whole cache per layer). With ``block`` set, uses
           :func:`attend_decode_blocked` with ``offset`` ``[B]`` (the first slot each
-          row may attend) instead of ``mask``.
+          row may attend) instead of ``mask``. In the in-place (CPU kernel) mode, with
+          ``offset`` given, both use the native kernel instead
+          (:func:`jaxcd.lm.kernels.decode_attention`: slots ``offset_b .. slot`` read in
+          place; ``mask`` must then be the mask those bounds define).
 
         ``past = (k_past [B, n_kv, D, P0], v_past [B, n_kv, P0, D])`` (prefill mode only):
         keys and values of earlier tokens that ``x``'s tokens also attend to, before their
@@ -442,7 +461,15 @@ class Block(nnx.Module):
             if x.shape[1] != 1:
                 raise ValueError("Block: decoding with a cache takes one token per row")
             k, v = k.astype(kc.dtype), v.astype(vc.dtype)
-            if block is not None:
+            if offset is not None and self._decode_kernel(kc, vc):
+                from .kernels import decode_attention
+
+                B, _, nh, D = q.shape
+                h = decode_attention(q[:, 0], kc, vc, k, v, offset, slot, layer,
+                                     scale=1.0 / np.sqrt(D) if a.scale is None else a.scale,
+                                     softcap=a.softcap)
+                h = h.astype(q.dtype).reshape(B, 1, nh * D)
+            elif block is not None:
                 h = attend_decode_blocked(q, kc, vc, offset, slot, block, self.attn.precision,
                                           layer=layer, new_kv=(k, v), **akw)
             else:

@@ -14,12 +14,19 @@ does not depend on how many rows share the call.
 builds, else XLA's dot with one warning), ``ffi`` (the kernel or an error), ``xla``
 (never). GPU/TPU and sharded weights always use XLA's dot. Built and cached by
 :mod:`jaxcd.native_build`.
+
+:func:`decode_attention` (``decode_attention.cc``) is the decode step's attention over
+the stacked KV cache, read in place from each row's first attended slot; it is used under
+the same conditions (and ``JAXCD_DECODE_ATTENTION=xla`` turns it off alone).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +34,7 @@ import jax.numpy as jnp
 from ...native_build import KernelUnavailable, NativeKernel
 
 __all__ = ["layer_matmul", "layer_matmuls", "rows_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
-           "KernelUnavailable", "MAX_ROWS"]
+           "KernelUnavailable", "MAX_ROWS", "decode_attention", "decode_attention_available"]
 
 TARGET = "jaxcd_layer_matmul"
 ROWS_TARGET = "jaxcd_rows_matmul"
@@ -35,6 +42,9 @@ _KERNEL = NativeKernel(Path(__file__).with_name("layer_matmul.cc"), "JaxcdLayerM
                        "the LM uses XLA's dot for its layer matmuls")
 _ROWS = NativeKernel(Path(__file__).with_name("layer_matmul.cc"), "JaxcdRowsMatmul",
                      ROWS_TARGET, "the LM uses XLA's dot for its output projection")
+ATTN_TARGET = "jaxcd_decode_attention"
+_ATTN = NativeKernel(Path(__file__).with_name("decode_attention.cc"), "JaxcdDecodeAttention",
+                     ATTN_TARGET, "the LM uses XLA's decode attention")
 
 #: Calls with more rows than this (prefill of long prompts) use XLA's dot on the layer's
 #: slice instead: the kernel does not block rows for cache, and at these sizes the
@@ -169,3 +179,73 @@ def rows_matmul(x: jax.Array, e: jax.Array, precision=jax.lax.Precision.HIGHEST,
         return _rows(x2, e).reshape(*lead, e.shape[0])
     return jnp.einsum("...h,vh->...v", x.astype(e.dtype), e, precision=precision,
                       preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- attention
+def decode_attention_available() -> bool:
+    """Whether the decode step may use the attention kernel: as
+    :func:`lm_kernel_available` (mode, CPU backend), ``JAXCD_DECODE_ATTENTION`` not
+    ``xla``, and the kernel built (a failure warned about once under ``auto``)."""
+    if os.environ.get("JAXCD_DECODE_ATTENTION", "auto").strip().lower() == "xla":
+        return False
+    mode = lm_kernel_mode()
+    if mode == "xla" or jax.default_backend() != "cpu":
+        return False
+    return _ATTN.available(required=mode == "ffi")
+
+
+def _attn_call(q, k, v, kn, vn, lo, slot, layer, scale, softcap):
+    B, nh, D = q.shape
+    return jax.ffi.ffi_call(ATTN_TARGET, jax.ShapeDtypeStruct((B, nh * D), jnp.float32))(
+        q, k, v, kn, vn, lo, slot, layer, scale=np.float32(scale), softcap=np.float32(softcap))
+
+
+@functools.lru_cache(maxsize=None)
+def _attn_fn(scale: float, softcap: float):
+    """The kernel call for one (scale, softcap), with its vmap rule: a mapped axis over
+    the rows is folded into ``B`` (operands not mapped are broadcast); a mapped slot or
+    layer index runs one call per element (``lax.map``)."""
+
+    @jax.custom_batching.custom_vmap
+    def f(q, k, v, kn, vn, lo, slot, layer):
+        return _attn_call(q, k, v, kn, vn, lo, slot, layer, scale, softcap)
+
+    @f.def_vmap
+    def f_vmap(axis_size, in_batched, q, k, v, kn, vn, lo, slot, layer):
+        *rows_b, slot_b, layer_b = in_batched
+        bc = lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)  # noqa: E731
+        rows = [bc(a, b) for a, b in zip((q, k, v, kn, vn, lo), rows_b)]
+        if not slot_b and not layer_b:
+            flat = [a.reshape((-1,) + a.shape[2:]) for a in rows]
+            out = f(*flat, slot, layer)
+            return out.reshape(axis_size, q.shape[-3], -1), True
+        out = jax.lax.map(lambda a: f(*a), (*rows, bc(slot, slot_b), bc(layer, layer_b)))
+        return out, True
+
+    return f
+
+
+def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_new: jax.Array,
+                     v_new: jax.Array, lo: jax.Array, slot, layer, scale: float,
+                     softcap: float | None = None) -> jax.Array:
+    """One decode token's grouped-query attention through the native kernel.
+
+    ``q`` ``[B, n_h, D]`` (any float; used as float32); ``k`` ``[B, L, n_kv, D, S]`` and
+    ``v`` ``[B, L, n_kv, S, D]`` the stacked caches (float32 or bfloat16), read at layer
+    ``layer`` in place; ``k_new`` / ``v_new`` (any shape with ``B * n_kv * D`` elements
+    in ``[B, n_kv, D]`` order; cast to the caches' dtype) stand in for slot ``slot``;
+    ``lo`` int ``[B]`` the first slot each row attends. Returns float32 ``[B, n_h * D]``:
+    ``softmax_j(softcap(scale q·k_j)) v_j`` over ``j = lo_b .. slot``, query head ``h``
+    using key/value head ``h // (n_h / n_kv)``. ``slot`` is clamped to ``[0, S)``,
+    ``layer`` to ``[0, L)`` and ``lo_b`` to ``[0, slot]``."""
+    B, nh, D = q.shape
+    if k.ndim != 5 or v.ndim != 5 or k.shape[3] != D or v.shape[4] != D:
+        raise ValueError(f"decode_attention: q {q.shape}, k {k.shape}, v {v.shape}: expected "
+                         f"[B, n_h, D], [B, L, n_kv, D, S], [B, L, n_kv, S, D]")
+    _ATTN.available(required=True)       # built and registered (or KernelUnavailable)
+    nkv = k.shape[2]
+    kn = k_new.astype(k.dtype).reshape(B, nkv, D)
+    vn = v_new.astype(v.dtype).reshape(B, nkv, D)
+    f = _attn_fn(float(scale), float(softcap or 0.0))
+    return f(q.astype(jnp.float32), k, v, kn, vn, jnp.asarray(lo, jnp.int32).reshape(B),
+             jnp.asarray(slot, jnp.int32).reshape(()), jnp.asarray(layer, jnp.int32).reshape(()))
