@@ -1,6 +1,12 @@
 """Budget guarantee on the real 49k vocabulary: GCD random walks (uniform over the
 mask) on every public-workload constraint always end with EOS within the budget,
-and the decoded text is in the language (re.fullmatch; json.loads + jsonschema)."""
+and the decoded text is in the language (re.fullmatch; json.loads + jsonschema).
+
+The walks run as ``jaxcd.generate`` decodes: on the automaton padded to its shape bucket,
+with tables of the budget's bucket length (``budget_bucket``) and the budget traced (rows
+past the budget mask everything, so a walk must have emitted EOS by then). One compiled
+program then serves every constraint and budget of a bucket pair, instead of one per
+constraint and budget."""
 
 import ast
 import json
@@ -16,6 +22,7 @@ from jaxcd import (BudgetTooSmallError, UnsupportedSchemaError, allowed_tokens,
                    compile_json_schema, compile_keywords, compile_regex, compile_tool_call, gcd)
 from jaxcd.automata.json_schema import schema_to_regex
 from jaxcd.automata.keywords import KeywordError
+from jaxcd.decoding.buckets import bucket_automaton, budget_bucket
 from jaxcd.errors import SchemaError
 
 DATA = Path(__file__).parent / "data" / "workload"
@@ -32,16 +39,19 @@ def compile_entry(entry, vocab):
 
 
 def walk_texts(fa, vocab, budget, num_walks, seed):
-    dfa = fa.to_device()
-    tables = gcd.backward(dfa, budget)
+    pfa = bucket_automaton(fa)
+    dfa = pfa.to_device()
+    steps = budget_bucket(budget)
+    tables = gcd.backward(dfa, budget, steps)
     toks, final = gcd.random_walks(jax.random.PRNGKey(seed), dfa, tables, num_walks=num_walks)
     toks, final = np.asarray(toks), np.asarray(final)
+    assert toks.shape == (num_walks, steps)
     out = []
     for row, f in zip(toks, final):
-        assert vocab.eos_id in row, "walk did not end with EOS within the budget"
+        assert vocab.eos_id in row[:budget], "walk did not end with EOS within the budget"
         m = list(row).index(vocab.eos_id)
         assert np.all(row[m:] == vocab.eos_id)
-        assert f == fa.final_state
+        assert f == pfa.final_state
         out.append(vocab.decode_bytes(row[:m]).decode("utf-8"))
     return out
 
@@ -68,8 +78,9 @@ def test_target_is_allowed_and_host_equals_jit(entry, smol_vocab, smol_tokenizer
     fa, _ = compile_entry(entry, smol_vocab)
     ids = smol_tokenizer.encode(entry["target"], add_special_tokens=False) + [smol_vocab.eos_id]
     budget = len(ids) + 2
-    dfa = fa.to_device()
-    tables = gcd.backward(dfa, budget)
+    pfa = bucket_automaton(fa)                   # device side: padded, as generate runs it
+    dfa = pfa.to_device()
+    tables = gcd.backward(dfa, budget, budget_bucket(budget))
     cs = gcd.init_state(dfa)
     for t, tok in enumerate(ids):
         host = allowed_tokens(fa, ids[:t], budget=budget)
@@ -78,7 +89,9 @@ def test_target_is_allowed_and_host_equals_jit(entry, smol_vocab, smol_tokenizer
         assert host[tok]
         assert not host[smol_vocab.is_special & (np.arange(len(host)) != smol_vocab.eos_id)].any()
         cs = gcd.advance_jit(dfa, cs, tok)
-    assert int(cs.state) == fa.final_state
+    assert int(cs.state) == pfa.final_state
+    # and the budget is enforced past the target: nothing is allowed once it is spent
+    assert not np.asarray(gcd.mask_jit(dfa, tables, cs._replace(t=jax.numpy.int32(budget)))).any()
 
 
 def test_keyword_walks_contain_every_keyword(smol_vocab):
