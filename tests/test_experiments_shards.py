@@ -44,6 +44,20 @@ def study(argv, out: Path) -> dict:
     return json.loads((out / "satisfaction.json").read_text())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_model_record():
+    """``studies.model_record`` parses the whole GGUF (its 49k-token vocabulary: ~4-10 s on
+    this CPU) for every study run; the runs of this file all use the smoke model, so its
+    record is read once and each run gets a copy of it."""
+    import copy
+    import functools
+    memo = functools.lru_cache(maxsize=None)(studies.model_record)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(studies, "model_record",
+                   lambda model, mode="default": copy.deepcopy(memo(model, mode)))
+        yield
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     t = tmp_path_factory.mktemp("shards")
