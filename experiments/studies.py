@@ -68,6 +68,7 @@ paired tests and figure are rebuilt from the merged rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -1236,7 +1237,15 @@ def study_second_model(out, mode, st, seed, log, model=None):
 
 def model_record(model: str | None, mode: str = "default") -> dict:
     """What the results say about the model: its file name and parameter count (from the
-    GGUF's tensor shapes) — RESULTS.md quotes these, not typed-in names."""
+    GGUF's tensor shapes) — RESULTS.md quotes these, not typed-in names. The GGUF is
+    parsed once per process and model (a parse reads the whole vocabulary: ~10 s under
+    load); each call gets its own copy of the record."""
+    import copy
+    return copy.deepcopy(_model_record(model, mode))
+
+
+@functools.lru_cache(maxsize=16)
+def _model_record(model: str | None, mode: str) -> dict:
     try:
         from gguf import GGUFReader
 
