@@ -84,9 +84,18 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
         d = setting
     else:
         d = cache_dir() / "xla_cache"
-    if os.environ.get("JAXCD_COMPILE_CACHE_MIN_S", "").strip():
-        min_compile_s = float(os.environ["JAXCD_COMPILE_CACHE_MIN_S"])
-    d.mkdir(parents=True, exist_ok=True)
+    min_s = os.environ.get("JAXCD_COMPILE_CACHE_MIN_S", "").strip()
+    if min_s:
+        try:
+            min_compile_s = float(min_s)
+        except ValueError:
+            raise ValueError(f"JAXCD_COMPILE_CACHE_MIN_S={min_s!r}: expected a number of "
+                             "seconds (programs that compile faster are not cached)") from None
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"compile cache directory {str(d)!r} (JAXCD_COMPILE_CACHE or path) "
+                         f"cannot be created: {e.strerror or e}") from None
     try:
         import filelock  # noqa: F401  - the bounded cache locks its reads and writes
     except ImportError:                       # an unlocked cache is unsafe to share

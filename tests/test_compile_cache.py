@@ -71,3 +71,21 @@ def test_entry_without_access_time_is_repaired(tmp_path):
     assert "Error writing persistent compilation cache" not in out.stderr
     assert len(list(d.glob("*-cache"))) == len(entries) + 2
     assert all(e.with_name(e.name[:-len("-cache")] + "-atime").exists() for e in d.glob("*-cache"))
+
+
+def test_bad_settings_name_the_variable(tmp_path, monkeypatch):
+    """A non-numeric JAXCD_COMPILE_CACHE_MIN_S, or a cache directory that cannot be
+    created (here: a path below a regular file), is a ValueError naming the setting."""
+    import pytest
+
+    from jaxcd.model_files import enable_compile_cache
+
+    monkeypatch.setenv("JAXCD_COMPILE_CACHE_MIN_S", "soon")
+    with pytest.raises(ValueError, match="JAXCD_COMPILE_CACHE_MIN_S='soon'"):
+        enable_compile_cache(path=tmp_path / "cc")
+    monkeypatch.delenv("JAXCD_COMPILE_CACHE_MIN_S")
+    f = tmp_path / "file"
+    f.write_text("x")
+    monkeypatch.setenv("JAXCD_COMPILE_CACHE", str(f / "cc"))
+    with pytest.raises(ValueError, match="JAXCD_COMPILE_CACHE.*cannot be created"):
+        enable_compile_cache()
