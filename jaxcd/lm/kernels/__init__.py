@@ -6,8 +6,9 @@ weights stacked ``[L, ...]`` (compile time flat in depth). XLA:CPU's dot cannot 
 operand at a dynamic offset, so the stacked scan first copies each layer's weights, and
 its dot fusions at decode shapes (a few rows) run well below this CPU's memory and FMA
 limits. The kernel reads layer ``l`` where it lies: a register-blocked GEMM (6 x 16
-tiles, weights packed per 256-row block while the next block is prefetched) split over
-XLA's intra-op thread pool. Rows accumulate in float32 in ``k`` order, so a row's result
+tiles, weights packed per 256-row block while the next block is prefetched; 2..16 rows,
+a batched decode step, with x transposed into the vector lanes and W broadcast from where
+it lies) split over XLA's intra-op thread pool. Rows accumulate in float32 in ``k`` order, so a row's result
 does not depend on how many rows share the call.
 
 ``JAXCD_LM_KERNEL`` chooses: ``auto`` (default: the kernel on the CPU backend when it
