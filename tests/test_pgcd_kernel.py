@@ -185,7 +185,8 @@ def test_vmap_of_single_particle_scores_uses_one_kernel_call():
     vm = jax.jit(jax.vmap(pgcd.scores, in_axes=(None, None, 0)))(fa, tables, sts)
     hlo = jax.jit(jax.vmap(pgcd.scores, in_axes=(None, None, 0))).lower(
         fa, tables, sts).as_text()
-    assert hlo.count(kernels.TARGET) == 1
+    assert tables.edge_index is not None
+    assert hlo.count(f"@{kernels.TARGET_INDEX}(") == 1 and f"@{kernels.TARGET}(" not in hlo
     for x, y in zip(batched, vm):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     one = jax.tree.map(lambda x: x[2], sts)
@@ -253,3 +254,63 @@ def test_memory_estimate_and_limit():
     with pytest.raises(pgcd.TablesTooLargeError, match=r"bfloat16 \(about .* GiB\)"):
         pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"] - 1)
     pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"])          # at the limit: ok
+
+
+# --- the per-state edge index (PGCDTables.edge_index) --------------------------------------
+def test_edge_index_is_the_transition_function():
+    """``edge_index[s, v]`` is the out-edge of ``s`` that holds ``v`` (its destination is
+    ``δ(s, v)``), ``−1`` exactly where ``δ(s, v)`` is the dead state; int8 and int16
+    agree. Out-degree above 32 (one mask word) included."""
+    fa = compile_regex(WIDE_PATTERN, WIDE)
+    deg = np.diff(np.asarray(fa.out_start))
+    assert deg.max() > 32
+    idx8 = np.asarray(pgcd.edge_index(fa, jnp.int8))
+    idx16 = np.asarray(pgcd.edge_index(fa, jnp.int16))
+    assert idx8.dtype == np.int8 and idx16.dtype == np.int16
+    np.testing.assert_array_equal(idx8.astype(np.int16), idx16)
+    out_dst = np.asarray(fa.out_dst)
+    for s in range(fa.num_states):
+        for v in range(fa.vocab_size):
+            d = fa.next_state(s, v)
+            if d == fa.dead_state:
+                assert idx8[s, v] == -1, (s, v)
+            else:
+                assert 0 <= idx8[s, v] < deg[s] and out_dst[s, idx8[s, v]] == d, (s, v)
+
+
+def _wide_case(n=4, H=8, seed=3):
+    fa = compile_regex(WIDE_PATTERN, WIDE)
+    hmm = _dirichlet_hmm(np.random.default_rng(seed), H, fa.vocab_size)
+    tables = pgcd.backward(fa, hmm, n, steps=4)
+    seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (1, 1), (10, 10)]
+    return fa, hmm, tables, _states(fa, hmm, seqs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.int16])
+def test_index_and_mask_lookups_give_identical_scores(dtype):
+    """The kernel with the edge index (int8, int16) and with the cumulative mask rows (the
+    fallback) run the same arithmetic: bitwise equal outputs, at out-degree 46 with
+    successors whose β^P is 0, for float32 and bfloat16 tables."""
+    fa, hmm, tables, sts = _wide_case()
+    for tab in (tables, pgcd.backward(fa, hmm, 4, steps=4, table_dtype=jnp.bfloat16)):
+        assert tab.edge_index is not None and tab.edge_index.dtype == jnp.int8
+        with_idx = tab._replace(edge_index=pgcd.edge_index(fa, dtype))
+        a = _kernel(fa, with_idx, sts)
+        b = _kernel(fa, tab._replace(edge_index=None), sts)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        assert np.isfinite(np.asarray(a[0])).sum() > 20
+
+
+def test_index_limit_falls_back_to_the_masks(monkeypatch):
+    """Past ``$JAXCD_PGCD_INDEX_MAX_BYTES`` the tables carry no index and the kernel reads
+    the mask rows; the memory estimate counts the index only when it is built."""
+    fa, hmm, tables, sts = _wide_case()
+    S, V = fa.num_states, fa.vocab_size
+    assert pgcd.backward_nbytes(fa, 8, 4)["index"] == S * V == tables.edge_index.nbytes
+    monkeypatch.setenv("JAXCD_PGCD_INDEX_MAX_BYTES", str(S * V - 1))
+    assert pgcd.backward_nbytes(fa, 8, 4)["index"] == 0
+    small = pgcd.backward(fa, hmm, 4, steps=4)
+    assert small.edge_index is None
+    for x, y in zip(_kernel(fa, small, sts), _kernel(fa, tables, sts)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -69,7 +69,7 @@ from ..errors import JaxcdError
 from . import gcd
 
 __all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "TablesTooLargeError",
-           "backward_nbytes", "edge_masses", "backward",
+           "backward_nbytes", "edge_masses", "edge_index", "backward",
            "init_state", "advance", "token_logpsi", "product_logprobs", "prefix_logpsi",
            "check_hmm", "tables_nbytes"]
 
@@ -95,12 +95,18 @@ class PGCDTables(NamedTuple):
     [N+1, S]`` (``−inf`` where ``β^P = 0``), so ``β^P_t(h, s) = mant[r, s, h] ·
     exp(log_scale[r, s])`` with ``r = n − t`` (:meth:`row`). ``Bt`` is the HMM emission
     matrix, transposed (``Bt [V, H]``: a token's emission column is a contiguous row), in
-    the tables' storage dtype (bfloat16 when asked), for the per-step scores."""
+    the tables' storage dtype (bfloat16 when asked), for the per-step scores.
+
+    ``edge_index [S, V]`` (int8, or int16 past out-degree 127; ``None`` where it is not
+    built): the out-edge of state ``s`` whose label holds token ``v``, ``−1`` for none —
+    the native kernel's token → out-edge lookup, one byte per (state, token) instead of
+    the state's ``D`` cumulative mask rows (:func:`edge_index`)."""
 
     mant: jax.Array
     log_scale: jax.Array
     Bt: jax.Array
     n: jax.Array | None = None      # the budget (int32, may be traced); None: N = rows - 1
+    edge_index: jax.Array | None = None
 
     @property
     def steps(self) -> int:
@@ -174,13 +180,16 @@ def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
     """Memory estimate of :func:`backward` before it allocates anything: the tables
     (rows ``0..budget`` of ``S·H`` mantissas and ``S`` log-scales), ``Bt``, and the work
     of the recursion (the edge masses ``C [H, E]``, one ``[E, H]`` product and four
-    ``[S, H]`` carries/temporaries). Keys: ``tables``, ``Bt``, ``work``, ``total``."""
+    ``[S, H]`` carries/temporaries), and the kernel's per-state edge index where it is
+    built (:func:`edge_index`). Keys: ``tables``, ``Bt``, ``work``, ``index``, ``total``."""
     item, w = jnp.dtype(table_dtype).itemsize, jnp.dtype(work_dtype).itemsize
     S = int(np.prod(np.shape(fa.dist)))
     E = int(np.prod(np.shape(fa.edge_src)))
     H, V = int(hidden_size), int(fa.vocab_size)
+    idx = _edge_index_dtype(fa, table_dtype)
     out = {"tables": (budget + 1) * S * (H * item + 4), "Bt": V * H * item,
-           "work": 2 * E * H * w + 4 * S * H * w}
+           "work": 2 * E * H * w + 4 * S * H * w,
+           "index": 0 if idx is None else S * V * jnp.dtype(idx).itemsize}
     out["total"] = sum(out.values())
     return out
 
@@ -353,6 +362,63 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------
+# the kernel's token -> out-edge index
+# ---------------------------------------------------------------------------------------
+#: default limit on the edge index (``S·V`` bytes); ``$JAXCD_PGCD_INDEX_MAX_BYTES`` overrides
+DEFAULT_INDEX_MAX_BYTES = 256 << 20
+
+
+def _index_max_bytes() -> int:
+    import os
+    return int(os.environ.get("JAXCD_PGCD_INDEX_MAX_BYTES", DEFAULT_INDEX_MAX_BYTES))
+
+
+def _edge_index_dtype(fa: TensorizedAutomaton, table_dtype):
+    """The dtype of :func:`edge_index` for ``fa`` (int8 up to out-degree 127, else int16),
+    or ``None`` where :func:`backward` does not build it: the native kernel is not in use
+    (not CPU, not built, ``JAXCD_PGCD_KERNEL=xla``, tables neither float32 nor bfloat16)
+    or the index would exceed ``$JAXCD_PGCD_INDEX_MAX_BYTES`` (default 256 MiB). Decided
+    from shapes only, so every automaton of a bucket gets the same."""
+    if jnp.dtype(table_dtype) not in (jnp.float32, jnp.bfloat16) or jax.default_backend() != "cpu":
+        return None
+    D = int(np.shape(fa.out_dst)[-1])
+    if D > 32767:
+        return None
+    dt = jnp.int8 if D <= 127 else jnp.int16
+    S = int(np.prod(np.shape(fa.dist)))
+    if S * int(fa.vocab_size) * jnp.dtype(dt).itemsize > _index_max_bytes():
+        return None
+    from . import kernels
+    if not kernels.pgcd_kernel_available():
+        return None
+    return dt
+
+
+@partial(jax.jit, static_argnames=("D", "V", "dtype"))
+def _edge_index_jit(cum, row_index, out_start, *, D: int, V: int, dtype):
+    from .kernels import TARGET_EDGE_INDEX
+    S = out_start.shape[0] - 1
+    s = jnp.arange(S)
+    deg = jnp.minimum(out_start[1:] - out_start[:-1], D).astype(jnp.int32)
+    rows = row_index[jnp.minimum(out_start[:-1, None] + s[:, None] + 1 + jnp.arange(D),
+                                 row_index.shape[0] - 1)].astype(jnp.int32)
+    return jax.ffi.ffi_call(TARGET_EDGE_INDEX, jax.ShapeDtypeStruct((S, V), dtype))(
+        cum.astype(jnp.uint32), rows, deg)
+
+
+def edge_index(fa: TensorizedAutomaton, dtype=jnp.int8) -> jax.Array:
+    """``[S, V]``: the out-edge ``d`` (``0 ≤ d < deg(s)``, in ``fa.out_dst[s]``'s order)
+    whose label holds token ``v`` in state ``s``, or ``−1`` where no out-edge does (the
+    dead state's tokens). Built by the native kernel from the nested cumulative mask rows
+    (``O(Σ_s deg(s) · V/32)`` word operations, a few ms); ``fa`` must not be a stack
+    (flatten it first). ``dtype``: int8 (out-degree ≤ 127) or int16."""
+    D = int(np.shape(fa.out_dst)[-1])
+    return _edge_index_jit(jnp.asarray(fa.cum_masks), jnp.asarray(fa.row_index),
+                           jnp.asarray(fa.out_start), D=D, V=int(fa.vocab_size),
+                           dtype=jnp.dtype(dtype))
+
+
+# ---------------------------------------------------------------------------------------
 # backward tables
 # ---------------------------------------------------------------------------------------
 def _normalise_rows(Z, L):
@@ -429,8 +495,12 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     dt = jnp.result_type(A.dtype, B.dtype, jnp.asarray(hmm.pi).dtype)
     A, B = A.astype(dt), B.astype(dt)
     C = edge_masses(fa, B)
-    return _backward(fa, A, C, B, jnp.asarray(budget, jnp.int32), budget=steps,
-                     table_dtype=jnp.dtype(table_dtype or dt))
+    tables = _backward(fa, A, C, B, jnp.asarray(budget, jnp.int32), budget=steps,
+                       table_dtype=jnp.dtype(table_dtype or dt))
+    idx = _edge_index_dtype(fa, table_dtype or dt)
+    if idx is not None:
+        tables = tables._replace(edge_index=edge_index(fa, idx))
+    return tables
 
 
 # ---------------------------------------------------------------------------------------
@@ -552,7 +622,7 @@ def _kernel_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
     native kernel (``kernels/pgcd_scores.cc``): each allowed token's column of ``B`` times
     the ``β^P`` column of its own successor, ``2·H`` multiply-adds per (particle, allowed
     token), the token → edge lookup word by word over the nested cumulative rows."""
-    from .kernels import TARGET
+    from .kernels import TARGET, TARGET_INDEX
     check_tables(fa, tables)
     D = fa.out_dst.shape[1]
     V, H = tables.Bt.shape
@@ -570,11 +640,14 @@ def _kernel_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState):
     ls = tables.log_scale[r[..., None], dsts].astype(jnp.float32)           # [..., D]
     ls = jnp.where((k < deg[..., None]) & (t < n)[..., None], ls, -jnp.inf)
     W = u[..., None, :] * mant
-    out = jax.ShapeDtypeStruct(lead + (V,), jnp.float32)
-    log_num, logpsi, z = jax.ffi.ffi_call(
-        TARGET, (out, out, jax.ShapeDtypeStruct(lead, jnp.float32)),
-        vmap_method="expand_dims")(tables.Bt, fa.cum_masks.astype(jnp.uint32), W, ls, u,
-                                   rows, deg)
+    out = (jax.ShapeDtypeStruct(lead + (V,), jnp.float32),) * 2 + (
+        jax.ShapeDtypeStruct(lead, jnp.float32),)
+    if tables.edge_index is not None:       # token -> edge from the per-state index
+        log_num, logpsi, z = jax.ffi.ffi_call(TARGET_INDEX, out, vmap_method="expand_dims")(
+            tables.Bt, tables.edge_index, s.astype(jnp.int32), W, ls, u)
+    else:                                   # from the nested cumulative mask rows
+        log_num, logpsi, z = jax.ffi.ffi_call(TARGET, out, vmap_method="expand_dims")(
+            tables.Bt, fa.cum_masks.astype(jnp.uint32), W, ls, u, rows, deg)
     zf = jnp.isfinite(z)[..., None]
     lprod = jnp.where(zf, log_num - jnp.where(zf, z[..., None], 0.0), -jnp.inf)
     return logpsi, z, lprod

@@ -16,15 +16,24 @@ GPU and TPU use the XLA path.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from ...native_build import KernelUnavailable, NativeKernel
 
 __all__ = ["KernelUnavailable", "pgcd_kernel_available", "pgcd_kernel_mode", "build_error"]
 
+#: scoring with the token -> out-edge lookup from the nested cumulative mask rows
 TARGET = "jaxcd_pgcd_scores"
+#: scoring with the lookup from the per-state edge index (``PGCDTables.edge_index``)
+TARGET_INDEX = "jaxcd_pgcd_scores_index"
+#: building that index (``[S, V]`` int8/int16) from the cumulative mask rows
+TARGET_EDGE_INDEX = "jaxcd_pgcd_edge_index"
 _KERNEL = NativeKernel(Path(__file__).with_name("pgcd_scores.cc"), "JaxcdPgcdScores", TARGET,
                        "P-GCD uses the XLA scoring path")
+_MORE = {TARGET_INDEX: "JaxcdPgcdScoresIndex", TARGET_EDGE_INDEX: "JaxcdPgcdEdgeIndex"}
+_more_done = False
+_more_lock = threading.Lock()
 
 
 def pgcd_kernel_mode() -> str:
@@ -44,7 +53,17 @@ def pgcd_kernel_available() -> bool:
     """Whether P-GCD scoring may use the native kernel: the mode allows it and the kernel
     is built and registered (built on the first call; a failure is remembered, warned
     about once under ``auto`` and raised under ``ffi``)."""
+    global _more_done
     mode = pgcd_kernel_mode()
     if mode == "xla":
         return False
-    return _KERNEL.available(required=mode == "ffi")
+    ok = _KERNEL.available(required=mode == "ffi")
+    if ok and not _more_done:       # the other handlers of the same library
+        import jax
+        with _more_lock:
+            if not _more_done:
+                for target, symbol in _MORE.items():
+                    jax.ffi.register_ffi_target(
+                        target, jax.ffi.pycapsule(getattr(_KERNEL.lib, symbol)), platform="cpu")
+                _more_done = True
+    return ok

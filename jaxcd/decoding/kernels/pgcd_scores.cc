@@ -45,27 +45,43 @@ inline float hsum(f8 x) {
   return s;
 }
 
-// Two dot products sharing the loads of b, left as 8-lane partial sums: Σ b·w and Σ b·u
-// (two chains each; a tail of H mod 16 goes into lane 0).
+// Four tokens of one particle: num_t = Σ_h b_t[h]·w_t[h] and den_t = Σ_h b_t[h]·u[h] for
+// t < 4 (b_t: the token's row of Bt, w_t: the β^P column of its edge times u), sharing
+// the loads of u. Eight 8-lane partial sums out: acc[t] (num), acc[4 + t] (den); a tail
+// of H mod 8 goes into lane 0.
 template <typename T>
-inline void dot2v(const T* __restrict b, const float* __restrict w, const float* __restrict u,
-                  int64_t H, f8* pn, f8* dn) {
-  f8 n0 = {0}, n1 = {0}, d0 = {0}, d1 = {0};
+inline void dot4(const T* const* b, const float* const* w, const float* __restrict u,
+                 int64_t H, f8* acc) {
+  f8 n0 = {0}, n1 = {0}, n2 = {0}, n3 = {0}, d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};
+  const T *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
   int64_t h = 0;
-  for (; h + 16 <= H; h += 16) {
-    const f8 x0 = load8(b + h), x1 = load8(b + h + 8);
-    n0 += x0 * load8(w + h);
-    d0 += x0 * load8(u + h);
-    n1 += x1 * load8(w + h + 8);
-    d1 += x1 * load8(u + h + 8);
+  for (; h + 8 <= H; h += 8) {
+    const f8 uu = load8(u + h);
+    const f8 x0 = load8(b0 + h), x1 = load8(b1 + h), x2 = load8(b2 + h), x3 = load8(b3 + h);
+    n0 += x0 * load8(w0 + h);
+    d0 += x0 * uu;
+    n1 += x1 * load8(w1 + h);
+    d1 += x1 * uu;
+    n2 += x2 * load8(w2 + h);
+    d2 += x2 * uu;
+    n3 += x3 * load8(w3 + h);
+    d3 += x3 * uu;
   }
   for (; h < H; ++h) {
-    const float x = to_f32(b[h]);
-    n0[0] += x * w[h];
-    d0[0] += x * u[h];
+    const float uh = u[h], y0 = to_f32(b0[h]), y1 = to_f32(b1[h]), y2 = to_f32(b2[h]),
+                y3 = to_f32(b3[h]);
+    n0[0] += y0 * w0[h];
+    d0[0] += y0 * uh;
+    n1[0] += y1 * w1[h];
+    d1[0] += y1 * uh;
+    n2[0] += y2 * w2[h];
+    d2[0] += y2 * uh;
+    n3[0] += y3 * w3[h];
+    d3[0] += y3 * uh;
   }
-  *pn = n0 + n1;
-  *dn = d0 + d1;
+  acc[0] = n0, acc[1] = n1, acc[2] = n2, acc[3] = n3;
+  acc[4] = d0, acc[5] = d1, acc[6] = d2, acc[7] = d3;
 }
 
 // The lane sums of eight vectors: out[t] = Σ_l a[t][l].
@@ -147,76 +163,142 @@ inline bool is_normal_pos(float x) {
   return (x >= std::numeric_limits<float>::min()) & (x <= std::numeric_limits<float>::max());
 }
 
-template <typename T>
-void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls,
-               const float* u, const int32_t* rows, const int32_t* deg, float* log_num,
-               float* log_psi, int64_t N, int64_t D, int64_t H, int64_t V, int64_t R,
-               int64_t Wd, int64_t w0, int64_t w1, float* zmax, float* zsum) {
+// Token -> out-edge for one particle over the words [c0, c0 + nw) (nw ≤ CW): edge[j] = the
+// out-edge index of token 32·c0 + j, or −1 off every out-edge. A token is on edge i when
+// it is new in (nested) row i; the index is accumulated in bit planes (plane p holds bit
+// p of the index of every token of a word), then read out eight tokens at a time. The
+// rows are read as contiguous runs of nw words (prefetch-friendly), once per chunk.
+constexpr int64_t CW = 128;
+#ifndef WBN
+#define WBN 2048
+#endif  // words per chunk (4096 tokens)
+void edges_of(const uint32_t* cum, const int32_t* rk, int64_t dk, int64_t R, int64_t Wd,
+              int64_t c0, int64_t nw, int16_t* edge) {
+  alignas(32) uint32_t prev[CW], plane[15][CW];
+  int np_ = 0;
+  while ((int64_t{1} << np_) < dk) ++np_;
+  for (int64_t w = 0; w < nw; ++w) prev[w] = 0;
+  for (int p = 0; p < np_; ++p)
+    for (int64_t w = 0; w < nw; ++w) plane[p][w] = 0;
+  auto row_of = [&](int64_t i) {
+    return cum + std::min<int64_t>(std::max<int32_t>(rk[i], 0), R - 1) * Wd + c0;
+  };
+  // the rows are scattered: fetch the run of row i + PF while row i is read
+  constexpr int64_t PF = 4;
+  for (int64_t i = 0; i < std::min<int64_t>(PF, dk); ++i)
+    for (int64_t w = 0; w < nw; w += 16) __builtin_prefetch(row_of(i) + w);
+  for (int64_t i = 0; i < dk; ++i) {
+    const uint32_t* row = row_of(i);
+    if (i + PF < dk) {
+      const uint32_t* nx = row_of(i + PF);
+      for (int64_t w = 0; w < nw; w += 16) __builtin_prefetch(nx + w);
+    }
+    if (i == 0) {
+      for (int64_t w = 0; w < nw; ++w) prev[w] = row[w];
+      continue;  // edge 0: all planes 0
+    }
+    for (int p = 0; p < np_; ++p) {
+      if (!((i >> p) & 1)) continue;
+      for (int64_t w = 0; w < nw; ++w) plane[p][w] |= row[w] & ~prev[w];
+    }
+    for (int64_t w = 0; w < nw; ++w) prev[w] |= row[w];
+  }
+  const i8v lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int64_t w = 0; w < nw; ++w) {
+    for (int g = 0; g < 4; ++g) {
+      const i8v sh = lane + 8 * g;
+      i8v acc = {0};
+      for (int p = 0; p < np_; ++p)
+        acc |= ((i8v{} + static_cast<int32_t>(plane[p][w])) >> sh & 1) << p;
+      // (x >> sh) on int32 lanes is arithmetic; & 1 keeps the bit either way
+      const i8v on = (i8v{} + static_cast<int32_t>(prev[w])) >> sh & 1;
+      acc = on ? acc : i8v{} - 1;
+      for (int l = 0; l < 8; ++l) edge[w * 32 + g * 8 + l] = static_cast<int16_t>(acc[l]);
+    }
+  }
+}
+
+// run_words' token -> out-edge source: fill(q, c0, cw, out) writes the edge of every token
+// of the words [c0, c0 + cw) for the q-th distinct particle state (−1: on no out-edge).
+struct MaskEdges {  // from the nested cumulative rows (edges_of)
+  const uint32_t* cum;
+  const int32_t* rows;  // [N, D]
+  const int32_t* deg;   // [N]
+  const int32_t* uniq;  // particle of each distinct state
+  int64_t D, R, Wd;
+  void fill(int64_t q, int64_t c0, int64_t cw, int16_t* out) const {
+    const int64_t k = uniq[q];
+    const int64_t dk = std::min<int64_t>(std::max<int32_t>(deg[k], 0), D);
+    edges_of(cum, rows + k * D, dk, R, Wd, c0, cw, out);
+  }
+};
+template <typename I>
+struct IndexEdges {  // from the per-state index [S, V] (int8 or int16)
+  const I* idx;
+  const int32_t* state;  // of each distinct particle state
+  int64_t S, V;
+  void fill(int64_t q, int64_t c0, int64_t cw, int16_t* out) const {
+    const int64_t s = std::min<int64_t>(std::max<int32_t>(state[q], 0), S - 1);
+    const I* row = idx + s * V;
+    const int64_t v0 = c0 * 32, n = std::min<int64_t>(32 * cw, V - v0);
+    for (int64_t j = 0; j < n; ++j) out[j] = row[v0 + j];
+    for (int64_t j = std::max<int64_t>(n, 0); j < 32 * cw; ++j) out[j] = -1;
+  }
+};
+
+template <typename T, typename E>
+void run_words(const T* bt, const E& src, const float* W, const float* ls, const float* u,
+               int64_t nu, const int32_t* slot, float* log_num, float* log_psi, int64_t N,
+               int64_t D, int64_t H, int64_t V, int64_t w0, int64_t w1, float* zmax,
+               float* zsum) {
   const float ninf = -std::numeric_limits<float>::infinity();
   // A block of WB words (32·WB tokens): its rows of Bt (≤ 256 KiB) stay in cache while
-  // every particle reads them; a cumulative row's words of the block share cache lines.
+  // every particle reads them.
   constexpr int64_t WMAX = 16;
-  const int64_t WB = std::max<int64_t>(1, std::min<int64_t>(WMAX, 2048 / std::max<int64_t>(H, 1)));
+  const int64_t WB = std::max<int64_t>(1, std::min<int64_t>(WMAX, WBN / std::max<int64_t>(H, 1)));
   alignas(32) float pn[32 * WMAX], dn[32 * WMAX], sc[32 * WMAX], ln[32 * WMAX], lp[32 * WMAX];
-  int16_t edge[32 * WMAX];
-  uint32_t prev[WMAX], plane[16][WMAX];
-  for (int64_t wb = w0; wb < w1; wb += WB) {
-    const int64_t nw = std::min(w1, wb + WB) - wb;
+  // token -> edge of each distinct particle state, one chunk of CW words at a time
+  std::vector<int16_t> edges(static_cast<size_t>(nu) * CW * 32);
+  for (int64_t c0 = w0; c0 < w1; c0 += CW) {
+    const int64_t cw = std::min(w1, c0 + CW) - c0;
+    for (int64_t q = 0; q < nu; ++q) src.fill(q, c0, cw, edges.data() + q * CW * 32);
+    for (int64_t wb = c0; wb < c0 + cw; wb += WB) {
+    const int64_t nw = std::min(c0 + cw, wb + WB) - wb;
     const int64_t v0 = wb * 32, nv = std::min<int64_t>(32 * nw, V - v0);
     for (int64_t k = 0; k < N; ++k) {
-      const int64_t dk = std::min<int64_t>(std::max<int32_t>(deg[k], 0), D);
       const float* Wk = W + k * D * H;
       const float* uk = u + k * H;
       const float* lsk = ls + k * D;
-      const int32_t* rk = rows + k * D;
-      // 1. token -> out-edge: a token is on edge i when it is new in (nested) row i.
-      //    Branch-free: the edge index is accumulated in bit planes (plane p holds bit p
-      //    of the index of every token of a word), then read out per token.
-      int np_ = 0;
-      while ((int64_t{1} << np_) < dk) ++np_;
-      for (int p = 0; p < np_; ++p)
-        for (int64_t w = 0; w < nw; ++w) plane[p][w] = 0;
-      for (int64_t w = 0; w < nw; ++w) prev[w] = 0;
-      for (int64_t i = 0; i < dk; ++i) {
-        const int64_t r = std::min<int64_t>(std::max<int32_t>(rk[i], 0), R - 1);
-        const uint32_t* row = cum + r * Wd + wb;
-        uint32_t nb[WMAX];
-        for (int64_t w = 0; w < nw; ++w) {
-          nb[w] = row[w] & ~prev[w];
-          prev[w] |= row[w];
-        }
-        for (int p = 0; p < np_; ++p) {
-          const uint32_t m = 0u - static_cast<uint32_t>((i >> p) & 1);
-          for (int64_t w = 0; w < nw; ++w) plane[p][w] |= nb[w] & m;
-        }
+      const int16_t* edge = edges.data() + slot[k] * CW * 32 + (wb - c0) * 32;
+      // products: this particle's tokens on a live out-edge, listed, four at a time
+      int32_t jl[32 * WMAX + 4];
+      int64_t m = 0;
+      for (int64_t j = 0; j < nv; ++j) {
+        const int e = edge[j];
+        const bool on = e >= 0 && lsk[e > 0 ? e : 0] > ninf;
+        jl[m] = static_cast<int32_t>(j);
+        m += on;
+        pn[j] = 0.f;
+        dn[j] = 0.f;
+        sc[j] = on ? lsk[e] : 0.f;
       }
-      for (int64_t w = 0; w < nw; ++w) {
-        int32_t e32[32] = {0};
-        for (int p = 0; p < np_; ++p) {
-          const uint32_t pw = plane[p][w];
-          for (int b = 0; b < 32; ++b) e32[b] |= static_cast<int32_t>((pw >> b) & 1u) << p;
+      for (int64_t i = m; i < ((m + 3) & ~int64_t{3}); ++i) jl[i] = jl[m - 1];
+      for (int64_t i = 0; i < m; i += 4) {
+        const T* bp[4];
+        const float* wp[4];
+        for (int t = 0; t < 4; ++t) {
+          const int64_t j = jl[i + t];
+          bp[t] = bt + (v0 + j) * H;
+          wp[t] = Wk + edge[j] * H;
         }
-        const uint32_t pv = prev[w];
-        for (int b = 0; b < 32; ++b)
-          edge[w * 32 + b] = static_cast<int16_t>(((pv >> b) & 1u) ? e32[b] : -1);
-      }
-      // 2. products, in token order (Bt rows stream), eight tokens at a time
-      for (int64_t j0 = 0; j0 < nv; j0 += 8) {
-        f8 an[8], ad[8];
-        for (int t = 0; t < 8; ++t) {
-          const int64_t j = j0 + t;
-          const int e = j < nv ? edge[j] : -1;
-          if (e < 0 || !(lsk[e] > ninf)) {
-            an[t] = f8{0};
-            ad[t] = f8{0};
-            sc[j] = 0.f;
-            continue;
-          }
-          dot2v(bt + (v0 + j) * H, Wk + e * H, uk, H, &an[t], &ad[t]);
-          sc[j] = lsk[e];
+        f8 acc[8];
+        dot4(bp, wp, uk, H, acc);
+        alignas(32) float r[8];
+        hsum8(acc, r);
+        for (int t = 0; t < 4; ++t) {  // a padded repeat rewrites the same value
+          pn[jl[i + t]] = r[t];
+          dn[jl[i + t]] = r[4 + t];
         }
-        hsum8(an, pn + j0);
-        hsum8(ad, dn + j0);
       }
       // 3. logs (vectorised), then the rare exact fix-ups (zeros, subnormals)
       for (int64_t j = 0; j < nv; j += 8) {  // the arrays have room for whole vectors
@@ -260,37 +342,51 @@ void run_words(const T* bt, const uint32_t* cum, const float* W, const float* ls
     }
   }
 }
+}
 
 int64_t num_threads(int64_t words) {
   return std::max<int64_t>(1, std::min<int64_t>(jaxcd::max_threads(), words / 64));
 }
 
-ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
-                ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::S32> rows,
-                ffi::Buffer<ffi::S32> deg, ffi::ResultBuffer<ffi::F32> log_num,
-                ffi::ResultBuffer<ffi::F32> log_psi, ffi::ResultBuffer<ffi::F32> logz) {
+// The common part of both scoring handlers: shapes of Bt, W, ls, u and the outputs.
+struct Shapes {
+  int64_t V, H, D, N;
+};
+ffi::Error check_common(const ffi::AnyBuffer& bt, const ffi::Buffer<ffi::F32>& W,
+                        const ffi::Buffer<ffi::F32>& ls, const ffi::Buffer<ffi::F32>& u,
+                        ffi::Result<ffi::Buffer<ffi::F32>>& log_num,
+                        ffi::Result<ffi::Buffer<ffi::F32>>& log_psi,
+                        ffi::Result<ffi::Buffer<ffi::F32>>& logz, Shapes* sh) {
   auto bd = bt.dimensions();
-  auto cd = cum.dimensions();
   auto wd = W.dimensions();
-  if (bd.size() < 2 || cd.size() < 2 || wd.size() < 2)
-    return ffi::Error::InvalidArgument("pgcd_scores: Bt, cum and W need rank >= 2");
+  if (bd.size() < 2 || wd.size() < 2)
+    return ffi::Error::InvalidArgument("pgcd_scores: Bt and W need rank >= 2");
   for (size_t i = 0; i + 2 < bd.size(); ++i)
     if (bd[i] != 1) return ffi::Error::InvalidArgument("pgcd_scores: batched Bt");
-  for (size_t i = 0; i + 2 < cd.size(); ++i)
-    if (cd[i] != 1) return ffi::Error::InvalidArgument("pgcd_scores: batched cum");
-  const int64_t V = bd[bd.size() - 2], H = bd[bd.size() - 1];
-  const int64_t R = cd[cd.size() - 2], Wd = cd[cd.size() - 1];
-  const int64_t D = wd[wd.size() - 2];
+  if (bt.element_type() != ffi::DataType::BF16 && bt.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("pgcd_scores: Bt must be float32 or bfloat16");
+  const int64_t V = bd[bd.size() - 2], H = bd[bd.size() - 1], D = wd[wd.size() - 2];
   if (wd[wd.size() - 1] != H) return ffi::Error::InvalidArgument("pgcd_scores: W's H");
+  if (D < 1 || D > 32767)
+    return ffi::Error::InvalidArgument("pgcd_scores: out-degree must be in 1..32767");
   const int64_t N = static_cast<int64_t>(W.element_count()) / (D * H);
   if (static_cast<int64_t>(ls.element_count()) != N * D ||
       static_cast<int64_t>(u.element_count()) != N * H ||
-      static_cast<int64_t>(rows.element_count()) != N * D ||
-      static_cast<int64_t>(deg.element_count()) != N ||
       static_cast<int64_t>(log_num->element_count()) != N * V ||
       static_cast<int64_t>(log_psi->element_count()) != N * V ||
-      static_cast<int64_t>(logz->element_count()) != N || Wd * 32 < V)
+      static_cast<int64_t>(logz->element_count()) != N)
     return ffi::Error::InvalidArgument("pgcd_scores: inconsistent shapes");
+  *sh = {V, H, D, N};
+  return ffi::Error::Success();
+}
+
+// Runs run_words over the vocabulary's words split among threads, then combines the
+// per-thread log-sum-exp partials into logz.
+template <typename E>
+void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* slot,
+           const float* W, const float* ls, const float* u, float* log_num, float* log_psi,
+           float* z, const Shapes& sh) {
+  const int64_t V = sh.V, H = sh.H, D = sh.D, N = sh.N;
   const int64_t words = (V + 31) / 32;
   const int64_t nt = num_threads(words);
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -301,25 +397,18 @@ ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F
     float* zm = zmax.data() + t * N;
     float* zs = zsum.data() + t * N;
     if (bt.element_type() == ffi::DataType::BF16)
-      run_words(reinterpret_cast<const uint16_t*>(bt.untyped_data()), cum.typed_data(),
-                W.typed_data(), ls.typed_data(), u.typed_data(), rows.typed_data(),
-                deg.typed_data(), log_num->typed_data(), log_psi->typed_data(), N, D, H, V,
-                R, Wd, w0, w1, zm, zs);
+      run_words(reinterpret_cast<const uint16_t*>(bt.untyped_data()), src, W, ls, u, nu, slot,
+                log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
     else
-      run_words(reinterpret_cast<const float*>(bt.untyped_data()), cum.typed_data(),
-                W.typed_data(), ls.typed_data(), u.typed_data(), rows.typed_data(),
-                deg.typed_data(), log_num->typed_data(), log_psi->typed_data(), N, D, H, V,
-                R, Wd, w0, w1, zm, zs);
+      run_words(reinterpret_cast<const float*>(bt.untyped_data()), src, W, ls, u, nu, slot,
+                log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
   };
-  if (bt.element_type() != ffi::DataType::BF16 && bt.element_type() != ffi::DataType::F32)
-    return ffi::Error::InvalidArgument("pgcd_scores: Bt must be float32 or bfloat16");
   {
     std::vector<std::thread> ts;
     for (int64_t t = 1; t < nt; ++t) ts.emplace_back(work, t);
     work(0);
     for (auto& t : ts) t.join();
   }
-  float* z = logz->typed_data();
   for (int64_t k = 0; k < N; ++k) {
     float m = ninf;
     for (int64_t t = 0; t < nt; ++t) m = std::max(m, zmax[t * N + k]);
@@ -332,6 +421,128 @@ ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F
       if (zmax[t * N + k] > ninf) acc += zsum[t * N + k] * std::exp(double(zmax[t * N + k]) - m);
     z[k] = m + static_cast<float>(std::log(acc));
   }
+}
+
+// Scores with the token -> edge lookup from the nested cumulative rows.
+ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
+                ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::S32> rows,
+                ffi::Buffer<ffi::S32> deg, ffi::ResultBuffer<ffi::F32> log_num,
+                ffi::ResultBuffer<ffi::F32> log_psi, ffi::ResultBuffer<ffi::F32> logz) {
+  Shapes sh;
+  if (auto e = check_common(bt, W, ls, u, log_num, log_psi, logz, &sh); e.failure()) return e;
+  auto cd = cum.dimensions();
+  if (cd.size() < 2) return ffi::Error::InvalidArgument("pgcd_scores: cum needs rank >= 2");
+  for (size_t i = 0; i + 2 < cd.size(); ++i)
+    if (cd[i] != 1) return ffi::Error::InvalidArgument("pgcd_scores: batched cum");
+  const int64_t R = cd[cd.size() - 2], Wd = cd[cd.size() - 1];
+  const int64_t N = sh.N, D = sh.D;
+  if (static_cast<int64_t>(rows.element_count()) != N * D ||
+      static_cast<int64_t>(deg.element_count()) != N || Wd * 32 < sh.V)
+    return ffi::Error::InvalidArgument("pgcd_scores: inconsistent shapes");
+  // particles in the same automaton state (same out-edge rows) share one edge lookup
+  const int32_t* rw = rows.typed_data();
+  const int32_t* dg = deg.typed_data();
+  std::vector<int32_t> uniq, slot(N);
+  for (int64_t k = 0; k < N; ++k) {
+    const int64_t dk = std::min<int64_t>(std::max<int32_t>(dg[k], 0), D);
+    int64_t q = 0;
+    for (; q < static_cast<int64_t>(uniq.size()); ++q) {
+      const int64_t o = uniq[q];
+      if (std::min<int64_t>(std::max<int32_t>(dg[o], 0), D) == dk &&
+          std::equal(rw + k * D, rw + k * D + dk, rw + o * D))
+        break;
+    }
+    if (q == static_cast<int64_t>(uniq.size())) uniq.push_back(static_cast<int32_t>(k));
+    slot[k] = static_cast<int32_t>(q);
+  }
+  const MaskEdges src{cum.typed_data(), rw, dg, uniq.data(), D, R, Wd};
+  score(bt, src, static_cast<int64_t>(uniq.size()), slot.data(), W.typed_data(), ls.typed_data(),
+        u.typed_data(), log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
+  return ffi::Error::Success();
+}
+
+// Scores with the token -> edge lookup from the per-state index idx [S, V] (int8 or
+// int16; −1: on no out-edge) of the particles' states state [N].
+ffi::Error ImplIndex(ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32> state,
+                     ffi::Buffer<ffi::F32> W, ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u,
+                     ffi::ResultBuffer<ffi::F32> log_num, ffi::ResultBuffer<ffi::F32> log_psi,
+                     ffi::ResultBuffer<ffi::F32> logz) {
+  Shapes sh;
+  if (auto e = check_common(bt, W, ls, u, log_num, log_psi, logz, &sh); e.failure()) return e;
+  auto id = idx.dimensions();
+  if (id.size() < 2) return ffi::Error::InvalidArgument("pgcd_scores: index needs rank >= 2");
+  for (size_t i = 0; i + 2 < id.size(); ++i)
+    if (id[i] != 1) return ffi::Error::InvalidArgument("pgcd_scores: batched index");
+  const int64_t S = id[id.size() - 2];
+  if (id[id.size() - 1] != sh.V || S < 1 ||
+      static_cast<int64_t>(state.element_count()) != sh.N)
+    return ffi::Error::InvalidArgument("pgcd_scores: inconsistent index shapes");
+  // particles in the same automaton state share one read of its index row
+  const int32_t* st = state.typed_data();
+  std::vector<int32_t> ust, slot(sh.N);
+  for (int64_t k = 0; k < sh.N; ++k) {
+    const auto it = std::find(ust.begin(), ust.end(), st[k]);
+    slot[k] = static_cast<int32_t>(it - ust.begin());
+    if (it == ust.end()) ust.push_back(st[k]);
+  }
+  const int64_t nu = static_cast<int64_t>(ust.size());
+  if (idx.element_type() == ffi::DataType::S8) {
+    const IndexEdges<int8_t> src{reinterpret_cast<const int8_t*>(idx.untyped_data()), ust.data(),
+                                 S, sh.V};
+    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+          log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
+  } else if (idx.element_type() == ffi::DataType::S16) {
+    const IndexEdges<int16_t> src{reinterpret_cast<const int16_t*>(idx.untyped_data()),
+                                  ust.data(), S, sh.V};
+    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+          log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
+  } else {
+    return ffi::Error::InvalidArgument("pgcd_scores: the index must be int8 or int16");
+  }
+  return ffi::Error::Success();
+}
+
+// The per-state index: idx[s, v] = the out-edge of state s (row i of rows[s], i < deg[s],
+// nested cumulative rows) whose label holds token v, or −1. int8 when D ≤ 127, else int16.
+ffi::Error IndexImpl(ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::S32> rows,
+                     ffi::Buffer<ffi::S32> deg, ffi::Result<ffi::AnyBuffer> idx) {
+  auto cd = cum.dimensions();
+  auto rd = rows.dimensions();
+  auto id = idx->dimensions();
+  if (cd.size() != 2 || rd.size() != 2 || id.size() != 2)
+    return ffi::Error::InvalidArgument("pgcd_edge_index: cum, rows and idx must be rank 2");
+  const int64_t R = cd[0], Wd = cd[1], S = rd[0], D = rd[1], V = id[1];
+  const bool i8 = idx->element_type() == ffi::DataType::S8;
+  if (id[0] != S || static_cast<int64_t>(deg.element_count()) != S || Wd * 32 < V ||
+      (!i8 && idx->element_type() != ffi::DataType::S16) || D > (i8 ? 127 : 32767))
+    return ffi::Error::InvalidArgument("pgcd_edge_index: inconsistent shapes or dtype");
+  const int64_t words = (V + 31) / 32;
+  const int64_t nt = std::max<int64_t>(1, std::min<int64_t>(jaxcd::max_threads(), S / 8));
+  auto work = [&](int64_t t) {
+    std::vector<int16_t> buf(CW * 32);
+    for (int64_t s = t; s < S; s += nt) {
+      const int64_t dk = std::min<int64_t>(std::max<int32_t>(deg.typed_data()[s], 0), D);
+      for (int64_t c0 = 0; c0 < words; c0 += CW) {
+        const int64_t cw = std::min(words, c0 + CW) - c0;
+        const int64_t v0 = c0 * 32, n = std::min<int64_t>(32 * cw, V - v0);
+        if (dk > 0)
+          edges_of(cum.typed_data(), rows.typed_data() + s * D, dk, R, Wd, c0, cw, buf.data());
+        else
+          std::fill(buf.begin(), buf.end(), int16_t{-1});
+        if (i8) {
+          int8_t* o = reinterpret_cast<int8_t*>(idx->untyped_data()) + s * V + v0;
+          for (int64_t j = 0; j < n; ++j) o[j] = static_cast<int8_t>(buf[j]);
+        } else {
+          int16_t* o = reinterpret_cast<int16_t*>(idx->untyped_data()) + s * V + v0;
+          std::memcpy(o, buf.data(), n * sizeof(int16_t));
+        }
+      }
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int64_t t = 1; t < nt; ++t) ts.emplace_back(work, t);
+  work(0);
+  for (auto& t : ts) t.join();
   return ffi::Error::Success();
 }
 
@@ -349,3 +560,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScores, Impl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScoresIndex, ImplIndex,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdEdgeIndex, IndexImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::U32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
