@@ -84,6 +84,43 @@ inline void dot4(const T* const* b, const float* const* w, const float* __restri
   acc[4] = d0, acc[5] = d1, acc[6] = d2, acc[7] = d3;
 }
 
+// One token, four particles: num_t = Σ_h b[h]·w_t[h] and den_t = Σ_h b[h]·u_t[h] for t < 4
+// (b: the token's row of Bt, loaded once for the four; w_t: the β^P column of particle
+// t's edge times u_t). Eight 8-lane partial sums out: acc[t] (num), acc[4 + t] (den); a
+// tail of H mod 8 goes into lane 0.
+template <typename T>
+inline void dot4p(const T* __restrict b, const float* const* w, const float* const* u,
+                  int64_t H, f8* acc) {
+  f8 n0 = {0}, n1 = {0}, n2 = {0}, n3 = {0}, d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};
+  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+  const float *u0 = u[0], *u1 = u[1], *u2 = u[2], *u3 = u[3];
+  int64_t h = 0;
+  for (; h + 8 <= H; h += 8) {
+    const f8 x = load8(b + h);
+    n0 += x * load8(w0 + h);
+    d0 += x * load8(u0 + h);
+    n1 += x * load8(w1 + h);
+    d1 += x * load8(u1 + h);
+    n2 += x * load8(w2 + h);
+    d2 += x * load8(u2 + h);
+    n3 += x * load8(w3 + h);
+    d3 += x * load8(u3 + h);
+  }
+  for (; h < H; ++h) {
+    const float y = to_f32(b[h]);
+    n0[0] += y * w0[h];
+    d0[0] += y * u0[h];
+    n1[0] += y * w1[h];
+    d1[0] += y * u1[h];
+    n2[0] += y * w2[h];
+    d2[0] += y * u2[h];
+    n3[0] += y * w3[h];
+    d3[0] += y * u3[h];
+  }
+  acc[0] = n0, acc[1] = n1, acc[2] = n2, acc[3] = n3;
+  acc[4] = d0, acc[5] = d1, acc[6] = d2, acc[7] = d3;
+}
+
 // The lane sums of eight vectors: out[t] = Σ_l a[t][l].
 inline void hsum8(const f8* a, float* out) {
 #ifdef __AVX__
@@ -248,7 +285,7 @@ struct IndexEdges {  // from the per-state index [S, V] (int8 or int16)
 
 template <typename T, typename E>
 void run_words(const T* bt, const E& src, const float* W, const float* ls, const float* u,
-               int64_t nu, const int32_t* slot, float* log_num, float* log_psi, int64_t N,
+               int64_t nu, const int32_t* slot, const int32_t* ord, float* log_num, float* log_psi, int64_t N,
                int64_t D, int64_t H, int64_t V, int64_t w0, int64_t w1, float* zmax,
                float* zsum) {
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -256,7 +293,10 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
   // every particle reads them.
   constexpr int64_t WMAX = 16;
   const int64_t WB = std::max<int64_t>(1, std::min<int64_t>(WMAX, WBN / std::max<int64_t>(H, 1)));
-  alignas(32) float pn[32 * WMAX], dn[32 * WMAX], sc[32 * WMAX], ln[32 * WMAX], lp[32 * WMAX];
+  alignas(32) float pn[4][32 * WMAX], dn[4][32 * WMAX], sc[4][32 * WMAX], ln[32 * WMAX],
+      lp[32 * WMAX];
+  int16_t ed[4][32 * WMAX];
+  float (*pn_)[32 * WMAX] = pn, (*dn_)[32 * WMAX] = dn, (*sc_)[32 * WMAX] = sc;
   // token -> edge of each distinct particle state, one chunk of CW words at a time
   std::vector<int16_t> edges(static_cast<size_t>(nu) * CW * 32);
   for (int64_t c0 = w0; c0 < w1; c0 += CW) {
@@ -265,41 +305,57 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
     for (int64_t wb = c0; wb < c0 + cw; wb += WB) {
     const int64_t nw = std::min(c0 + cw, wb + WB) - wb;
     const int64_t v0 = wb * 32, nv = std::min<int64_t>(32 * nw, V - v0);
-    for (int64_t k = 0; k < N; ++k) {
-      const float* Wk = W + k * D * H;
-      const float* uk = u + k * H;
-      const float* lsk = ls + k * D;
-      const int16_t* edge = edges.data() + slot[k] * CW * 32 + (wb - c0) * 32;
-      // products: this particle's tokens on a live out-edge, listed, four at a time
-      int32_t jl[32 * WMAX + 4];
+    // particles four at a time (in the order ord: same-state particles together, so a
+    // group's tokens are mostly the same); the group's last particle repeats if N mod 4
+    for (int64_t g0 = 0; g0 < N; g0 += 4) {
+      const int64_t ng = std::min<int64_t>(4, N - g0);
+      const float* Wt[4];
+      const float* ut[4];
+      const float* lst[4];
+      const int16_t* et[4];
+      for (int t = 0; t < 4; ++t) {
+        const int64_t k = ord[g0 + std::min<int64_t>(t, ng - 1)];
+        Wt[t] = W + k * D * H;
+        ut[t] = u + k * H;
+        lst[t] = ls + k * D;
+        et[t] = edges.data() + slot[k] * CW * 32 + (wb - c0) * 32;
+      }
+      // tokens on a live out-edge of any particle of the group, listed
+      int32_t jl[32 * WMAX];
       int64_t m = 0;
       for (int64_t j = 0; j < nv; ++j) {
-        const int e = edge[j];
-        const bool on = e >= 0 && lsk[e > 0 ? e : 0] > ninf;
-        jl[m] = static_cast<int32_t>(j);
-        m += on;
-        pn[j] = 0.f;
-        dn[j] = 0.f;
-        sc[j] = on ? lsk[e] : 0.f;
-      }
-      for (int64_t i = m; i < ((m + 3) & ~int64_t{3}); ++i) jl[i] = jl[m - 1];
-      for (int64_t i = 0; i < m; i += 4) {
-        const T* bp[4];
-        const float* wp[4];
+        int any = 0;
         for (int t = 0; t < 4; ++t) {
-          const int64_t j = jl[i + t];
-          bp[t] = bt + (v0 + j) * H;
-          wp[t] = Wk + edge[j] * H;
+          const int e = et[t][j];
+          const bool on = e >= 0 && lst[t][e > 0 ? e : 0] > ninf;
+          ed[t][j] = static_cast<int16_t>(on ? e : -1);
+          pn[t][j] = 0.f;
+          dn[t][j] = 0.f;
+          sc[t][j] = on ? lst[t][e] : 0.f;
+          any |= on;
         }
+        jl[m] = static_cast<int32_t>(j);
+        m += any;
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t j = jl[i];
+        const float* wp[4];
+        for (int t = 0; t < 4; ++t) wp[t] = Wt[t] + std::max<int>(ed[t][j], 0) * H;
         f8 acc[8];
-        dot4(bp, wp, uk, H, acc);
+        dot4p(bt + (v0 + j) * H, wp, ut, H, acc);
         alignas(32) float r[8];
         hsum8(acc, r);
-        for (int t = 0; t < 4; ++t) {  // a padded repeat rewrites the same value
-          pn[jl[i + t]] = r[t];
-          dn[jl[i + t]] = r[4 + t];
+        for (int t = 0; t < 4; ++t) {  // a particle off this token keeps 0 (-> -inf)
+          const bool on = ed[t][j] >= 0;
+          pn[t][j] = on ? r[t] : 0.f;
+          dn[t][j] = on ? r[4 + t] : 0.f;
         }
       }
+    for (int t = 0; t < ng; ++t) {
+      const int64_t k = ord[g0 + t];
+      float* pn = pn_[t];
+      float* dn = dn_[t];
+      float* sc = sc_[t];
       // 3. logs (vectorised), then the rare exact fix-ups (zeros, subnormals)
       for (int64_t j = 0; j < nv; j += 8) {  // the arrays have room for whole vectors
         const f8 x = load8(pn + j), y = load8(dn + j);
@@ -339,6 +395,7 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
       }
       std::memcpy(log_num + k * V + v0, ln, nv * sizeof(float));
       std::memcpy(log_psi + k * V + v0, lp, nv * sizeof(float));
+    }
     }
   }
 }
@@ -392,16 +449,19 @@ void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* sl
   const float ninf = -std::numeric_limits<float>::infinity();
   const int64_t per = (words + nt - 1) / nt;
   std::vector<float> zmax(nt * N, ninf), zsum(nt * N, 0.f);   // per thread, per particle
+  std::vector<int32_t> ord(N);
+  for (int64_t k = 0; k < N; ++k) ord[k] = static_cast<int32_t>(k);
+  std::stable_sort(ord.begin(), ord.end(), [&](int32_t a, int32_t b) { return slot[a] < slot[b]; });
   auto work = [&](int64_t t) {
     const int64_t w0 = std::min(words, t * per), w1 = std::min(words, (t + 1) * per);
     float* zm = zmax.data() + t * N;
     float* zs = zsum.data() + t * N;
     if (bt.element_type() == ffi::DataType::BF16)
       run_words(reinterpret_cast<const uint16_t*>(bt.untyped_data()), src, W, ls, u, nu, slot,
-                log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
+                ord.data(), log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
     else
       run_words(reinterpret_cast<const float*>(bt.untyped_data()), src, W, ls, u, nu, slot,
-                log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
+                ord.data(), log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
   };
   {
     std::vector<std::thread> ts;
