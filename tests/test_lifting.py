@@ -235,7 +235,10 @@ def test_delta_lifting_equals_brute_force(keys, required, seed):
     ref, ref_states = reference_set(dfa, vocab)
     for kw in ({}, {"max_delta_fraction": 1.0},
                {"max_delta_fraction": 1.0, "max_delta_rows": 0, "min_run_bytes": 1,
-                "min_run_tokens": 1}):
+                "min_run_tokens": 1},
+               {"max_delta_fraction": 1.0, "delta_pack_tokens": 1},
+               {"max_delta_fraction": 1.0, "delta_pack_tokens": 2, "max_delta_rows": 3,
+                "min_run_bytes": 1, "min_run_tokens": 1}):
         got, states = lifted_set(dfa, vocab, **kw)
         assert states == ref_states, kw
         assert got == ref, kw
@@ -257,6 +260,37 @@ def test_delta_lifting_equals_plain_smol(smol_vocab, keys):
         b = np.stack(fast.triples(smol_vocab.vocab_size))
         key = lambda t: np.lexsort(t[::-1])
         assert np.array_equal(a[:, key(a)], b[:, key(b)])
+
+
+@pytest.mark.parametrize("keys", [["name", "age", "email", "city", "country"],
+                                  ["a", "ab", "abc", "b\u00e9", "x_y"]])
+def test_delta_packed_rows_equal_copies_smol(smol_vocab, keys):
+    """A delta state's copies of its reference's individual transitions, packed into
+    shared rows (session 14) or not (``delta_pack_tokens`` past the vocabulary): the
+    same transitions, and tensorize builds identical tables; packing removes individual
+    transitions."""
+    dfa = open_object_dfa(keys, keys[:1])
+    V = smol_vocab.vocab_size
+    key = lambda t: np.lexsort(t[::-1])
+    off = lift_transitions(dfa, smol_vocab, delta_pack_tokens=V + 1)
+    a = np.stack(off.triples(V))
+    for pack in (1, 16, 256):
+        on = lift_transitions(dfa, smol_vocab, delta_pack_tokens=pack)
+        assert np.array_equal(off.states, on.states)
+        b = np.stack(on.triples(V))
+        assert np.array_equal(a[:, key(a)], b[:, key(b)])
+        assert len(on.src) < len(off.src), pack
+    import jaxcd.automata.lifting as L
+    fa = tensorize(dfa, smol_vocab)
+    orig = L.lift_transitions
+    try:
+        L.lift_transitions = lambda d, v: orig(d, v, delta_pack_tokens=V + 1)
+        fb = tensorize(dfa, smol_vocab)
+    finally:
+        L.lift_transitions = orig
+    for f in ("edge_src", "edge_dst", "out_start", "out_dst", "cum_masks", "row_index",
+              "dist"):
+        assert np.array_equal(getattr(fa, f), getattr(fb, f)), f
 
 
 def test_delta_rows_shared_between_objects(smol_vocab):

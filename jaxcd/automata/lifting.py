@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import EmptyLanguageError
 from ..limits import current_limits, too_large
 from .bits import unpack_bits
-from .fsa import DFA, _unique_first_inverse, _unique_ints
+from .fsa import DFA, _argsort_ints, _unique_first_inverse, _unique_ints
 from .tensorized import INF_DIST, TensorizedAutomaton
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def _run_groups(dfa: DFA, min_bytes: int):
     nbytes = S[(ends - 1) % C + 1] - S[starts % C]
     row = starts // C
     key = row * (Q + 1) + (trans.reshape(-1)[starts] + 1)   # by row, then successor
-    o = np.argsort(key, kind="stable")
+    o = _argsort_ints(key)
     key, nbytes = key[o], nbytes[o]
     new = np.ones(len(key), bool)
     new[1:] = key[1:] != key[:-1]
@@ -214,7 +214,7 @@ def _run_groups(dfa: DFA, min_bytes: int):
     new[1:] = (sc[1:] != sc[:-1]).any(1)
     ginv = np.empty(len(cand), np.int64)
     ginv[order] = np.cumsum(new) - 1
-    by_group = np.argsort(ginv, kind="stable")
+    by_group = _argsort_ints(ginv)
     bounds = np.searchsorted(ginv[by_group], np.arange(int(ginv.max()) + 2))
     for g in range(int(ginv.max()) + 1):
         idx = by_group[bounds[g]:bounds[g + 1]]
@@ -377,7 +377,7 @@ def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     # second exits below each handled first node: first byte outside sigma again
     sec = np.nonzero((depth >= 1) & ~in_sigma & ex_mask[anc])[0]
     sec = sec[(depth[sec] == 1) | pa[parent[sec]]]
-    order = np.argsort(anc[sec], kind="stable")
+    order = _argsort_ints(anc[sec])
     sec = sec[order]
     sec_x = anc[sec]
     s_lo = np.searchsorted(sec_x, px)
@@ -641,7 +641,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         u_tok = np.concatenate([u_tok, trie.end_tokens[off0]])
         u_n = np.concatenate([u_n, np.zeros(len(r0), np.int64)])
         u_f = np.concatenate([u_f, np.zeros(len(r0), np.int64)])
-        o = np.argsort(y_sid, kind="stable")
+        o = _argsort_ints(y_sid)
         y_sid, y_node, y_n = y_sid[o], y_node[o], y_n[o]
     else:
         u_sid = u_tok = u_n = u_f = y_sid = y_node = y_n = np.zeros(0, np.int64)
@@ -754,7 +754,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
             bulk_row.append(br)
             handled = np.sort(x0[xi] * G + g0[gj])
     # first-level exits: walk from the chain state at the exit's character boundary
-    o = np.argsort(x_sid, kind="stable")
+    o = _argsort_ints(x_sid)
     x_sid, x_node, x_n = x_sid[o], x_node[o], x_n[o]
     step = max(1, max_pairs // max(1, len(x_node) // max(1, K)))
     for s0_ in range(0, len(st_y), step):
@@ -825,11 +825,14 @@ def _delta_states(dfa: DFA, trie, max_fraction: float) -> tuple[np.ndarray, np.n
 
 
 def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src, bulk_dst,
-                 bulk_row, rows, n_rows: int, W: int, max_pairs: int, max_rows: int) -> int:
+                 bulk_row, rows, n_rows: int, W: int, max_pairs: int, max_rows: int,
+                 pack_tokens: int = 256) -> int:
     """Transitions of the states of :func:`_delta_states`: their reference's, for the
     tokens whose first byte acts alike (bulk rows masked to those tokens; past
-    ``max_rows`` new rows, expanded to individual transitions), and a walk for the
-    others. Appends to the lists; returns the new row count."""
+    ``max_rows`` new rows, expanded to individual transitions; the reference's
+    individual transitions to a state that at least ``pack_tokens`` of them reach, as
+    a new packed row within the same budget), and a walk for the others. Appends to
+    the lists; returns the new row count."""
     V = vocab.vocab_size
     mat, lens = vocab.byte_matrix
     ids = vocab.ordinary_ids
@@ -842,7 +845,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     idst = np.concatenate(out[2]) if out[2] else np.zeros(0, np.int64)
     refs = np.unique(delta_r)
     sel = np.nonzero(np.isin(isrc, refs))[0]
-    sel = sel[np.argsort(isrc[sel], kind="stable")]
+    sel = sel[_argsort_ints(isrc[sel])]
     isrc, itok, idst = isrc[sel], itok[sel], idst[sel]
     i_lo = np.searchsorted(isrc, refs)
     i_hi = np.searchsorted(isrc, refs, side="right")
@@ -851,7 +854,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     br = np.concatenate(bulk_row) if bulk_row else np.zeros(0, np.int64)
     allrows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
     bsel = np.nonzero(np.isin(bs, refs))[0]
-    bsel = bsel[np.argsort(bs[bsel], kind="stable")]
+    bsel = bsel[_argsort_ints(bs[bsel])]
     bs, bd, br = bs[bsel], bd[bsel], br[bsel]
     b_lo = np.searchsorted(bs, refs)
     b_hi = np.searchsorted(bs, refs, side="right")
@@ -866,7 +869,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
                            np.packbits(same, axis=1).astype(np.int64)], axis=1)
     _, ginv = np.unique(gkey, axis=0, return_inverse=True)
     ginv = ginv.ravel()
-    order = np.argsort(ginv, kind="stable")
+    order = _argsort_ints(ginv)
     bounds = np.searchsorted(ginv[order], np.arange(int(ginv.max()) + 2))
     new_rows, nq, nd, nr = [], [], [], []
     n_new = 0
@@ -890,6 +893,34 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
             t = itok[a:b]
             ok = ok_b[fb[t]]
             t, dd = t[ok], idst[a:b][ok]
+            if len(t) >= pack_tokens and n_new < max_rows:
+                # a destination reached by many tokens: one packed row shared by the
+                # group's states, instead of a copy of each token per state (an open
+                # object's key states copy ~35,000 tokens from their reference)
+                ud, dinv, dcnt = np.unique(dd, return_inverse=True, return_counts=True)
+                big = dcnt >= pack_tokens
+                n_big = int(big.sum())
+                if n_big and n_new + n_big <= max_rows:
+                    dinv = dinv.ravel()
+                    sel = big[dinv]
+                    slot = np.cumsum(big) - 1
+                    packed = np.zeros((n_big, W), np.uint32)
+                    tb = t[sel]
+                    np.bitwise_or.at(packed.reshape(-1), slot[dinv[sel]] * W + (tb >> 5),
+                                     np.left_shift(np.uint32(1), (tb & 31).astype(np.uint32)))
+                    rid = np.empty(n_big, np.int64)
+                    for j, x in enumerate(packed):
+                        xb = x.tobytes()
+                        r_ = by_content.get(xb)
+                        if r_ is None:
+                            r_ = by_content[xb] = n_rows + n_new
+                            new_rows.append(x[None, :])
+                            n_new += 1
+                        rid[j] = r_
+                    nq.append(np.repeat(qs, n_big))
+                    nd.append(np.tile(ud[big], len(qs)))
+                    nr.append(np.tile(rid, len(qs)))
+                    t, dd = t[~sel], dd[~sel]
             if len(t):
                 _count(out, len(t) * len(qs))
                 out[0].append(np.repeat(qs, len(t)))
@@ -958,7 +989,8 @@ def _pack_bool(x: np.ndarray, W: int) -> np.ndarray:
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                      min_run_bytes: int = 8, min_run_tokens: int = 64,
                      min_fragment_members: int = 64, delta: bool = True,
-                     max_delta_fraction: float = 0.25, max_delta_rows: int = 4096) -> Lifted:
+                     max_delta_fraction: float = 0.25, max_delta_rows: int = 4096,
+                     delta_pack_tokens: int = 256) -> Lifted:
     """All token transitions from DFA states reachable by whole tokens.
 
     Vectorised over (state, trie node) pairs: the vocabulary's byte trie is walked
@@ -972,6 +1004,10 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     ``\\w``, JSON string bodies) are lifted together with the states inside their
     characters (see :func:`_fragment_run`); smaller ones take the byte path (cheaper
     there: a fragment run walks the whole trie once per position in a character).
+    A delta state's copies of its reference's individual transitions to one state are
+    a packed row where at least ``delta_pack_tokens`` tokens go there (see
+    :func:`_lift_deltas`). ``min_run_bytes`` above 256 makes no bulk row at all (the
+    plain walk the tests compare with).
     """
     trie = vocab.trie
     Q = dfa.num_states
@@ -1093,7 +1129,8 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
 
     if len(delta_q):
         n_rows = _lift_deltas(trie, table, Q, vocab, delta_q, delta_r, out, bulk_src, bulk_dst,
-                              bulk_row, rows, n_rows, W, max_pairs, max_delta_rows)
+                              bulk_row, rows, n_rows, W, max_pairs, max_delta_rows,
+                              delta_pack_tokens if min_run_bytes <= 256 else V + 1)
 
     def cat(parts, dtype=np.int32):
         """Concatenate (int32: states and tokens fit) and free the parts."""
@@ -1148,7 +1185,7 @@ def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) ->
     a backward BFS one level at a time."""
     dist = np.full(num_states, INF_DIST, np.int64)
     dist[target] = 0
-    order = np.argsort(dst, kind="stable")
+    order = _argsort_ints(dst)
     src_by_dst = src[order]
     starts = np.searchsorted(dst[order], np.arange(num_states + 1))
     frontier = np.array([target])
@@ -1241,10 +1278,10 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     be, brow = be[bok], bulk_row[bok]
     del pe_all, tok, ok
     # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
-    order = np.argsort(pe)                              # any order within an edge
+    order = _argsort_ints(pe)                           # any order within an edge
     pe, ptok = pe[order], ptok[order]
     pstart = np.searchsorted(pe, np.arange(E + 1))
-    order = np.argsort(be)
+    order = _argsort_ints(be)
     be, brow = be[order], brow[order]
     bstart = np.searchsorted(be, np.arange(E + 1))
     del order, pe
