@@ -295,7 +295,8 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
   const int64_t WB = std::max<int64_t>(1, std::min<int64_t>(WMAX, WBN / std::max<int64_t>(H, 1)));
   alignas(32) float pn[4][32 * WMAX], dn[4][32 * WMAX], sc[4][32 * WMAX], ln[32 * WMAX],
       lp[32 * WMAX];
-  int16_t ed[4][32 * WMAX];
+  const float* wq[4][32 * WMAX];
+  const std::vector<float> zrow(H, 0.f);
   float (*pn_)[32 * WMAX] = pn, (*dn_)[32 * WMAX] = dn, (*sc_)[32 * WMAX] = sc;
   // token -> edge of each distinct particle state, one chunk of CW words at a time
   std::vector<int16_t> edges(static_cast<size_t>(nu) * CW * 32);
@@ -320,36 +321,37 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
         lst[t] = ls + k * D;
         et[t] = edges.data() + slot[k] * CW * 32 + (wb - c0) * 32;
       }
-      // tokens on a live out-edge of any particle of the group, listed
+      // tokens on a live out-edge of any particle of the group, listed; a particle off
+      // a listed token multiplies by a zero row (num = 0 -> -inf)
       int32_t jl[32 * WMAX];
       int64_t m = 0;
       for (int64_t j = 0; j < nv; ++j) {
         int any = 0;
         for (int t = 0; t < 4; ++t) {
           const int e = et[t][j];
-          const bool on = e >= 0 && lst[t][e > 0 ? e : 0] > ninf;
-          ed[t][j] = static_cast<int16_t>(on ? e : -1);
-          pn[t][j] = 0.f;
-          dn[t][j] = 0.f;
-          sc[t][j] = on ? lst[t][e] : 0.f;
+          const int ec = e > 0 ? e : 0;
+          const float l = lst[t][ec];
+          const bool on = (e >= 0) & (l > ninf);
+          wq[t][j] = on ? Wt[t] + ec * H : zrow.data();
+          sc[t][j] = l;  // read only where num > 0
           any |= on;
         }
         jl[m] = static_cast<int32_t>(j);
         m += any;
       }
+      for (int t = 0; t < 4; ++t) {
+        std::memset(pn[t], 0, nv * sizeof(float));
+        std::memset(dn[t], 0, nv * sizeof(float));
+      }
       for (int64_t i = 0; i < m; ++i) {
         const int64_t j = jl[i];
-        const float* wp[4];
-        for (int t = 0; t < 4; ++t) wp[t] = Wt[t] + std::max<int>(ed[t][j], 0) * H;
+        const float* wp[4] = {wq[0][j], wq[1][j], wq[2][j], wq[3][j]};
         f8 acc[8];
         dot4p(bt + (v0 + j) * H, wp, ut, H, acc);
         alignas(32) float r[8];
         hsum8(acc, r);
-        for (int t = 0; t < 4; ++t) {  // a particle off this token keeps 0 (-> -inf)
-          const bool on = ed[t][j] >= 0;
-          pn[t][j] = on ? r[t] : 0.f;
-          dn[t][j] = on ? r[4 + t] : 0.f;
-        }
+        pn[0][j] = r[0], pn[1][j] = r[1], pn[2][j] = r[2], pn[3][j] = r[3];
+        dn[0][j] = r[4], dn[1][j] = r[5], dn[2][j] = r[6], dn[3][j] = r[7];
       }
     for (int t = 0; t < ng; ++t) {
       const int64_t k = ord[g0 + t];
@@ -381,8 +383,14 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
       }
       // running log-sum-exp of log_num for this particle: (max, Σ exp(ln − max))
       {
-        float m = zmax[k];
-        for (int64_t j = 0; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
+        f8 mv = f8{} + zmax[k];
+        for (int64_t j = 0; j + 8 <= nv; j += 8) {
+          const f8 x = load8(ln + j);
+          mv = x > mv ? x : mv;
+        }
+        float m = mv[0];
+        for (int l = 1; l < 8; ++l) m = mv[l] > m ? mv[l] : m;
+        for (int64_t j = nv & ~int64_t{7}; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
         if (m > ninf) {
           f8 acc = {0};
           for (int64_t j = 0; j + 8 <= nv; j += 8) acc += exp8(load8(ln + j) - m);
