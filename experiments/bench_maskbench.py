@@ -61,6 +61,7 @@ HELDOUT_PREFIXES = ("Kubernetes", "Snowplow", "JsonSchemaStore", "WashingtonPost
 ENGINES = ("jaxcd", "jaxcd_schema", "jaxcd_any", "jaxcd_nonstrict", "llguidance", "xgrammar")
 MEM_LIMIT = 4 << 30
 TIME_LIMIT = 60.0
+ROWS_LOG: str | None = None        # --rows-log: one JSON line per (engine, file) as it ends
 
 
 def split_of(name: str) -> str:
@@ -371,7 +372,11 @@ def _loop(setup, src, names, engines, timeout, t0, tag=""):
             r = run_one(setup, e, doc, timeout)
             r["file"] = os.path.basename(name)
             r["split"] = split_of(name)
+            r["load1"] = round(os.getloadavg()[0], 2)      # the machine is shared
             rows[e].append(r)
+            if ROWS_LOG:                                   # kept if the run is cut short
+                with open(ROWS_LOG, "a") as f:
+                    f.write(json.dumps({"engine": e, **r}) + "\n")
         if (i + 1) % 25 == 0 or i + 1 == len(names):
             done = {e: sum(x["status"] == "ok" and x["valid_rejected"] == 0 and
                            x["invalid_accepted"] == 0 for x in rows[e]) for e in engines}
@@ -425,7 +430,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="worker processes, each with its own forked child per compile "
                          "(compile times then include the contention)")
+    ap.add_argument("--rows-log", metavar="PATH.jsonl",
+                    help="append each row (with its engine) to this file as soon as it is "
+                         "measured, so that a run cut short keeps what it measured")
     args = ap.parse_args(argv)
+    global ROWS_LOG
+    ROWS_LOG = args.rows_log
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
         if e not in ENGINES:

@@ -169,3 +169,21 @@ def test_closed_objects_and_property_order_options():
     many = {"type": "object", "properties": {f"p{i}": {} for i in range(12)}}
     with pytest.raises(JaxcdError, match=r"property_order='any'.*12 declared properties"):
         schema_to_nfa(many, property_order="any")
+
+
+def test_bench_rows_log(tmp_path):
+    """``--rows-log``: each measured row is appended (with its engine and the load
+    average) as soon as it ends, and matches the results file's rows."""
+    from experiments import bench_maskbench as bm
+    names = ["BFCL_java_30.json", "BFCL_java_73.json"]
+    log = tmp_path / "rows.jsonl"
+    try:
+        assert bm.main(["--files", *names, "--engines", "jaxcd", "--out",
+                        str(tmp_path / "bm"), "--rows-log", str(log)]) in (0, None)
+    finally:
+        bm.ROWS_LOG = None
+    logged = [json.loads(x) for x in log.read_text().splitlines()]
+    rows = json.loads((tmp_path / "bm.json").read_text())["rows"]["jaxcd"]
+    assert [x["file"] for x in logged] == names and all(x["engine"] == "jaxcd" for x in logged)
+    assert [{k: v for k, v in x.items() if k != "engine"} for x in logged] == rows
+    assert all("load1" in r for r in rows)
