@@ -17,6 +17,21 @@ one-by-one shapes: batch 1, the request's own bucket), with ``block_until_ready`
 
 Usage: ``PYTHONPATH=. python experiments/profile_serving_step.py [--repeats 7]``
 (prints a table; writes ``experiments/results/profile_serving_step.{md,json}``).
+
+``--ab-gemm ROUNDS``: instead, an interleaved A/B of the layer kernels' schemes
+(``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel as before session 14,
+``a`` the default, 2..16 rows through the transposed kernel) on the donated ``lm.step``
+at B=16 (cache of 256 slots, a 128-wide prompt) and B=1, alternating the order each
+round; per round the min of 4 steps, wall and process CPU; reports the medians and the
+median paired ratios a/o (on a shared machine the CPU ratio is the steadier one). Both
+schemes give the same bits.
+
+``--ab-stream ROUNDS``: an interleaved A/B of the whole continuous stream of
+``bench_serving`` (the first ``--n`` requests, batch 16, GCD, budget 64): ``old`` (whole
+insert groups, power-of-two rest widths, ``JAXCD_GEMM=o``: serving as before session 14)
+against ``new`` (the defaults); one warm-up call per variant, then ROUNDS pairs in
+alternating order; prints wall and CPU seconds, steps, occupancy and compiles per run and
+the new/old ratios.
 """
 
 from __future__ import annotations
@@ -60,6 +75,118 @@ def timeit(fn, repeats):
     return statistics.median(ts), min(ts), statistics.median(cs)
 
 
+def ab_gemm(rounds: int, modes=("o", "a")) -> None:
+    import numpy as np
+    m = load_model()
+    lm, params = m.lm, m.params
+    prompt = m.encode_prompt("Give the JSON arguments for a call to get_weather. "
+                             "Returns the weather for a city")
+    hold = {}
+    for B in (16, 1):
+        ids, lens = pad_prompts([prompt] * B, pad_id=0, length=128)
+        hold[B] = lm.prefill(params, jnp.asarray(ids), jnp.asarray(lens), 256)[0]
+    res = {}
+    l0 = os.getloadavg()
+    for r in range(rounds):
+        for B in (16, 1):
+            tok = jnp.zeros((B,), jnp.int32) + 17
+            for mode in (modes if r % 2 == 0 else modes[::-1]):
+                os.environ["JAXCD_GEMM"] = mode
+                ts, cs = [], []
+                for _ in range(4):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    s2, lp = step_donated(lm, params, hold[B], tok)
+                    lp.block_until_ready()
+                    ts.append(time.perf_counter() - t0)
+                    cs.append(time.process_time() - c0)
+                    hold[B] = dict(s2, slot=s2["slot"] - 1)     # same write slot each step
+                res.setdefault((B, mode), []).append((1e3 * min(ts), 1e3 * min(cs)))
+    os.environ.pop("JAXCD_GEMM", None)
+    print(f"lm.step, interleaved A/B of JAXCD_GEMM over {rounds} rounds; 1-min load "
+          f"{l0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+    for B in (16, 1):
+        base = np.array(res[(B, modes[0])])
+        for mode in modes:
+            x = np.array(res[(B, mode)])
+            print(f"  B={B:2d} {mode}: wall median {np.median(x[:, 0]):7.1f} ms (min "
+                  f"{x[:, 0].min():6.1f}), CPU median {np.median(x[:, 1]):7.1f} ms; paired "
+                  f"{mode}/{modes[0]}: wall {np.median(x[:, 0] / base[:, 0]):.3f}, CPU "
+                  f"{np.median(x[:, 1] / base[:, 1]):.3f}")
+
+
+def ab_stream(rounds: int, n: int, budget: int) -> None:
+    import jaxcd
+    from bench_serving import candidates
+    from jaxcd.decoding import compile_stats
+    m = load_model()
+    reqs, fas = [], []
+    for c in candidates(0):
+        if len(reqs) == n:
+            break
+        try:
+            fa = build_constraint(m.vocab, cache=True, **{c["kind"]: c["spec"]})
+        except Exception:
+            continue
+        if fa.min_budget > budget:
+            continue
+        reqs.append(c)
+        fas.append(fa)
+    ids = [m.encode_prompt(r["prompt"]) for r in reqs]
+    n0 = serve_mod.stream_prefix_len(ids)
+    width = prompt_bucket(max(len(x) for x in ids))
+    variants = {"old": (True, True, "o"), "new": (False, False, "a")}
+
+    def use(name):
+        serve_mod._WHOLE_GROUPS, serve_mod._POW2_REST, os.environ["JAXCD_GEMM"] = variants[name]
+
+    def run(sel, seed):
+        t0, c0 = time.perf_counter(), time.process_time()
+        outs = jaxcd.generate([reqs[i]["prompt"] for i in sel],
+                              constraints=[{reqs[i]["kind"]: reqs[i]["spec"]} for i in sel],
+                              method="gcd", budget=budget, seed=seed, model=m, batch_size=16,
+                              progress=False, batching="continuous")
+        return outs, time.perf_counter() - t0, time.process_time() - c0
+
+    def warm_set(sel):          # as bench_serving's warm-up: a group per insert class, ...
+        cls = dict(zip(sel, serve_mod.insert_classes([len(ids[i]) for i in sel], width, n0)))
+        longest = max(sel, key=lambda i: len(ids[i]))
+        warm = []
+        for want in sorted(set(cls.values())):
+            mem = sorted((i for i in sel if cls[i] == want), key=lambda i: i != longest)
+            mem += [i for i in sel if cls[i][0] == want[0] and cls[i][1] < want[1]]
+            warm += [i for i in mem if i not in warm][:4]
+        firsts = {}
+        for i in sel:           # ... and a request per automaton bucket and kind
+            firsts.setdefault(tuple(automaton_bucket(fas[i])), i)
+            firsts.setdefault(reqs[i]["kind"], i)
+        return warm + [i for i in firsts.values() if i not in warm]
+
+    sel = list(range(len(reqs)))
+    for name in variants:
+        use(name)
+        run(warm_set(sel), 3000)
+    res = {k: [] for k in variants}
+    for r in range(rounds):
+        for name in (("old", "new") if r % 2 == 0 else ("new", "old")):
+            use(name)
+            c0, l0 = compile_stats.snapshot(), os.getloadavg()[0]
+            outs, wall, cpu = run(sel, 2000)
+            d = compile_stats.snapshot() - c0
+            st = outs[0].stats
+            rec = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+                   "compiles": d.backend_compiles, "valid": sum(o.valid[0] for o in outs),
+                   "load": [round(l0, 2), round(os.getloadavg()[0], 2)],
+                   **{k: st[k] for k in ("steps", "occupancy", "inserts", "chunks",
+                                         "prefill_tokens")}}
+            res[name].append(rec)
+            print(name, json.dumps(rec), flush=True)
+    os.environ.pop("JAXCD_GEMM", None)
+    serve_mod._WHOLE_GROUPS = serve_mod._POW2_REST = False
+    for k in ("wall_s", "cpu_s"):
+        print(f"new/old {k} per round:", [round(x[k] / y[k], 3)
+                                          for x, y in zip(res["new"], res["old"])])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=7)
@@ -69,7 +196,15 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=200, help="constraints scanned for the bucket")
     ap.add_argument("--skip-pieces", action="store_true", help="only the loop/LM/prefill rows")
     ap.add_argument("--out", default=str(RESULTS / "profile_serving_step"))
+    ap.add_argument("--ab-gemm", type=int, default=0, metavar="ROUNDS",
+                    help="interleaved A/B of JAXCD_GEMM=o vs a on lm.step (see the docstring)")
+    ap.add_argument("--ab-stream", type=int, default=0, metavar="ROUNDS",
+                    help="interleaved A/B of the continuous stream, old vs new scheduling")
     a = ap.parse_args(argv)
+    if a.ab_gemm:
+        return ab_gemm(a.ab_gemm)
+    if a.ab_stream:
+        return ab_stream(a.ab_stream, a.n, a.budget)
     from bench_serving import candidates
     m = load_model()
     lm, params = m.lm, m.params
