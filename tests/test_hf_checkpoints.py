@@ -362,8 +362,9 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
                 assert x.texts == y.texts, (meth, x.texts, y.texts)
         print("GEN ok")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1",
+               XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                          + " --xla_force_host_platform_device_count=4").strip())
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

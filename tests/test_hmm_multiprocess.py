@@ -37,7 +37,9 @@ def _env(extra=None):
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("XLA_FLAGS", None)  # one CPU device per process
+    # one CPU device per process (the suite's other XLA flags kept)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if "force_host_platform_device_count" not in f)
     env.update(extra or {})
     return env
 
