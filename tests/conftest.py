@@ -20,8 +20,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # tests/test_smc.py::test_particles_sharded_over_forced_host_devices runs its child with
 # XLA's default emitters and asserts the same tokens and weights as this process.
 # Subprocesses inherit the flag; the compile cache keys on XLA_FLAGS.
-# JAXCD_TEST_XLA_EMITTERS=default compiles with XLA's defaults.
-if os.environ.get("JAXCD_TEST_XLA_EMITTERS") != "default" and \
+# JAXCD_XLA_EMITTERS=default compiles with XLA's defaults (jaxcd.model_files.
+# prefer_fast_cpu_compiles, which the `jaxcd` command calls too).
+if os.environ.get("JAXCD_XLA_EMITTERS", "").strip().lower() != "default" and \
         "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_cpu_use_fusion_emitters=false").strip()

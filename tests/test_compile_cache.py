@@ -89,3 +89,32 @@ def test_bad_settings_name_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXCD_COMPILE_CACHE", str(f / "cc"))
     with pytest.raises(ValueError, match="JAXCD_COMPILE_CACHE.*cannot be created"):
         enable_compile_cache()
+
+
+def test_prefer_fast_cpu_compiles_sets_the_flag_once_and_only_before_a_backend():
+    """The `jaxcd` command's XLA setting: appended to XLA_FLAGS in a fresh process, kept as
+    the user wrote it, off with JAXCD_XLA_EMITTERS=default, and never changed once a
+    backend exists (XLA reads its flags once)."""
+    import subprocess
+    import sys
+    code = ("import os, jax\n"
+            "from jaxcd.model_files import prefer_fast_cpu_compiles as p\n"
+            "print(p(), os.environ.get('XLA_FLAGS', ''))\n")
+    after = ("import os, jax\n"
+             "jax.devices()\n"
+             "from jaxcd.model_files import prefer_fast_cpu_compiles as p\n"
+             "print(p(), os.environ.get('XLA_FLAGS', ''))\n")
+
+    def run(src, **env):
+        e = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXCD_XLA_EMITTERS")}
+        e.update(env, JAX_PLATFORMS="cpu")
+        return subprocess.run([sys.executable, "-c", src], env=e, capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    assert run(code) == "True --xla_cpu_use_fusion_emitters=false"
+    assert run(code, XLA_FLAGS="--xla_force_host_platform_device_count=2") == \
+        "True --xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false"
+    assert run(code, XLA_FLAGS="--xla_cpu_use_fusion_emitters=true") == \
+        "False --xla_cpu_use_fusion_emitters=true"
+    assert run(code, JAXCD_XLA_EMITTERS="default") == "False"
+    assert run(after) == "False"
