@@ -114,7 +114,7 @@ def prefer_fast_cpu_compiles() -> bool:
     """Append ``--xla_cpu_use_fusion_emitters=false`` to ``XLA_FLAGS``: XLA's CPU compiler
     with its older fusion emitters compiles jaxcd's decode/SMC programs 2-3x faster than
     with the default MLIR emitters, at the same run time (measured in session 14; see
-    docs/limits.md). It changes how a fusion is lowered, not what it computes. The flag
+    README.md, "Compiled XLA programs are cached"). It changes how a fusion is lowered, not what it computes. The flag
     only affects XLA's CPU backend.
 
     A process-wide setting, so the library never calls this on its own: the ``jaxcd``

@@ -22,12 +22,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Subprocesses inherit the flag; the compile cache keys on XLA_FLAGS.
 # JAXCD_XLA_EMITTERS=default compiles with XLA's defaults (jaxcd.model_files.
 # prefer_fast_cpu_compiles, which the `jaxcd` command calls too).
-if os.environ.get("JAXCD_XLA_EMITTERS", "").strip().lower() != "default" and \
-        "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_cpu_use_fusion_emitters=false").strip()
+from jaxcd.model_files import prefer_fast_cpu_compiles  # noqa: E402  (no JAX backend yet)
 
-import pytest
+prefer_fast_cpu_compiles()
+
+import pytest  # noqa: E402
 
 from jaxcd.model_files import enable_compile_cache
 
