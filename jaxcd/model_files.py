@@ -7,6 +7,7 @@ Cache directory: ``$JAXCD_CACHE`` if set, else ``~/.cache/jaxcd``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,8 +120,10 @@ def prefer_fast_cpu_compiles() -> bool:
 
     A process-wide setting, so the library never calls this on its own: the ``jaxcd``
     command and the test suite do. Returns whether the flag is in effect. It does nothing
-    when ``XLA_FLAGS`` already names the option, when ``JAXCD_XLA_EMITTERS=default``, or
-    when a JAX backend is already initialised (flags are read once, at that point)."""
+    when ``XLA_FLAGS`` already names the option, when ``JAXCD_XLA_EMITTERS=default``,
+    when a JAX backend is already initialised (flags are read once, at that point), or
+    when this jaxlib's XLA does not know the flag (:func:`xla_flag_supported`; jaxlib
+    0.11 aborts on it)."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_use_fusion_emitters" in flags:
         return FAST_CPU_COMPILE_FLAG in flags.split()
@@ -132,8 +135,47 @@ def prefer_fast_cpu_compiles() -> bool:
             return False
     except ImportError:                       # pragma: no cover - private module moved
         return False
+    if not xla_flag_supported(FAST_CPU_COMPILE_FLAG):
+        return False
     os.environ["XLA_FLAGS"] = (flags + " " + FAST_CPU_COMPILE_FLAG).strip()
     return True
+
+
+def xla_flag_supported(flag: str) -> bool:
+    """Whether this jaxlib's XLA accepts ``flag`` in ``XLA_FLAGS``: XLA aborts the process
+    on an unknown flag (jaxlib 0.11 dropped ``--xla_cpu_use_fusion_emitters``), so the flag
+    is tried once in a child process (``jax.devices("cpu")``, about 2 s) and the answer
+    kept per jaxlib version in ``<jaxcd cache>/xla_flags.json``. ``False`` when the child
+    fails for any reason."""
+    try:
+        from importlib.metadata import version
+        jaxlib = version("jaxlib")
+    except Exception:                          # noqa: BLE001 - no jaxlib metadata
+        return False
+    store = cache_dir() / "xla_flags.json"
+    key = f"{jaxlib} {flag}"
+    try:
+        known = json.loads(store.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return bool(known[key])
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env.update(XLA_FLAGS=flag, JAX_PLATFORMS="cpu")
+    try:
+        ok = subprocess.run([sys.executable, "-c", "import jax; jax.devices('cpu')"], env=env,
+                            capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    try:
+        known[key] = ok
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f".{store.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, indent=1))
+        os.replace(tmp, store)
+    except OSError:
+        pass
+    return ok
 
 
 def default_gguf_path(verbose: bool = True) -> Path:

@@ -111,10 +111,31 @@ def test_prefer_fast_cpu_compiles_sets_the_flag_once_and_only_before_a_backend()
         return subprocess.run([sys.executable, "-c", src], env=e, capture_output=True,
                               text=True, check=True).stdout.strip()
 
-    assert run(code) == "True --xla_cpu_use_fusion_emitters=false"
-    assert run(code, XLA_FLAGS="--xla_force_host_platform_device_count=2") == \
-        "True --xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false"
+    from jaxcd.model_files import FAST_CPU_COMPILE_FLAG, xla_flag_supported
+    if xla_flag_supported(FAST_CPU_COMPILE_FLAG):
+        assert run(code) == "True --xla_cpu_use_fusion_emitters=false"
+        assert run(code, XLA_FLAGS="--xla_force_host_platform_device_count=2") == \
+            "True --xla_force_host_platform_device_count=2 --xla_cpu_use_fusion_emitters=false"
+    else:                      # a jaxlib whose XLA dropped the flag (0.11): never set
+        assert run(code) == "False"
     assert run(code, XLA_FLAGS="--xla_cpu_use_fusion_emitters=true") == \
         "False --xla_cpu_use_fusion_emitters=true"
     assert run(code, JAXCD_XLA_EMITTERS="default") == "False"
     assert run(after) == "False"
+
+
+def test_xla_flag_supported_tries_the_flag_in_a_child(tmp_path, monkeypatch):
+    """XLA aborts a process on an unknown XLA_FLAGS entry (jaxlib 0.11 aborted on
+    --xla_cpu_use_fusion_emitters, which jaxlib 0.10 knows): the probe runs the flag in a
+    child, says False for a flag no XLA has, True for one every XLA has, and keeps the
+    answers per jaxlib version."""
+    import json
+
+    from jaxcd.model_files import xla_flag_supported
+    monkeypatch.setenv("JAXCD_CACHE", str(tmp_path))
+    assert xla_flag_supported("--xla_jaxcd_no_such_flag=1") is False
+    assert xla_flag_supported("--xla_force_host_platform_device_count=2") is True
+    kept = json.loads((tmp_path / "xla_flags.json").read_text())
+    assert sorted(v for v in kept.values()) == [False, True]
+    assert all(k.endswith(("--xla_jaxcd_no_such_flag=1",
+                           "--xla_force_host_platform_device_count=2")) for k in kept)
