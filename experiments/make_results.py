@@ -334,20 +334,57 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
         rt = {"bench_table": bench_rows(json.loads((results / "bench_pgcd.json").read_text()))}
         rt_note = ("Ours: the last run of `experiments/bench_pgcd.py` in `results/bench_pgcd.json` "
                    "(not rerun by study 3 yet; decode ms/step, one prompt, 16 particles, this CPU).")
+    # the GPU run at the paper's scale (experiments/bench_pgcd_gpu.py), where one exists
+    gpu = {}
+    gpu_file = results / "bench_pgcd_gpu.json"
+    if gpu_file.exists():
+        g = json.loads(gpu_file.read_text())
+        if not g.get("tiny"):
+            gpu = {"rows": {m: r["slowdown"][0] for m, r in g["rows"].items()},
+                   "label": f"ours ({g['device']}, 8B shapes, random bf16 weights)",
+                   "note": (f"GPU column: `{g['command']}` (`results/bench_pgcd_gpu.md`): "
+                            f"{g['lm']}, {g['params'] / 1e9:.2f}B parameters with random weights "
+                            f"(no model file can reach that machine), js_tool_call over a "
+                            f"{g['V']:,}-token vocabulary, K = {g['K']}, β^P and B in "
+                            f"{g['table_dtype']}; ms/step ratios per step actually run, "
+                            f"{g['rounds']} interleaved rounds.")}
+            prof = results / "gpu_session15" / "profile_lm_step_gpu_default.json"
+            dec = {m: r["decode_ms_per_step"][0] for m, r in g["rows"].items()}
+            if prof.exists() and "smc-gcd" in dec:
+                pr = json.loads(prof.read_text())
+                add = {m.split("=")[1]: dec[m] - dec["smc-gcd"] for m in dec
+                       if m.startswith("lookahead")}
+                floor = pr["read_weights_ms"]
+                gpu["note"] += (
+                    f" Caveat: jaxcd's 8B decode step takes {pr['step_scan_ms']:.1f} ms there "
+                    f"while reading its {pr['weights_GB']:.1f} GB of weights once takes "
+                    f"{floor:.1f} ms (`results/gpu_session15/profile_lm_step_gpu_default.json`), "
+                    "so the denominator is slower than it could be. P-GCD adds "
+                    + ", ".join(f"{v:.2f} ms (H={h})" for h, v in add.items())
+                    + " per step over SMC-GCD; over a step at that floor the P-GCD ratios would "
+                    "be about " + ", ".join(f"{(floor + v) / floor:.2f}×" for v in add.values())
+                    + ".")
     out += ["### Table 2: slowdown against unconstrained decoding", "",
-            *([rt_note, ""] if rt_note else []),
-            "| configuration | paper (H100, 8B) | ours |", "|---|---|---|"]
+            *([rt_note, ""] if rt_note else []), *([gpu["note"], ""] if gpu else []),
+            "| configuration | paper (H100, 8B) | ours (CPU, SmolLM2) |"
+            + (f" {gpu['label']} |" if gpu else ""),
+            "|---|---|---|" + ("---|" if gpu else "")]
     ours_rt = {r["config"]: r.get("slowdown") for r in (rt or {}).get("bench_table", [])
                if not r.get("estimate")}
     pairs = [("LCD", "lcd", "lcd"), ("GCD", "gcd", "gcd"), ("SMC-GCD", None, "smc-gcd"),
              ("P-GCD H=1024", "pgcd_h1024", "lookahead H=1024"),
-             ("P-GCD H=4096", "pgcd_h4096", "lookahead H=4096"), ("P-GCD H=16384", "pgcd_h16384", None)]
+             ("P-GCD H=4096", "pgcd_h4096", "lookahead H=4096"),
+             ("P-GCD H=16384", "pgcd_h16384", "lookahead H=16384")]
     for label, pk, ok in pairs:
+        g_cell = ""
+        if gpu:
+            v = gpu["rows"].get(ok) if ok else None
+            g_cell = f" {v:.2f}× |" if v else " – |"
         out.append(f"| {label} | {f'{t2[pk]:.2f}×' if pk else '–'} | "
-                   f"{_f(ours_rt.get(ok), 2) + '×' if ours_rt.get(ok) else '–'} |")
+                   f"{_f(ours_rt.get(ok), 2) + '×' if ours_rt.get(ok) else '–'} |" + g_cell)
     for cfg, sd in ours_rt.items():
         if cfg.startswith("lookahead") and cfg not in [p[2] for p in pairs] and sd:
-            out.append(f"| P-GCD {cfg.split(' ', 1)[1]} | – | {sd:.2f}× |")
+            out.append(f"| P-GCD {cfg.split(' ', 1)[1]} | – | {sd:.2f}× |" + (" – |" if gpu else ""))
     out.append("")
     bias = studies.get("bias")
     if bias:
