@@ -280,6 +280,11 @@ def test_memory_estimate_bounds_each_phase(table_dtype):
     m = impl._transpose.lower(sd((H, V), jnp.float32),
                               dtype=jnp.dtype(table_dtype)).compile().memory_analysis()
     assert m.output_size_in_bytes == est["Bt"] and m.temp_size_in_bytes == 0
+    n2 = impl._small_piece(E)                  # one piece of the small labels' sums
+    m = impl._small_sums.lower(sd((E, H), jnp.float32), sd((H, V), jnp.float32),
+                               sd((n2,), jnp.int32), sd((n2,), jnp.int32),
+                               sd((E + 1,), jnp.int32)).compile().memory_analysis()
+    assert E * H * 4 + m.temp_size_in_bytes <= est["masses"]
 
 
 # --- the per-state edge index (PGCDTables.edge_index) --------------------------------------
