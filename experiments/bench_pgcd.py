@@ -279,11 +279,18 @@ def precompute(fa, hidden, budget, dtypes):
     return out
 
 
-def memory_child(H, budget, dtype):
+def memory_child(H, budget, dtype, keep_lm=False):
     """In a fresh process: build ``β^P`` for the largest workload constraint at hidden
     size ``H`` and ``budget`` with a random HMM generated on the device, and report the
-    memory estimate next to the peak resident memory the build added (``VmHWM`` after,
-    reset before, minus ``VmRSS`` before)."""
+    memory estimate next to the peak resident memory of the build: ``peak_rss`` (the
+    process's ``VmHWM`` during the build, reset before it) and ``peak_added`` (minus
+    ``VmRSS`` before). The process holds JAX, the automaton, the HMM and then the build;
+    the LM whose vocabulary the constraint is compiled for is released first
+    (``load_model`` caches it: 0.69 GiB of SmolLM2 weights) unless ``keep_lm`` (how the
+    rows before session 15 were measured). ``rss`` records the resident memory after each
+    stage."""
+    import gc
+
     import jax
     import jax.numpy as jnp
 
@@ -297,25 +304,35 @@ def memory_child(H, budget, dtype):
                 return int(line.split()[1]) * 1024
         return 0
 
-    name, fa = largest_constraint(load_model().vocab)
+    rss = {"imports": vm("VmRSS")}
+    vocab = load_model().vocab
+    if not keep_lm:
+        load_model.cache_clear()
+        gc.collect()
+    rss["vocab"] = vm("VmRSS")
+    name, fa = largest_constraint(vocab)
+    rss["automaton"] = vm("VmRSS")
     V = fa.vocab_size
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     norm = lambda x: x / x.sum(-1, keepdims=True)          # noqa: E731
     hmm = HMMParams(norm(jax.random.uniform(k1, (H,))), norm(jax.random.uniform(k2, (H, H))),
                     norm(jax.random.uniform(k3, (H, V)) ** 4))
     jax.block_until_ready(hmm)
+    gc.collect()
     dt = jnp.dtype(dtype)
     est = pgcd.backward_nbytes(fa, H, budget, dt)
-    before = vm("VmRSS")
+    before = rss["hmm"] = vm("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")           # reset VmHWM
     t0 = time.perf_counter()
     tab = jax.block_until_ready(pgcd.backward(fa, hmm, budget, table_dtype=dt))
     secs = time.perf_counter() - t0
     peak = vm("VmHWM")
+    rss["after"] = vm("VmRSS")
     print(json.dumps({"constraint": name, "num_states": fa.num_states,
                       "num_edges": fa.num_edges, "H": H, "budget": budget,
                       "dtype": str(dt), "estimate": est, "rss_before": before,
-                      "peak_rss": peak, "peak_added": peak - before,
+                      "peak_rss": peak, "peak_added": peak - before, "lm_kept": keep_lm,
+                      "rss": rss,
                       "tables_nbytes": int(tab.mant.nbytes + tab.log_scale.nbytes),
                       "seconds": round(secs, 2)}))
 
@@ -380,6 +397,9 @@ def main(argv=None):
                          "peak memory measured in a fresh process")
     ap.add_argument("--memory-child", nargs=3, metavar=("H", "BUDGET", "DTYPE"),
                     help=argparse.SUPPRESS)
+    ap.add_argument("--memory-keep-lm", action="store_true",
+                    help="memory child: keep the LM (loaded for its vocabulary) in memory "
+                         "during the build, as the rows before session 15 did")
     ap.add_argument("--quick", action="store_true",
                     help="1 round, H=64 only (smoke test; numbers are not meaningful)")
     ap.add_argument("--out", default=str(RESULTS / "bench_pgcd"))
@@ -388,7 +408,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.memory_child:
         H, budget, dt = args.memory_child
-        memory_child(int(H), int(budget), dt)
+        memory_child(int(H), int(budget), dt, keep_lm=args.memory_keep_lm)
         return
     if args.md_only:
         out = Path(args.out)
@@ -764,20 +784,23 @@ def to_markdown(res):
                          f"{'yes' if gl['met'] else '**no**'} |")
     mem = res.get("memory")
     if mem:
-        lines += ["", "## β^P memory, measured in a fresh process (peak resident memory "
-                  "added by `pgcd.backward`)", "",
+        lines += ["", "## β^P memory, measured in a fresh process (`--memory-child H BUDGET "
+                  "DTYPE`: peak resident memory of the process during `pgcd.backward`, and "
+                  "what the build added to it; the LM loaded for its vocabulary is released "
+                  "first unless the row says it was kept)", "",
                   "| constraint | H | budget | dtype | estimate GiB | tables GiB | peak added GiB "
-                  "| s |", "|---|---|---|---|---|---|---|---|"]
+                  "| process peak GiB | LM kept | s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in mem:
             if "error" in r:
                 lines.append(f"| | {r['H']} | {r['budget']} | {r['dtype']} | error: "
-                             f"{r['error']} | | | |")
+                             f"{r['error']} | | | | | |")
                 continue
             lines.append(f"| {r['constraint']} ({r['num_states']} states) | {r['H']} | "
                          f"{r['budget']} | {r['dtype']} | "
                          f"{r['estimate']['total'] / 2**30:.2f} | "
                          f"{r['tables_nbytes'] / 2**30:.2f} | "
-                         f"{r['peak_added'] / 2**30:.2f} | {r['seconds']} |")
+                         f"{r['peak_added'] / 2**30:.2f} | {r['peak_rss'] / 2**30:.2f} | "
+                         f"{'yes' if r.get('lm_kept', True) else 'no'} | {r['seconds']} |")
     ge = res.get("gpu_estimate")
     if ge:
         a = ge["assumptions"]

@@ -60,3 +60,21 @@ def test_edge_masses_equal_dense(pattern, monkeypatch):
     hi, lo = pgcd._edge_label_rows(fa)
     if pattern.startswith(r"(\w"):
         assert len(np.unique(hi * fa.cum_masks.shape[0] + lo)) < fa.num_edges
+
+
+def test_small_label_pieces_give_the_same_masses(monkeypatch):
+    """The small labels' gather-sums run in pieces of ``_small_piece(E)`` (label, token)
+    pairs, a label never split: many pieces give bitwise the masses of one piece."""
+    fa = compile_regex(r"(é|ß|中)+x?|(\w{1,4} ){2,4}", VOCAB)
+    rng = np.random.default_rng(2)
+    B = rng.dirichlet(np.ones(VOCAB.vocab_size) * 0.5, size=5).astype(np.float32)
+    one = np.asarray(pgcd.edge_masses(fa, B))
+    from jaxcd.decoding import pgcd as impl
+    calls = []
+    orig = impl._small_sums
+    monkeypatch.setattr(impl, "_small_piece", lambda E: impl._SPARSE_MAX)
+    monkeypatch.setattr(impl, "_small_sums", lambda *a: calls.append(1) or orig(*a))
+    many = np.asarray(pgcd.edge_masses(fa, B))
+    assert len(calls) > 2
+    np.testing.assert_array_equal(many, one)
+    np.testing.assert_allclose(one, _dense_reference(fa, B), rtol=2e-5, atol=1e-9)

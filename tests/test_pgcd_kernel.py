@@ -256,6 +256,37 @@ def test_memory_estimate_and_limit():
     pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"])          # at the limit: ok
 
 
+@pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
+def test_memory_estimate_bounds_each_phase(table_dtype):
+    """``backward_nbytes`` bounds XLA's own accounting of each phase of the build: the
+    recursion writes exactly the tables with at most ``work`` beside them (``C`` and the
+    temporaries), ``Bt`` is made in its own program with no temporary, and ``total`` is
+    the peak ``max(masses, tables + max(work, Bt + index + index_work))``."""
+    from jaxcd.decoding import pgcd as impl
+    from jaxcd.decoding.buckets import flatten
+    pattern, n, _ = CASES[1]
+    H = 64
+    fa = compile_regex(pattern, VOCAB)
+    est = pgcd.backward_nbytes(fa, H, 16, table_dtype)
+    assert est["total"] == max(est["masses"], est["tables"] + max(
+        est["work"], est["Bt"] + est["index"] + est["index_work"]))
+    f = flatten(jax.device_get(fa))
+    E, V = int(np.shape(f.edge_src)[-1]), fa.vocab_size
+    sd = jax.ShapeDtypeStruct
+    m = impl._backward.lower(f, sd((H, H), jnp.float32), sd((H, E), jnp.float32), budget=16,
+                             table_dtype=jnp.dtype(table_dtype)).compile().memory_analysis()
+    assert 0 <= m.output_size_in_bytes - est["tables"] <= 64          # + the tuple's pointers
+    assert H * E * 4 + m.temp_size_in_bytes <= est["work"]
+    m = impl._transpose.lower(sd((H, V), jnp.float32),
+                              dtype=jnp.dtype(table_dtype)).compile().memory_analysis()
+    assert m.output_size_in_bytes == est["Bt"] and m.temp_size_in_bytes == 0
+    n2 = impl._small_piece(E)                  # one piece of the small labels' sums
+    m = impl._small_sums.lower(sd((E, H), jnp.float32), sd((H, V), jnp.float32),
+                               sd((n2,), jnp.int32), sd((n2,), jnp.int32),
+                               sd((E + 1,), jnp.int32)).compile().memory_analysis()
+    assert E * H * 4 + m.temp_size_in_bytes <= est["masses"]
+
+
 # --- the per-state edge index (PGCDTables.edge_index) --------------------------------------
 def test_edge_index_is_the_transition_function():
     """``edge_index[s, v]`` is the out-edge of ``s`` that holds ``v`` (its destination is

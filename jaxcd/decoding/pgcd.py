@@ -183,11 +183,23 @@ def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
 
 def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
                     table_dtype=jnp.float32, work_dtype=jnp.float32) -> dict[str, int]:
-    """Memory estimate of :func:`backward` before it allocates anything: the tables
-    (rows ``0..budget`` of ``S·H`` mantissas and ``S`` log-scales), ``Bt``, and the work
-    of the recursion (the edge masses ``C [H, E]``, one ``[E, H]`` product and four
-    ``[S, H]`` carries/temporaries), and the kernel's per-state edge index where it is
-    built (:func:`edge_index`). Keys: ``tables``, ``Bt``, ``work``, ``index``, ``total``."""
+    """Memory estimate of :func:`backward` before it allocates anything (bytes on top of
+    the HMM), from the shapes alone. :func:`backward` runs in three phases, each waited
+    for, so that the largest arrays are never alive together:
+
+    1. ``masses``: the edge masses (:func:`edge_masses`): ``C`` or its per-label rows
+       (``E·H``), one piece of gathered columns of ``B`` (at most ``max(4E, 64)·H``) and
+       its segment sums (``E·H``), or one indicator matmul (``128·V``);
+    2. the recursion: the ``tables`` (rows ``0..budget`` of ``S·H`` mantissas in the
+       storage dtype and ``S`` float32 log-scales) and its ``work`` (``C [H, E]``, one
+       ``[E, H]`` product, four ``[S, H]`` carries/temporaries);
+    3. the ``tables`` with ``Bt`` (``V·H`` in the storage dtype; ``C`` freed) and then the
+       kernel's per-state edge ``index`` where it is built (:func:`edge_index`; ``S·V``
+       bytes, and ``index_work``: a copy of the mask rows while it is built).
+
+    ``total`` is the peak: ``max(masses, tables + max(work, Bt + index + index_work))``.
+    Keys: ``tables``, ``Bt``, ``work``, ``index``, ``index_work``, ``masses``,
+    ``total``."""
     item, w = jnp.dtype(table_dtype).itemsize, jnp.dtype(work_dtype).itemsize
     S = int(np.prod(np.shape(fa.dist)))
     E = int(np.prod(np.shape(fa.edge_src)))
@@ -195,8 +207,12 @@ def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
     idx = _edge_index_dtype(fa, table_dtype)
     out = {"tables": (budget + 1) * S * (H * item + 4), "Bt": V * H * item,
            "work": 2 * E * H * w + 4 * S * H * w,
-           "index": 0 if idx is None else S * V * jnp.dtype(idx).itemsize}
-    out["total"] = sum(out.values())
+           "index": 0 if idx is None else S * V * jnp.dtype(idx).itemsize,
+           "index_work": 0 if idx is None else int(np.prod(np.shape(fa.cum_masks))) * 4,
+           "masses": max((2 * E + _small_piece(E)) * H * w,
+                         (E + _DENSE_CHUNK) * H * w + _DENSE_CHUNK * V * (1 + w))}
+    out["total"] = max(out["masses"], out["tables"] + max(
+        out["work"], out["Bt"] + out["index"] + out["index_work"]))
     return out
 
 
@@ -221,8 +237,8 @@ def check_memory(fa: TensorizedAutomaton, hidden_size: int, steps: int, table_dt
             hint = f"table_dtype=jnp.bfloat16 (about {_gib(bf)}), "
         raise TablesTooLargeError(
             f"P-GCD tables for H={hidden_size}, {steps} steps and {S} automaton states need "
-            f"about {_gib(est['total'])} (tables {_gib(est['tables'])}, B "
-            f"{_gib(est['Bt'])}, work {_gib(est['work'])}), above the limit of "
+            f"about {_gib(est['total'])} at the peak (tables {_gib(est['tables'])}, then "
+            f"B {_gib(est['Bt'])} or work {_gib(est['work'])}), above the limit of "
             f"{_gib(max_bytes)} (max_bytes= or $JAXCD_PGCD_MAX_BYTES): use {hint}a smaller "
             "budget or a smaller HMM")
     return est
@@ -247,17 +263,18 @@ def _edge_label_rows(fa: TensorizedAutomaton) -> tuple[np.ndarray, np.ndarray]:
     return ri[rows], ri[rows - 1]
 
 
-def _pow2(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
+def _small_piece(E: int) -> int:
+    """(label, token) pairs per :func:`_small_sums` call: ``max(4E, _SPARSE_MAX)``."""
+    return max(4 * int(E), _SPARSE_MAX)
 
 
-@jax.jit
+@partial(jax.jit, donate_argnums=0)
 def _small_sums(Cu, B, v, seg, idx):
     s = jax.ops.segment_sum(jnp.take(B, v, axis=1).T, seg, num_segments=idx.shape[0])
     return Cu.at[idx].set(s, mode="drop")
 
 
-@jax.jit
+@partial(jax.jit, donate_argnums=0)
 def _large_sums(Cu, B, ind, comp, idx):
     m = jnp.matmul(ind.astype(B.dtype), B.T, precision=_HIGHEST)            # [chunk, H]
     m = jnp.where(comp[:, None], 1.0 - m, m)
@@ -334,18 +351,26 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
     Cu = jnp.zeros((U2, H), B.dtype)
     small = np.nonzero(np.array(sizes, np.int64) <= _SPARSE_MAX)[0]
     if small_r and len(small):
-        r = np.concatenate(small_r)
+        r = np.concatenate(small_r)                          # a label's pairs: contiguous
         v = np.concatenate(small_v)
-        pos = np.full(U, -1, np.int64)
-        pos[small] = np.arange(len(small))
-        n2, m2 = max(_pow2(len(r)), 4 * E_all), max(E_all, len(small)) + 1
-        v_pad = np.zeros(n2, np.int32)
-        v_pad[:len(v)] = v
-        seg_pad = np.full(n2, m2 - 1, np.int32)              # padding -> a spare segment
-        seg_pad[:len(r)] = pos[r]
-        idx_pad = np.full(m2, U2, np.int32)                  # spare rows -> dropped
-        idx_pad[:len(small)] = small
-        Cu = _small_sums(Cu, B, jnp.asarray(v_pad), jnp.asarray(seg_pad), jnp.asarray(idx_pad))
+        # pieces of n2 (label, token) pairs, a label never split: the gather is at most
+        # [n2, H] whatever the number of pairs (backward_nbytes' "masses")
+        n2, m2 = _small_piece(E_all), E_all + 1
+        first_pair = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        i = 0
+        while i < len(r):
+            j = len(r) if i + n2 >= len(r) else int(
+                first_pair[np.searchsorted(first_pair, i + n2, side="right") - 1])
+            labels, seg = np.unique(r[i:j], return_inverse=True)
+            v_pad = np.zeros(n2, np.int32)
+            v_pad[:j - i] = v[i:j]
+            seg_pad = np.full(n2, m2 - 1, np.int32)          # padding -> a spare segment
+            seg_pad[:j - i] = seg.reshape(-1)
+            idx_pad = np.full(m2, U2, np.int32)              # spare rows -> dropped
+            idx_pad[:len(labels)] = labels
+            Cu = _small_sums(Cu, B, jnp.asarray(v_pad), jnp.asarray(seg_pad),
+                             jnp.asarray(idx_pad))
+            i = j
     # large sets: indicator matmuls; over half the vocabulary: 1 − B·1_{V∖L}
     large = sorted(large_bits)
     for i in range(0, len(large), _DENSE_CHUNK):
@@ -438,7 +463,7 @@ def _normalise_rows(Z, L):
 
 
 @partial(jax.jit, static_argnames=("budget", "table_dtype"))
-def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
+def _backward(fa, A, C, *, budget: int, table_dtype):
     S = fa.num_states
     H = A.shape[0]
     dt = C.dtype
@@ -468,7 +493,13 @@ def _backward(fa, A, C, B, n, *, budget: int, table_dtype):
     # concatenation or reindexing copy: the tables are the largest arrays of P-GCD); the
     # last step's result is not needed
     _, (mant, ls) = jax.lax.scan(step, (mant_n, ls_n), None, length=budget + 1)
-    return PGCDTables(mant, ls, B.T.astype(table_dtype), n)
+    return mant, ls
+
+
+@partial(jax.jit, static_argnames=("dtype",))
+def _transpose(B, *, dtype):
+    """``Bt [V, H]`` in the tables' storage dtype (one pass over ``B``, no temporary)."""
+    return B.T.astype(dtype)
 
 
 def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
@@ -500,13 +531,18 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     B = jnp.asarray(hmm.B)
     dt = jnp.result_type(A.dtype, B.dtype, jnp.asarray(hmm.pi).dtype)
     A, B = A.astype(dt), B.astype(dt)
-    C = edge_masses(fa, B)
-    tables = _backward(fa, A, C, B, jnp.asarray(budget, jnp.int32), budget=steps,
-                       table_dtype=jnp.dtype(table_dtype or dt))
-    idx = _edge_index_dtype(fa, table_dtype or dt)
-    if idx is not None:
-        tables = tables._replace(edge_index=edge_index(fa, idx))
-    return tables
+    tdt = jnp.dtype(table_dtype or dt)
+    # Three phases, so that the largest arrays are never alive together (the peak is the
+    # tables plus the larger of the recursion's work and Bt + the index; see
+    # backward_nbytes): the recursion with the edge masses C, then — C freed — Bt, then
+    # the index. Each phase is waited for, so the next one's buffers are allocated only
+    # after the previous one's temporaries (and C) are released.
+    mant, ls = _backward(fa, A, edge_masses(fa, B), budget=steps, table_dtype=tdt)
+    jax.block_until_ready((mant, ls))
+    Bt = jax.block_until_ready(_transpose(B, dtype=tdt))
+    idx = _edge_index_dtype(fa, tdt)
+    return PGCDTables(mant, ls, Bt, jnp.asarray(budget, jnp.int32),
+                      None if idx is None else edge_index(fa, idx))
 
 
 # ---------------------------------------------------------------------------------------
