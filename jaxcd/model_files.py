@@ -101,6 +101,15 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
     except ImportError:                       # an unlocked cache is unsafe to share
         return None
     _repair_compile_cache(d)
+    if not os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"):
+        # JAX's default ("xla_gpu_per_fusion_autotune_cache_dir") writes
+        # <cache dir>/xla_gpu_per_fusion_autotune_cache_dir into every program's compile
+        # options, which are part of the cache key (jax 0.10.2, cache_key.py clears other
+        # paths but not this one): every key then held the directory's path, and a cache
+        # copied, moved or reached by another path string missed on every program. Off,
+        # the keys hold no path (tests/test_compile_cache_paths.py). It is a GPU autotuning
+        # cache (no effect on CPU); GPU programs are still cached whole.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "")
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
