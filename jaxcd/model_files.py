@@ -36,13 +36,205 @@ def _repair_compile_cache(d: Path) -> None:
     """Give every entry an access-time file: JAX's bounded cache reads them all when it
     evicts, and one missing (a process killed between the two writes) would make every
     later write fail."""
-    try:
-        for entry in d.glob("*-cache"):
-            atime = entry.with_name(entry.name[: -len("-cache")] + "-atime")
-            if not atime.exists():
-                atime.write_bytes(int(entry.stat().st_mtime_ns).to_bytes(8, "little"))
+    try:                              # one listing: cheap at tens of thousands of entries
+        names = set(os.listdir(d))
+        for name in names:
+            if name.endswith("-cache") and name[: -len("-cache")] + "-atime" not in names:
+                entry = d / name
+                entry.with_name(name[: -len("-cache")] + "-atime").write_bytes(
+                    int(entry.stat().st_mtime_ns).to_bytes(8, "little"))
     except OSError:                                       # a speed-up only: never fatal
         pass
+
+
+#: After eviction the cache holds at most this share of its bound, so that a full cache is
+#: not scanned again on the next write.
+COMPILE_CACHE_LOW_WATER = 0.9
+#: Writes of one process between two scans of the cache directory (for its size).
+COMPILE_CACHE_RESCAN_WRITES = 64
+
+_CACHE_CLASS: list = []
+
+
+def _compile_cache_class():
+    """``jaxcd``'s subclass of JAX's ``LRUCache`` (built on first use: JAX is imported
+    lazily). JAX's own bounded cache scans the whole directory (a ``stat`` and a read of
+    every entry's ``-atime`` file) on *every* write, holding the cache's file lock
+    throughout, and its reads wait for that lock for at most 10 s, after which JAX counts
+    the read as a miss and compiles. The default ``~/.cache/jaxcd/xla_cache`` keeps the
+    programs of every code version until 2 GiB (tens of thousands of entries of tens of
+    kB): one write held the lock 0.3 s at 1,000 entries and 1.7-7 s at 20,000 (load
+    4-9), and 3-4 processes each writing one entry per five reads in such a directory
+    had reads wait up to 3.5-10 s and 0-2 of 60-80 reads time out (session 15, a
+    microbenchmark; with this class: writes 0.03-0.2 s, no read waits). Here:
+
+    * reads take no lock: entries are written to a private file and renamed into place
+      (atomic), so a reader sees a whole entry or none (an entry evicted under it is a
+      miss); its ``-atime`` stamp is rewritten in place, 8 bytes, without truncating;
+    * a write scans the directory only on the process's first write, every
+      ``COMPILE_CACHE_RESCAN_WRITES`` writes, and when its running estimate passes the
+      bound; the scan counts sizes without the lock and takes the lock only to evict,
+      least recently used first, down to ``COMPILE_CACHE_LOW_WATER`` of the bound;
+    * an entry without an ``-atime`` file (a process killed between two writes) counts
+      by its modification time instead of breaking eviction.
+
+    The keys, the entries' bytes and the directory layout are JAX's: the same directory
+    works with plain JAX and across JAX's own cache in other programs."""
+    if _CACHE_CLASS:
+        return _CACHE_CLASS[0]
+    import threading
+    import time
+    import warnings
+
+    from jax._src.lru_cache import LRUCache
+
+    CACHE, ATIME = "-cache", "-atime"
+
+    class JaxcdCompileCache(LRUCache):
+        def __init__(self, path, *, max_size: int):
+            super().__init__(path, max_size=max_size, lock_timeout_secs=60)
+            self.dir = Path(str(self.path))       # a local directory (JAX's may be epath)
+            self._bytes: int | None = None        # estimate of the directory's size
+            self._writes = 0
+            self._mu = threading.Lock()
+
+        def _stamp(self, key: str) -> None:
+            try:
+                fd = os.open(self.dir / f"{key}{ATIME}", os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.pwrite(fd, time.time_ns().to_bytes(8, "little"), 0)
+                finally:
+                    os.close(fd)
+            except OSError:                       # the stamp only orders evictions
+                pass
+
+        def get(self, key: str) -> bytes | None:
+            if not key:
+                raise ValueError("key cannot be empty")
+            try:
+                value = (self.dir / f"{key}{CACHE}").read_bytes()
+            except (FileNotFoundError, IsADirectoryError):
+                return None
+            if self.eviction_enabled:
+                self._stamp(key)
+            return value
+
+        def put(self, key: str, value: bytes) -> None:
+            if not key:
+                raise ValueError("key cannot be empty")
+            if self.eviction_enabled and len(value) > self.max_size:
+                warnings.warn(f"Cache value for key {key!r} of size {len(value)} bytes "
+                              f"exceeds the maximum cache size of {self.max_size} bytes")
+                return
+            target = self.dir / f"{key}{CACHE}"
+            if target.exists():
+                return
+            tmp = self.dir / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                tmp.write_bytes(value)
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            self._stamp(key)
+            if self.eviction_enabled:
+                self._account(len(value))
+
+        def _account(self, size: int) -> None:
+            with self._mu:
+                self._writes += 1
+                if (self._bytes is not None and self._writes % COMPILE_CACHE_RESCAN_WRITES
+                        and self._bytes + size <= self.max_size):
+                    self._bytes += size
+                    return
+                self._bytes = self._scan(evict=False)
+                if self._bytes > self.max_size:
+                    self._bytes = self._evict()
+
+        def _scan(self, evict: bool):
+            """Total bytes of the entries or, with ``evict``, ``[(atime, size, key)]``."""
+            rows, total = [], 0
+            with os.scandir(self.dir) as it:
+                for e in it:
+                    if not e.name.endswith(CACHE):
+                        continue
+                    try:
+                        st = e.stat()
+                    except OSError:
+                        continue
+                    total += st.st_size
+                    if evict:
+                        key = e.name[:-len(CACHE)]
+                        try:
+                            stamp = (self.dir / f"{key}{ATIME}").read_bytes()
+                            at = int.from_bytes(stamp, "little") if len(stamp) == 8 else 0
+                        except OSError:
+                            at = st.st_mtime_ns
+                        rows.append((at, st.st_size, key))
+            return rows if evict else total
+
+        def _evict(self) -> int:
+            import filelock
+            try:
+                self.lock.acquire(timeout=self.lock_timeout_secs)
+            except filelock.Timeout:              # another process is evicting
+                return self.max_size
+            try:
+                rows = sorted(self._scan(evict=True))
+                total = sum(r[1] for r in rows)
+                goal = int(self.max_size * COMPILE_CACHE_LOW_WATER)
+                for _, size, key in rows:
+                    if total <= goal:
+                        break
+                    for suffix in (CACHE, ATIME):
+                        try:
+                            (self.dir / f"{key}{suffix}").unlink()
+                        except FileNotFoundError:
+                            pass
+                    total -= size
+                now = time.time()
+                for tmp in self.dir.glob(".*.tmp"):  # left by killed writers
+                    try:
+                        if now - tmp.stat().st_mtime > 3600:
+                            tmp.unlink()
+                    except OSError:
+                        pass
+                return total
+            finally:
+                self.lock.release()
+
+    _CACHE_CLASS.append(JaxcdCompileCache)
+    return JaxcdCompileCache
+
+
+def _use_jaxcd_cache_class() -> bool:
+    """Make JAX build its persistent cache as :func:`_compile_cache_class` (JAX creates
+    it lazily, at the first compile, through ``compilation_cache.get_file_cache``), or
+    swap it in when JAX already built its own. Returns whether it is in place; ``False``
+    (a JAX whose internals moved) leaves JAX's own class, which works, more slowly."""
+    try:
+        from jax._src import compilation_cache as cc
+        from jax._src import config as jax_config
+        from jax._src.lru_cache import LRUCache
+        cls = _compile_cache_class()
+        if not getattr(cc.get_file_cache, "_jaxcd", False):
+            original = cc.get_file_cache
+
+            def get_file_cache(path):
+                if (jax_config.compilation_cache_check_contents.value
+                        or "://" in str(path)):       # JAX's verifying or remote caches
+                    return original(path)
+                return cls(path, max_size=jax_config.compilation_cache_max_size.value), path
+
+            get_file_cache._jaxcd = True
+            cc.get_file_cache = get_file_cache
+        current = getattr(cc, "_cache", None)
+        if type(current) is LRUCache:                 # built before this call
+            cc._cache = cls(str(current.path),
+                            max_size=jax_config.compilation_cache_max_size.value)
+        return True
+    except Exception:                                 # pragma: no cover - JAX moved
+        return False
 
 
 def compile_cache_setting() -> bool | Path:
@@ -66,8 +258,9 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
     and the SMC/decode programs each take seconds to compile on a CPU, so a second
     ``jaxcd generate`` or experiment run starts much faster. Tracing still happens; only
     the XLA compile is skipped. The cache is bounded by ``max_bytes`` (least recently
-    used entries are evicted) and its reads and writes take a file lock (``filelock``),
-    so parallel processes (pytest-xdist workers, the experiment runners) can share it.
+    used entries are evicted under a file lock, ``filelock``; entries are written whole,
+    so reads take no lock: :func:`_compile_cache_class`), so parallel processes
+    (pytest-xdist workers, the experiment runners) can share it.
     ``JAXCD_COMPILE_CACHE=0`` turns it off; ``JAXCD_COMPILE_CACHE=/some/dir`` (any value
     other than ``0/1/on/off/true/false/yes/no``) keeps it on in that directory instead of
     ``<cache>/xla_cache`` (an explicit ``path`` still wins). Child processes inherit the
@@ -102,9 +295,19 @@ def enable_compile_cache(min_compile_s: float = 1.0, max_bytes: int = COMPILE_CA
     except ImportError:                       # an unlocked cache is unsafe to share
         return None
     _repair_compile_cache(d)
+    if not os.environ.get("JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES"):
+        # JAX's default ("xla_gpu_per_fusion_autotune_cache_dir") writes
+        # <cache dir>/xla_gpu_per_fusion_autotune_cache_dir into every program's compile
+        # options, which are part of the cache key (jax 0.10.2, cache_key.py clears other
+        # paths but not this one): every key then held the directory's path, and a cache
+        # copied, moved or reached by another path string missed on every program. Off,
+        # the keys hold no path (tests/test_compile_cache_paths.py). It is a GPU autotuning
+        # cache (no effect on CPU); GPU programs are still cached whole.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "")
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_s))
     jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+    _use_jaxcd_cache_class()
     return d
 
 
