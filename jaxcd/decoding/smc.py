@@ -23,9 +23,36 @@ proposal       ``q(v) ∝``                                 potential ``φ``
 ``product``    ``p_lm(v)·p_prod(v | x_{<t})``              ``ψ``
 =============  =========================================  ===================================
 
-so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and ``lookahead`` adds
+so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and (with ``defensive=0``) ``lookahead`` adds
 ``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``; particles start at
-``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise). A particle
+``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise).
+
+**Defensive mixture** (``lookahead`` and ``product``). The P-GCD proposal ``q_P`` above is
+mixed with the GCD proposal::
+
+    q(v) = (1 − λ)·q_P(v) + λ·q_GCD(v),      q_GCD(v) ∝ p_lm(v)·m^GCD(v)
+
+and the weight divides by this ``q`` (``λ = defensive``, default :data:`DEFENSIVE` = 0.05;
+``0`` gives ``q_P`` alone). The target is unchanged, so weights stay exact and ``Ẑ``
+unbiased; what changes is the proposal's support and tails. ``ψ`` comes from a small HMM,
+and an HMM can be wrong by orders of magnitude about a token it never saw in its
+training samples: a distilled HMM gives every such token the same pseudocount
+(≈ 1e-6), so ``ψ`` of a word that needs two unseen tokens is ~1e-5 × that of a word
+that needs one, whatever the LM thinks. ``q_P`` then gives such a continuation
+probability ~1e-5 while the posterior gives it 0.4: its weight ``p/q`` is huge and almost
+never drawn, and the pooled estimate is off by the missing mass at any practical number of
+runs (study 6b's ``shape``: TV 0.35 at K = 64 with ``λ = 0``, 0.007 with ``λ = 0.05``).
+The mixture bounds every step's proposal from below by ``λ·q_GCD``, so the support of
+``q`` is the GCD support and no step's weight exceeds ``1/λ`` times GCD's; the price,
+where ``q_P`` is already good, is a factor of at most ``(1 − λ)^{-1}`` per step on the
+weights (so an LM that *is* the HMM no longer gets zero-variance weights). The potential
+stays ``ψ``; where ``ψ(x_{<t} v) = 0`` at a token GCD allows (an HMM zero, or
+underflow) ``φ`` keeps the prefix's value (``φ(x_{<t} v) = φ(x_{<t})``: the twist makes
+no claim there), and ``ψ(∅) = 0`` starts at ``φ = 1``; the final potential
+``φ(x·EOS)`` is set to ``1{x ∈ L}`` exactly (not ψ's rounding of it), so a particle's final
+weight is ``p_lm(x)/q(x)`` exactly, whatever ``φ`` is in between.
+
+A particle
 that has emitted EOS is finished: it emits EOS padding and its weight no longer
 changes; its potential is ``1{x ∈ L}`` exactly (``ψ(x·EOS) = 1{x ∈ L}``). At the end,
 a particle that is not in ``⊥`` gets weight 0 (only LCD can leave one there).
@@ -59,6 +86,7 @@ from . import decode, gcd, pgcd, resampling
 from .smc_types import SMCResult
 
 PROPOSALS = ("lcd", "gcd", "lookahead", "product")
+DEFENSIVE = 0.05     # default GCD share λ of the P-GCD proposals' defensive mixture
 
 __all__ = ["run", "run_blackbox", "SMCResult", "PROPOSALS", "Particles"]
 
@@ -76,9 +104,12 @@ class Particles(NamedTuple):
     done: jax.Array            # bool [N]
 
 
-def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold):
+def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold,
+           defensive=DEFENSIVE):
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+    if not 0.0 <= float(defensive) <= 1.0:
+        raise ValueError(f"defensive must be in [0, 1], got {defensive!r}")
     resampling.get(resample)
     if not isinstance(num_particles, (int, np.integer)) or num_particles < 1:
         raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
@@ -106,7 +137,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
         table_dtype=None, tables: gcd.BudgetTables | None = None,
         ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
-        prefilled: decode.Prefilled | None = None) -> SMCResult:
+        prefilled: decode.Prefilled | None = None, defensive: float = DEFENSIVE) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
     left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
     :class:`~jaxcd.decoding.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
@@ -125,6 +156,9 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     tokens past it are EOS. ``result.steps`` counts the steps actually run.
     ``prefilled`` (:func:`jaxcd.decoding.decode.prefill` of the same prompts): start from that
     prefill instead of running the prompts again (one prefill, several runs).
+    ``defensive`` (``λ`` in ``[0, 1]``, default :data:`DEFENSIVE`): for ``lookahead`` and
+    ``product``, the share of the GCD proposal in the defensive mixture (module docstring);
+    ignored by ``gcd`` and ``lcd``.
 
     Example::
 
@@ -132,7 +166,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
                       num_particles=16, proposal="lookahead", hmm=hmm)
         w = jax.nn.softmax(res.log_weights, axis=-1)    # the weighted ensemble
     """
-    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold)
+    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold, defensive)
     budget, K = int(budget), int(num_particles)
     steps = budget if steps is None else int(steps)
     gcd.check_steps(budget, steps)
@@ -169,8 +203,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         pre = (prefilled.state, prefilled.logp)
     return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
                 jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
-                jnp.asarray(budget, jnp.int32), pre, budget=steps, K=K, proposal=proposal,
-                resample=resample)
+                jnp.asarray(budget, jnp.int32), pre, jnp.asarray(defensive, jnp.float32),
+                budget=steps, K=K, proposal=proposal, resample=resample)
 
 
 def _particle_sharding(N: int):
@@ -189,7 +223,7 @@ def _shard(tree, sharding, N):
 
 @partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
 def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
-         ess_threshold, limit, pre, *, budget, K, proposal, resample):
+         ess_threshold, limit, pre, defensive, *, budget, K, proposal, resample):
     from .buckets import flatten
     fa = flatten(fa)
     B = prompt_ids.shape[0]
@@ -218,6 +252,9 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         st0 = pgcd.PGCDState(cs0, u[:B])
         log_phi0 = jax.vmap(pgcd.prefix_logpsi, in_axes=(None, None, None, 0))(
             fa, None, ptables, st0).astype(wdt)
+        # ψ(∅) = 0 (an HMM that gives the constraint probability 0): no claim (φ = 1);
+        # the budget is feasible (checked), so the GCD part of the proposal still draws
+        log_phi0 = jnp.where(jnp.isfinite(log_phi0), log_phi0, 0.0)
         log_phi = jnp.repeat(log_phi0, K)
     else:
         u = jnp.zeros((N, 1), wdt)
@@ -239,13 +276,22 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         if proposal in ("lcd", "gcd"):
             a = decode.masked_logits(fa, gtables, parts.cs, lt)        # log p_lm + log m
             phi_new = jnp.zeros_like(a)
+            lse = jax.nn.logsumexp(a, axis=-1)
         else:
             sts = pgcd.PGCDState(parts.cs, parts.u)
             logpsi, _, lprod = pgcd.batched_scores(fa, ptables, sts)
             logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
-            a = lt + (logpsi if proposal == "lookahead" else lprod)
-            phi_new = logpsi
-        lse = jax.nn.logsumexp(a, axis=-1)
+            a_gcd = decode.masked_logits(fa, gtables, parts.cs, lt)
+            a, lse = _defensive(lt, logpsi if proposal == "lookahead" else lprod, a_gcd,
+                                defensive.astype(wdt))
+            # the potential ψ; where ψ = 0 at a token GCD allows (an HMM zero or an
+            # underflow) φ keeps the prefix's value: no claim, and the particle lives on.
+            # After EOS it is 1{x ∈ L} exactly (GCD allows EOS iff x ∈ L), not ψ's
+            # rounding of it nor a kept value: the final weight is then p(x)/q(x) exactly
+            allowed = jnp.isfinite(a_gcd)
+            phi_new = jnp.where(jnp.isfinite(logpsi), logpsi,
+                                jnp.where(allowed, parts.log_phi[:, None], -jnp.inf))
+            phi_new = phi_new.at[:, eos].set(jnp.where(allowed[:, eos], 0.0, -jnp.inf))
         # the shared draw (EOS for finished rows and empty proposals); log q is recomputed
         # below in the weights' dtype
         tok, _, done, empty = decode.draw(k_tok, a.astype(jnp.float32), parts.done, eos)
@@ -313,6 +359,25 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
     log_Z = jax.vmap(resampling.log_mean_exp)(log_w)
     return SMCResult(parts.tokens.reshape(B, K, n), log_w, log_Z, valid.reshape(B, K),
                      ess.T, resampled.T, steps=t_end)
+
+
+def _defensive(lt, lpsi, a_gcd, lam):
+    """The P-GCD proposals' defensive mixture ``q = (1 − λ)·q_P + λ·q_GCD`` per row, in log
+    space: ``q_P ∝ exp(lt + lpsi)`` (``lpsi`` = ``log ψ`` or ``log p_prod``), ``q_GCD ∝
+    exp(a_gcd)`` (``lt`` masked by GCD). Returns ``(log q [N, V], log-normaliser [N])``
+    (normaliser 0, or ``−inf`` for a row where GCD allows nothing). Where ``q_P`` is empty
+    (``ψ = 0`` at every token) ``q = q_GCD``; ``λ = 0`` gives ``q_P`` exactly."""
+    aP = lt + lpsi
+    lseP = jax.nn.logsumexp(aP, axis=-1, keepdims=True)
+    lseG = jax.nn.logsumexp(a_gcd, axis=-1, keepdims=True)
+    okP, okG = jnp.isfinite(lseP), jnp.isfinite(lseG)
+    lqP = jnp.where(okP, aP - jnp.where(okP, lseP, 0.0), -jnp.inf)
+    lqG = jnp.where(okG, a_gcd - jnp.where(okG, lseG, 0.0), -jnp.inf)
+    mix = jnp.logaddexp(jnp.log1p(-lam) + lqP, jnp.log(lam) + lqG)   # λ = 1: log 0 + .. = -inf
+    lq = jnp.where(lam > 0, jnp.where(okP, mix, lqG), lqP)
+    lq = jnp.where(lam >= 1, lqG, lq)
+    lse = jnp.where(okP | ((lam > 0) & okG), 0.0, -jnp.inf)[:, 0]
+    return lq, lse
 
 
 def run_blackbox(*args, **kwargs) -> SMCResult:
