@@ -199,3 +199,43 @@ def test_defensive_one_is_gcd_and_bad_values_are_errors(problem):
     np.testing.assert_allclose(np.asarray(a.log_weights), np.asarray(b.log_weights), atol=2e-5)
     with pytest.raises(ValueError, match="defensive"):
         run(lm, fa, hmm, 1, "lookahead", 1.5, seed=0)
+
+
+def test_finished_particles_are_not_resampled_against_unfinished_ones():
+    """``b·EOS`` finishes at step 2 with its small EOS probability (1e-4) paid, while ``a``
+    is still waiting for ``-`` and its own EOS factor (1e-3): at step 2 the finished
+    particles' weights are ~1e-4 of the unfinished ones', though the posterior gives ``b``
+    0.23. Resampling across the two (the old rule: ESS ≈ the unfinished count ≈ K/4 < K/2)
+    kept ``b`` in almost no run (TV 0.2); resampling
+    only the unfinished particles leaves the pooled estimate within 4× the noise floor of
+    R exact samples, and Ẑ unbiased. (Study 6b's ``ocean`` with the GCD proposal.)"""
+    from jaxcd.lm.interface import TableLM
+
+    def fn(prefix):
+        p = np.full(V, 1e-3)
+        if prefix == ():
+            p[1], p[2] = 0.15, 0.45               # "a", "b"
+        elif prefix == (2,):
+            p[:] = 1.0
+            p[EOS] = 1e-4                         # "b" then EOS: rarely
+        elif prefix == (1,):
+            p[5] = 0.99                           # "a" then "-"
+        elif prefix == (1, 5):
+            p[:] = 1.0
+            p[EOS] = 1e-3
+        return p / p.sum()
+
+    lm = TableLM.from_function(fn, V, N, EOS)
+    fa = compile_regex(r"b|a-", VOCAB)
+    post, Z = exact_posterior(lm, r"b|a-")
+    assert 0.15 < post[(2,)] < 0.3
+    ids, lens = jnp.zeros((R, 1), jnp.int32), jnp.ones((R,), jnp.int32)
+    res = smc.run(jax.random.key(2), lm, lm.params, ids, lens, fa, budget=N, num_particles=32,
+                  proposal="gcd")
+    rng = np.random.default_rng(0)
+    p = np.array(list(post.values()))
+    floor = np.mean([0.5 * np.abs(rng.multinomial(R, p) / R - p).sum() for _ in range(200)])
+    d = tv(pooled(res), post)
+    assert d < 4 * floor, (d, floor, pooled(res), post)
+    zhat = np.exp(np.asarray(res.log_Z, np.float64))
+    assert abs(zhat.mean() - Z) < 4 * zhat.std(ddof=1) / np.sqrt(R) + 1e-12
