@@ -706,6 +706,12 @@ def markdown(res: dict) -> str:
     pv = res["provenance"]
     L = [f"# Study 6b — the bias on the real model ({res['model']})", "",
          f"Command: `{pv['command']}`  ",
+         *([f"Merged into this file before it ({len(res['provenance_earlier'])} runs, newest "
+            "first; `dirty` also counts a results file written by an earlier run): "
+            + "; ".join(f"`{q['command']}` ({q['date_utc'][:16]}Z, {q['git']['commit'][:7]}"
+                        f"{' dirty' if q['git']['dirty'] else ''})"
+                        for q in res["provenance_earlier"]) + "  "]
+           if res.get("provenance_earlier") else []),
          f"Date (UTC): {pv['date_utc']}; commit {pv['git']['commit'][:10]}"
          f"{' (dirty)' if pv['git']['dirty'] else ''}; machine: {pv['machine']['cpu']}  ",
          f"SMC: {_seeds_text(st)} × {st['runs']} runs per (constraint, proposal, K); base seed "
@@ -939,6 +945,8 @@ def main(argv=None):
         res["settings"]["proposals"] = sorted(set(prev["settings"]["proposals"]) | set(proposals),
                                               key=PROPOSALS.index)
         res["constraints"] = prev["constraints"]
+        if hmm is None and prev.get("hmm_note", "none") != "none":
+            res["hmm_note"] = prev["hmm_note"]        # a gcd-only merge keeps the HMM's note
         res["verification"] = prev.get("verification", {})
         res["costs"] = {**prev.get("costs", {}), **res["costs"]}
         res["settings"]["seeds_by_proposal"] = {
