@@ -469,10 +469,11 @@ def reduced_hmm(hmm, red: Reduced, eos: int, V_red: int = VRED):
 # SMC and the estimates
 # ---------------------------------------------------------------------------------------
 ESS_THRESHOLD = 0.5
+DEFENSIVE = None    # λ of the P-GCD proposals' defensive mixture (None: smc.run's default)
 
 
 def run_smc(key, lm, table_params, fa, budget, K, R, proposal, hmm, steps=STEPS,
-            prompt=None, prefilled=None, params=None, ess_threshold=None):
+            prompt=None, prefilled=None, params=None, ess_threshold=None, defensive=None):
     import jax.numpy as jnp
 
     from jaxcd.decoding import smc
@@ -486,7 +487,16 @@ def run_smc(key, lm, table_params, fa, budget, K, R, proposal, hmm, steps=STEPS,
                    budget=budget, num_particles=K, proposal=proposal,
                    hmm=hmm if proposal in ("lookahead", "product") else None, steps=steps,
                    prefilled=prefilled,
-                   ess_threshold=ESS_THRESHOLD if ess_threshold is None else ess_threshold)
+                   ess_threshold=ESS_THRESHOLD if ess_threshold is None else ess_threshold,
+                   defensive=_defensive_value(defensive))
+
+
+def _defensive_value(defensive=None) -> float:
+    from jaxcd.decoding import smc
+    for d in (defensive, DEFENSIVE):
+        if d is not None:
+            return float(d)
+    return float(smc.DEFENSIVE)
 
 
 def pooled(trie: Trie, tokens, log_w, full_of, eos) -> tuple[np.ndarray, int]:
@@ -612,6 +622,9 @@ def study_constraint(model, spec: Spec, hmm, ks, seeds, runs, proposals, seed, l
             res[str(K)] = {"tv_strings": _ms(tvs), "tv_sequences": _ms(tvq), "outside_support": outside,
                            "Zhat_over_Z": zhat, "seconds": secs}
         out["smc"][prop] = res
+        out.setdefault("smc_settings", {})[prop] = {
+            "seeds": seeds, "ess_threshold": ESS_THRESHOLD,
+            "defensive": _defensive_value() if prop in ("lookahead", "product") else None}
         log(f"[{spec.name}] smc-{prop:9s} " + " ".join(f"K={k}:{res[k]['tv_strings']['mean']:.3f}"
                                                    for k in res) +
             f" | floor {out['noise_floor']['strings']['mean']:.3f}"
@@ -693,6 +706,12 @@ def markdown(res: dict) -> str:
     pv = res["provenance"]
     L = [f"# Study 6b — the bias on the real model ({res['model']})", "",
          f"Command: `{pv['command']}`  ",
+         *([f"Merged into this file before it ({len(res['provenance_earlier'])} runs, newest "
+            "first; `dirty` also counts a results file written by an earlier run): "
+            + "; ".join(f"`{q['command']}` ({q['date_utc'][:16]}Z, {q['git']['commit'][:7]}"
+                        f"{' dirty' if q['git']['dirty'] else ''})"
+                        for q in res["provenance_earlier"]) + "  "]
+           if res.get("provenance_earlier") else []),
          f"Date (UTC): {pv['date_utc']}; commit {pv['git']['commit'][:10]}"
          f"{' (dirty)' if pv['git']['dirty'] else ''}; machine: {pv['machine']['cpu']}  ",
          f"SMC: {_seeds_text(st)} × {st['runs']} runs per (constraint, proposal, K); base seed "
@@ -730,15 +749,20 @@ def markdown(res: dict) -> str:
     have = [n for n, c in res["constraints"].items() if c.get("smc")]
     if have:
         L += ["## SMC: TV of the pooled estimate to the exact posterior (strings)", "",
-              "| constraint | proposal | " + " | ".join(f"K={k}" for k in ks) + " | floor (p95) | GCD exact |",
-              "|---|---|" + "---|" * len(ks) + "---|---|"]
+              "Run: the seeds, the P-GCD proposals' defensive mixture weight λ (`smc.run(..., "
+              "defensive=λ)`; `λ=0`: the pure P-GCD proposal, as before it existed) and the commit "
+              "of each (constraint, proposal)'s runs; runs before commit 141b4e5 resampled "
+              "finished and unfinished particles together (no λ recorded: λ = 0).", "",
+              "| constraint | proposal | " + " | ".join(f"K={k}" for k in ks) + " | floor (p95) | GCD exact | run |",
+              "|---|---|" + "---|" * len(ks) + "---|---|---|"]
         for n in have:
             c = res["constraints"][n]
             fl = c["noise_floor"]["strings"]
             for p, r in c["smc"].items():
                 L.append(f"| {n} | {p} | " + " | ".join(
                     f"{r[k]['tv_strings']['mean']:.3f}" if k in r else "–" for k in ks) +
-                    f" | {fl['mean']:.3f} ({fl['p95']:.3f}) | {c['tv_gcd_strings']:.3f} |")
+                    f" | {fl['mean']:.3f} ({fl['p95']:.3f}) | {c['tv_gcd_strings']:.3f} | "
+                    f"{_run_text(res, c, p)} |")
         Kmax = max(st["ks"])
         L += ["", f"## Goal: at K={Kmax}, TV ≤ 2 × noise floor", "",
               f"Floor: TV of `runs` = {st['runs']} exact posterior samples (one per run pooled; "
@@ -769,6 +793,19 @@ def markdown(res: dict) -> str:
     if res.get("figure"):
         L.append(f"![TV against K]({res['figure']})")
     return "\n".join(L) + "\n"
+
+
+def _run_text(res, c, p) -> str:
+    """``4 seeds, λ=0.05, 141b4e5`` for one (constraint, proposal)'s runs (older runs, which
+    recorded none of it: the file's seed count for the proposal, λ=0, "earlier")."""
+    ss = c.get("smc_settings", {}).get(p)
+    if ss is None:
+        by = res["settings"].get("seeds_by_proposal", {})
+        seeds = by.get(p, res["settings"]["seeds"])
+        return f"{seeds} seeds{', λ=0' if p != 'gcd' else ''}, earlier"
+    lam = f", λ={ss['defensive']:g}" if ss.get("defensive") is not None else ""
+    return (f"{ss['seeds']} seeds{lam}, {ss.get('commit', '?')}"
+            f"{' (dirty)' if ss.get('dirty') else ''}")
 
 
 def _seeds_text(st) -> str:
@@ -857,6 +894,9 @@ def main(argv=None):
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--ess-threshold", type=float, default=0.5,
                     help="resample when ESS < this × K (0: plain importance sampling)")
+    ap.add_argument("--defensive", type=float, default=None,
+                    help="λ, the GCD share of the P-GCD proposals' defensive mixture "
+                         "(default: smc.run's, jaxcd.decoding.smc.DEFENSIVE; 0: pure P-GCD)")
     ap.add_argument("--render", action="store_true",
                     help="only rewrite the md and png from the existing json")
     ap.add_argument("--merge", action="store_true",
@@ -873,6 +913,7 @@ def main(argv=None):
             ap.error(f"unknown constraint {n!r}")
     proposals = [p for p in a.proposals.split(",") if p]
     globals()["ESS_THRESHOLD"] = a.ess_threshold
+    globals()["DEFENSIVE"] = a.defensive
     tag = "" if a.model is None else "_" + re.sub(r"[^A-Za-z0-9.]+", "-", a.model)
     if a.render:
         stem = "bias_real" + tag
@@ -892,7 +933,7 @@ def main(argv=None):
     res = {"study": "bias_real", "model": Path(model.path).stem, "hmm_note": hmm_note,
            "provenance": provenance(MODULE, argv, [a.seed]),
            "settings": {**st, "seed": a.seed, "proposals": proposals, "constraints": names,
-                        "ess_threshold": a.ess_threshold,
+                        "ess_threshold": a.ess_threshold, "defensive": _defensive_value(a.defensive),
                         "steps": STEPS, "reduced_vocab": VRED, "table_nodes": NODES},
            "constraints": {}, "verification": {}, "costs": {"load_model_and_hmm": t_load}}
     bucket = _common_bucket([specs[n] for n in names], model)
@@ -904,6 +945,8 @@ def main(argv=None):
         res["settings"]["proposals"] = sorted(set(prev["settings"]["proposals"]) | set(proposals),
                                               key=PROPOSALS.index)
         res["constraints"] = prev["constraints"]
+        if hmm is None and prev.get("hmm_note", "none") != "none":
+            res["hmm_note"] = prev["hmm_note"]        # a gcd-only merge keeps the HMM's note
         res["verification"] = prev.get("verification", {})
         res["costs"] = {**prev.get("costs", {}), **res["costs"]}
         res["settings"]["seeds_by_proposal"] = {
@@ -922,7 +965,12 @@ def main(argv=None):
         if prev is not None and n in prev["constraints"]:
             old = prev["constraints"][n]
             out["smc"] = {**old.get("smc", {}), **out["smc"]}
+            out["smc_settings"] = {**old.get("smc_settings", {}), **out.get("smc_settings", {})}
             out["seconds"] = {**old.get("seconds", {}), **{f"{k}_merge": v for k, v in out["seconds"].items()}}
+        for q in proposals:
+            if q in out.get("smc_settings", {}):
+                out["smc_settings"][q]["commit"] = res["provenance"]["git"]["commit"][:10]
+                out["smc_settings"][q]["dirty"] = bool(res["provenance"]["git"]["dirty"])
         res["constraints"][n] = out
         if n in a.verify.split(","):
             t1 = time.perf_counter()

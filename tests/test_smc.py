@@ -158,8 +158,9 @@ def test_unweighted_gcd_and_lcd_samples_stay_biased(problem):
 
 
 def test_zero_variance_when_the_lm_is_the_hmm():
-    """LM = HMM: the lookahead proposal is the exact posterior and every particle's
-    final log-weight equals log Z (enumerated) to 1e-9."""
+    """LM = HMM: the pure lookahead proposal (``defensive=0``) is the exact posterior and
+    every particle's final log-weight equals log Z (enumerated) to 1e-9. (The default
+    defensive mixture gives up this zero variance: ``tests/test_smc_defensive.py``.)"""
     with jax.enable_x64(True):
         hmm = HMMParams(*(jnp.asarray(a, jnp.float64) for a in random_hmm(4, seed=5)))
         lm = HMMLM(V, EOS)
@@ -177,7 +178,7 @@ def test_zero_variance_when_the_lm_is_the_hmm():
                     Z += f @ B[:, EOS]
         ids = jnp.zeros((3, 1), jnp.int32)
         res = smc.run(jax.random.key(0), lm, hmm, ids, jnp.ones(3, jnp.int32), fa, budget=N,
-                      num_particles=8, proposal="lookahead", hmm=hmm)
+                      num_particles=8, proposal="lookahead", hmm=hmm, defensive=0.0)
         lw = np.asarray(res.log_weights)
         assert lw.dtype == np.float64
         np.testing.assert_allclose(lw, np.log(Z), atol=1e-9, rtol=0)

@@ -141,3 +141,26 @@ def test_reduced_smc_is_unbiased_and_corrects_gcd(smol, studied):
     tv_gcd = S.tv(ex["gcd"], ex["post"])
     assert tv_gcd > 0.5                   # the bias this study is about
     assert tv_smc < 4 * floor < tv_gcd, (tv_smc, floor, tv_gcd)
+
+
+def test_markdown_shows_each_runs_settings():
+    """The SMC table names each (constraint, proposal)'s seeds, λ and commit (runs that
+    recorded none: λ=0, "earlier"), and --defensive reaches smc.run."""
+    row = {str(k): {"tv_strings": {"mean": 0.01, "sd": 0.0}} for k in S.KS}
+    c = {"kind": "k", "budget": 8, "support_sequences": 1, "Z": 1.0, "posterior": {"a": 1.0},
+         "gcd_exact": {"a": 1.0}, "tv_gcd_strings": 0.0, "tv_lcd_strings": 0.0,
+         "lcd_exact_valid_mass": 1.0, "noise_floor": {"strings": {"mean": 0.02, "p95": 0.03}},
+         "smc": {"gcd": row, "lookahead": row},
+         "smc_settings": {"lookahead": {"seeds": 2, "defensive": 0.05, "commit": "abc1234567"}}}
+    res = {"model": "m", "constraints": {"x": c},
+           "settings": {"ks": list(S.KS), "seeds": 4, "runs": 10, "seed": 0,
+                        "seeds_by_proposal": {"gcd": 4, "lookahead": 2}},
+           "provenance": {"command": "c", "date_utc": "d", "git": {"commit": "0" * 10, "dirty": False},
+                          "machine": {"cpu": "cpu"}}}
+    md = S.markdown(res)
+    assert "| 2 seeds, λ=0.05, abc1234567 |" in md
+    assert "| 4 seeds, earlier |" in md
+    S.DEFENSIVE = None
+    from jaxcd.decoding import smc
+    assert S._defensive_value() == smc.DEFENSIVE
+    assert S._defensive_value(0.2) == 0.2

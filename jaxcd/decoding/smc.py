@@ -23,22 +23,59 @@ proposal       ``q(v) ∝``                                 potential ``φ``
 ``product``    ``p_lm(v)·p_prod(v | x_{<t})``              ``ψ``
 =============  =========================================  ===================================
 
-so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and ``lookahead`` adds
+so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and (with ``defensive=0``) ``lookahead`` adds
 ``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``; particles start at
-``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise). A particle
+``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise).
+
+**Defensive mixture** (``lookahead`` and ``product``). The P-GCD proposal ``q_P`` above is
+mixed with the GCD proposal::
+
+    q(v) = (1 − λ)·q_P(v) + λ·q_GCD(v),      q_GCD(v) ∝ p_lm(v)·m^GCD(v)
+
+and the weight divides by this ``q`` (``λ = defensive``, default :data:`DEFENSIVE` = 0.05;
+``0`` gives ``q_P`` alone). The target is unchanged, so weights stay exact and ``Ẑ``
+unbiased; what changes is the proposal's support and tails. ``ψ`` comes from a small HMM,
+and an HMM can be wrong by orders of magnitude about a token it never saw in its
+training samples: a distilled HMM gives every such token the same pseudocount
+(≈ 1e-6), so ``ψ`` of a word that needs two unseen tokens is ~1e-5 × that of a word
+that needs one, whatever the LM thinks. ``q_P`` then gives such a continuation
+probability ~1e-5 while the posterior gives it 0.4: its weight ``p/q`` is huge and almost
+never drawn, and the pooled estimate is off by the missing mass at any practical number of
+runs (study 6b's ``shape``: TV 0.35 at K = 64 with ``λ = 0``, 0.007 with ``λ = 0.05``).
+The mixture bounds every step's proposal from below by ``λ·q_GCD``, so the support of
+``q`` is the GCD support and no step's weight exceeds ``1/λ`` times GCD's; the price,
+where ``q_P`` is already good, is a factor of at most ``(1 − λ)^{-1}`` per step on the
+weights (so an LM that *is* the HMM no longer gets zero-variance weights). The potential
+stays ``ψ``; where ``ψ(x_{<t} v) = 0`` at a token GCD allows (an HMM zero, or
+underflow) ``φ`` keeps the prefix's value (``φ(x_{<t} v) = φ(x_{<t})``: the twist makes
+no claim there), and ``ψ(∅) = 0`` starts at ``φ = 1``; the final potential
+``φ(x·EOS)`` is set to ``1{x ∈ L}`` exactly (not ψ's rounding of it), so a particle's final
+weight is ``p_lm(x)/q(x)`` exactly, whatever ``φ`` is in between.
+
+A particle
 that has emitted EOS is finished: it emits EOS padding and its weight no longer
 changes; its potential is ``1{x ∈ L}`` exactly (``ψ(x·EOS) = 1{x ∈ L}``). At the end,
 a particle that is not in ``⊥`` gets weight 0 (only LCD can leave one there).
 
-Resampling (per prompt, when ``ESS = (Σw)²/Σw² < ess_threshold·K``; never with
-``ess_threshold = 0``, i.e. plain importance sampling) runs under ``lax.cond``, so the
-KV cache is gathered only on steps where some prompt resamples. After resampling, a
-prompt's weights all become the log-mean-exp of its weights, so ``log_Z`` — the
-log-mean-exp of the final weights — is the usual product-of-averages estimator, unbiased
-for ``Z = p_lm(x ∈ L_n | prompt)``. A prompt whose weights are all 0 is never
-resampled and gets ``log_Z = −inf``; nor is a prompt whose particles have all emitted
-EOS (its ensemble is final), even while other prompts of the batch are still decoding —
-the same rule as :func:`jaxcd.decoding.smc_blackbox.run_blackbox`.
+Resampling concerns a prompt's **unfinished** particles only (those that have not emitted
+EOS): when their ``ESS = (Σw)²/Σw² < ess_threshold·K_u`` (``K_u`` of them; never with
+``ess_threshold = 0``, i.e. plain importance sampling), they are resampled among
+themselves and share their total weight equally (each gets the mean of their weights);
+finished particles keep their places and weights. It runs under ``lax.cond``, so the KV
+cache is gathered only on steps where some prompt resamples. The sum of the weights is
+preserved in expectation, so ``log_Z`` — the log-mean-exp of the final weights — is
+unbiased for ``Z = p_lm(x ∈ L_n | prompt)``. Why not resample finished particles too: a
+finished particle's weight is final (its EOS probability is paid), an unfinished one's
+is not, so across the two the weights are not comparable — study 6b's ``ocean`` has
+"Pacific·EOS" finished with weight 4e-6 beside "Ar·ctic" at 0.05 whose EOS factor
+(9e-4) is still to come; resampling them together kept Pacific in about 1 run in 1000
+and the pooled estimate gave it 0.0002 instead of 0.014 (TV 0.02 at K = 64; 0.001 with
+this rule). ``ess`` still reports the ESS of all ``K`` weights. A prompt whose weights
+are all 0 is never resampled and gets ``log_Z = −inf``; nor is a prompt whose particles
+have all emitted EOS (its ensemble is final), even while other prompts of the batch are
+still decoding — the same rule as :func:`jaxcd.decoding.smc_blackbox.run_blackbox`
+(which, unlike this function, still resamples finished and unfinished particles
+together while some are unfinished).
 
 When several devices are visible, the particle axis is sharded across them
 (``B·K`` must be divisible by the device count; otherwise it runs on one device).
@@ -59,6 +96,7 @@ from . import decode, gcd, pgcd, resampling
 from .smc_types import SMCResult
 
 PROPOSALS = ("lcd", "gcd", "lookahead", "product")
+DEFENSIVE = 0.05     # default GCD share λ of the P-GCD proposals' defensive mixture
 
 __all__ = ["run", "run_blackbox", "SMCResult", "PROPOSALS", "Particles"]
 
@@ -76,9 +114,12 @@ class Particles(NamedTuple):
     done: jax.Array            # bool [N]
 
 
-def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold):
+def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold,
+           defensive=DEFENSIVE):
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+    if not 0.0 <= float(defensive) <= 1.0:
+        raise ValueError(f"defensive must be in [0, 1], got {defensive!r}")
     resampling.get(resample)
     if not isinstance(num_particles, (int, np.integer)) or num_particles < 1:
         raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
@@ -106,7 +147,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
         table_dtype=None, tables: gcd.BudgetTables | None = None,
         ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
-        prefilled: decode.Prefilled | None = None) -> SMCResult:
+        prefilled: decode.Prefilled | None = None, defensive: float = DEFENSIVE) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
     left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
     :class:`~jaxcd.decoding.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
@@ -125,6 +166,9 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     tokens past it are EOS. ``result.steps`` counts the steps actually run.
     ``prefilled`` (:func:`jaxcd.decoding.decode.prefill` of the same prompts): start from that
     prefill instead of running the prompts again (one prefill, several runs).
+    ``defensive`` (``λ`` in ``[0, 1]``, default :data:`DEFENSIVE`): for ``lookahead`` and
+    ``product``, the share of the GCD proposal in the defensive mixture (module docstring);
+    ignored by ``gcd`` and ``lcd``.
 
     Example::
 
@@ -132,7 +176,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
                       num_particles=16, proposal="lookahead", hmm=hmm)
         w = jax.nn.softmax(res.log_weights, axis=-1)    # the weighted ensemble
     """
-    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold)
+    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold, defensive)
     budget, K = int(budget), int(num_particles)
     steps = budget if steps is None else int(steps)
     gcd.check_steps(budget, steps)
@@ -169,8 +213,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         pre = (prefilled.state, prefilled.logp)
     return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
                 jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
-                jnp.asarray(budget, jnp.int32), pre, budget=steps, K=K, proposal=proposal,
-                resample=resample)
+                jnp.asarray(budget, jnp.int32), pre, jnp.asarray(defensive, jnp.float32),
+                budget=steps, K=K, proposal=proposal, resample=resample)
 
 
 def _particle_sharding(N: int):
@@ -189,7 +233,7 @@ def _shard(tree, sharding, N):
 
 @partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
 def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
-         ess_threshold, limit, pre, *, budget, K, proposal, resample):
+         ess_threshold, limit, pre, defensive, *, budget, K, proposal, resample):
     from .buckets import flatten
     fa = flatten(fa)
     B = prompt_ids.shape[0]
@@ -218,6 +262,9 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         st0 = pgcd.PGCDState(cs0, u[:B])
         log_phi0 = jax.vmap(pgcd.prefix_logpsi, in_axes=(None, None, None, 0))(
             fa, None, ptables, st0).astype(wdt)
+        # ψ(∅) = 0 (an HMM that gives the constraint probability 0): no claim (φ = 1);
+        # the budget is feasible (checked), so the GCD part of the proposal still draws
+        log_phi0 = jnp.where(jnp.isfinite(log_phi0), log_phi0, 0.0)
         log_phi = jnp.repeat(log_phi0, K)
     else:
         u = jnp.zeros((N, 1), wdt)
@@ -239,13 +286,22 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         if proposal in ("lcd", "gcd"):
             a = decode.masked_logits(fa, gtables, parts.cs, lt)        # log p_lm + log m
             phi_new = jnp.zeros_like(a)
+            lse = jax.nn.logsumexp(a, axis=-1)
         else:
             sts = pgcd.PGCDState(parts.cs, parts.u)
             logpsi, _, lprod = pgcd.batched_scores(fa, ptables, sts)
             logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
-            a = lt + (logpsi if proposal == "lookahead" else lprod)
-            phi_new = logpsi
-        lse = jax.nn.logsumexp(a, axis=-1)
+            a_gcd = decode.masked_logits(fa, gtables, parts.cs, lt)
+            a, lse = _defensive(lt, logpsi if proposal == "lookahead" else lprod, a_gcd,
+                                defensive.astype(wdt))
+            # the potential ψ; where ψ = 0 at a token GCD allows (an HMM zero or an
+            # underflow) φ keeps the prefix's value: no claim, and the particle lives on.
+            # After EOS it is 1{x ∈ L} exactly (GCD allows EOS iff x ∈ L), not ψ's
+            # rounding of it nor a kept value: the final weight is then p(x)/q(x) exactly
+            allowed = jnp.isfinite(a_gcd)
+            phi_new = jnp.where(jnp.isfinite(logpsi), logpsi,
+                                jnp.where(allowed, parts.log_phi[:, None], -jnp.inf))
+            phi_new = phi_new.at[:, eos].set(jnp.where(allowed[:, eos], 0.0, -jnp.inf))
         # the shared draw (EOS for finished rows and empty proposals); log q is recomputed
         # below in the weights' dtype
         tok, _, done, empty = decode.draw(k_tok, a.astype(jnp.float32), parts.done, eos)
@@ -271,19 +327,36 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         # --- resampling ---------------------------------------------------------------
         lw = log_w.reshape(B, K)
         ess = jax.vmap(resampling.ess)(lw)
-        any_live = jnp.any(jnp.isfinite(lw), axis=1)
-        # a prompt whose particles have all emitted EOS is never resampled (its ensemble
+        # only unfinished particles are resampled, among themselves: a finished particle's
+        # weight is final (its EOS probability paid), an unfinished one's is not yet, so
+        # resampling across the two would kill finished outputs of small weight that the
+        # unfinished ones' later EOS factors would have restored (study 6b's ``ocean``)
+        run_ = ~done.reshape(B, K)
+        lw_run = jnp.where(run_, lw, -jnp.inf)
+        n_run = jnp.sum(run_, axis=1)
+        ess_run = jax.vmap(resampling.ess)(lw_run)
+        any_live = jnp.any(jnp.isfinite(lw_run), axis=1)
+        # so a prompt whose particles have all emitted EOS is never resampled (its ensemble
         # is final; resampling would only add noise) — the rule of run_blackbox too
-        all_done = jnp.all(done.reshape(B, K), axis=1)
-        need = (ess < ess_threshold * K) & any_live & ~all_done & (t < limit - 1)
+        need = (ess_run < ess_threshold * n_run) & any_live & (n_run > 0) & (t < limit - 1)
 
         def do_resample(parts):
-            anc = jax.vmap(resampler)(jax.random.split(k_res, B), lw)          # [B, K]
-            anc = jnp.where(need[:, None], anc, jnp.arange(K)[None])
+            kr, kp = jax.random.split(k_res)
+            anc = jax.vmap(resampler)(jax.random.split(kr, B), lw_run)         # [B, K]
+            # the j-th unfinished slot takes a uniformly chosen one of the K draws
+            # (exchangeable, so each is distributed as w/Σw over the unfinished particles)
+            perm = jax.vmap(lambda k: jax.random.permutation(k, K))(jax.random.split(kp, B))
+            rank = jnp.cumsum(run_, axis=1) - 1
+            pick = jnp.take_along_axis(anc, jnp.take_along_axis(perm, jnp.maximum(rank, 0),
+                                                                axis=1), axis=1)
+            anc = jnp.where(need[:, None] & run_, pick, jnp.arange(K)[None])
             idx = (anc + (jnp.arange(B) * K)[:, None]).reshape(N)
             new = jax.tree.map(lambda x: x[idx], parts)
-            lme = jax.vmap(resampling.log_mean_exp)(lw)
-            lw2 = jnp.where(need[:, None], lme[:, None], lw).reshape(N).astype(wdt)
+            # the unfinished particles share their total weight equally: the sum of all
+            # weights (and so the evidence estimate) is unchanged in expectation
+            lme = jax.vmap(resampling.log_mean_exp)(lw_run) + jnp.log(
+                jnp.maximum(K, 1) / jnp.maximum(n_run, 1)).astype(lw.dtype)
+            lw2 = jnp.where(need[:, None] & run_, lme[:, None], lw).reshape(N).astype(wdt)
             return _shard(new._replace(log_w=lw2), sharding, N)
 
         parts = jax.lax.cond(jnp.any(need), do_resample, lambda p: p, parts)
@@ -313,6 +386,25 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
     log_Z = jax.vmap(resampling.log_mean_exp)(log_w)
     return SMCResult(parts.tokens.reshape(B, K, n), log_w, log_Z, valid.reshape(B, K),
                      ess.T, resampled.T, steps=t_end)
+
+
+def _defensive(lt, lpsi, a_gcd, lam):
+    """The P-GCD proposals' defensive mixture ``q = (1 − λ)·q_P + λ·q_GCD`` per row, in log
+    space: ``q_P ∝ exp(lt + lpsi)`` (``lpsi`` = ``log ψ`` or ``log p_prod``), ``q_GCD ∝
+    exp(a_gcd)`` (``lt`` masked by GCD). Returns ``(log q [N, V], log-normaliser [N])``
+    (normaliser 0, or ``−inf`` for a row where GCD allows nothing). Where ``q_P`` is empty
+    (``ψ = 0`` at every token) ``q = q_GCD``; ``λ = 0`` gives ``q_P`` exactly."""
+    aP = lt + lpsi
+    lseP = jax.nn.logsumexp(aP, axis=-1, keepdims=True)
+    lseG = jax.nn.logsumexp(a_gcd, axis=-1, keepdims=True)
+    okP, okG = jnp.isfinite(lseP), jnp.isfinite(lseG)
+    lqP = jnp.where(okP, aP - jnp.where(okP, lseP, 0.0), -jnp.inf)
+    lqG = jnp.where(okG, a_gcd - jnp.where(okG, lseG, 0.0), -jnp.inf)
+    mix = jnp.logaddexp(jnp.log1p(-lam) + lqP, jnp.log(lam) + lqG)   # λ = 1: log 0 + .. = -inf
+    lq = jnp.where(lam > 0, jnp.where(okP, mix, lqG), lqP)
+    lq = jnp.where(lam >= 1, lqG, lq)
+    lse = jnp.where(okP | ((lam > 0) & okG), 0.0, -jnp.inf)[:, 0]
+    return lq, lse
 
 
 def run_blackbox(*args, **kwargs) -> SMCResult:
