@@ -20,7 +20,10 @@ import json
 import random
 
 import jsonschema
+import numpy as np
 import pytest
+
+import jaxcd.automata.schema_builder as sb
 
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.json_schema import schema_to_nfa
@@ -274,6 +277,9 @@ def test_auto_dfa_cap_falls_back_to_schema_order(monkeypatch):
 
     free = compile_json_schema(schema, vocab)
     monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
+    # the determinisation's cap itself, not the early refusals (next test)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", 10**9)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", 10**9)
     node, ws, _, _ = js._auto_tree(schema, None, True, 2, False, "auto", {})
     nfa = to_nfa(node, ws)
     assert nfa.dfa_cap == 5
@@ -287,3 +293,45 @@ def test_auto_dfa_cap_falls_back_to_schema_order(monkeypatch):
         assert oracle.is_valid(inst) and accepts(free, text)
         assert accepts(capped, text) == (perm == tuple("abcd")), perm
     assert not accepts(capped, '{"a":1,"b":1,"c":1}')
+
+
+@pytest.mark.parametrize("rule", ["tree", "nfa"])
+def test_auto_refused_before_determinising(monkeypatch, rule):
+    """An order-free automaton whose tree size estimate (AUTO_REFUSE_TREE x
+    AUTO_DFA_CAP) or NFA (AUTO_REFUSE_NFA x AUTO_DFA_CAP states) predicts a DFA past
+    the cap is refused before it is determinised: compile_json_schema then compiles the
+    schema's order, the same automaton as when the determinisation passes the cap."""
+    import jaxcd.automata.json_schema as js
+    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd.errors import AutomatonTooLargeError
+
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"},
+              "required": list("abcd"), "additionalProperties": False}
+    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
+                                        eos_id=0)
+    node, ws, _, _ = js._auto_tree(schema, None, True, 2, False, "auto", {})
+    tree_size = node.args[0].size
+    nfa_states = to_nfa(node, ws).num_states
+    # a cap that the DFA passes, with the refusals off: the reference fallback
+    monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", 10**9)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", 10**9)
+    ref = compile_json_schema(schema, vocab)
+    # the same cap, refused early by one rule (the other off)
+    if rule == "tree":
+        monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", (tree_size - 1) / 5)
+    else:
+        monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", (nfa_states - 2) / 5)
+    node, ws, _, _ = js._auto_tree(schema, None, True, 2, False, "auto", {})
+    with pytest.raises(AutomatonTooLargeError, match="AUTO_DFA_CAP"):
+        to_nfa(node, ws)
+    got = compile_json_schema(schema, vocab)
+    for name in ("edge_src", "edge_dst", "out_start", "out_dst"):
+        assert np.array_equal(np.asarray(getattr(ref, name)), np.asarray(getattr(got, name)))
+    # just under the limits: not refused, determinised up to the cap
+    monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", tree_size / 5)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", nfa_states / 5)
+    nfa = to_nfa(node, ws)
+    assert nfa.dfa_cap == 5
+    with pytest.raises(AutomatonTooLargeError, match="max_dfa_states"):
+        determinize(nfa)

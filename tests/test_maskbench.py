@@ -187,3 +187,8 @@ def test_bench_rows_log(tmp_path):
     assert [x["file"] for x in logged] == names and all(x["engine"] == "jaxcd" for x in logged)
     assert [{k: v for k, v in x.items() if k != "engine"} for x in logged] == rows
     assert all("load1" in r for r in rows)
+    # CPU seconds of each compile beside its wall time, and their percentiles
+    assert all(0 <= r["compile_cpu_s"] for r in rows)
+    overall = json.loads((tmp_path / "bm.json").read_text())["overall"]["jaxcd"]
+    assert overall["compile_cpu_p95_s"] >= overall["compile_cpu_p50_s"] >= 0
+    assert "compile CPU p50 / p95" in (tmp_path / "bm.md").read_text()

@@ -94,6 +94,7 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b._string_memo = string_memo
+    b._shared_products = string_memo.setdefault("shared products", {})
     node = b.build()
     if b.auto_used and AUTO_DFA_CAP:
         # an order-free form past this many DFA states: compile_json_schema falls back

@@ -166,6 +166,9 @@ DEFAULT_MAX_PRODUCT_STATES = 20_000
 # all products of one schema together: operand NFAs, their DFAs and the product DFAs,
 # in states (a schema past it would spend minutes in them)
 MAX_PRODUCT_WORK = 1_000_000
+# patternProperties: overlapping patterns split the keys into at most this many sets
+# (one per combination of the patterns a key matches)
+MAX_PATTERN_REGIONS = 64
 # dependentRequired / dependentSchemas / dependencies: each name doubles the cases
 MAX_DEPENDENCIES = 8
 PROPERTY_ORDERS = ("auto", "schema", "any")
@@ -184,6 +187,14 @@ AUTO_ORDER_ROOT = 1.0
 # compile_json_schema: the DFA of a schema with order-free objects is built with at most
 # this many states (before minimisation); past it, the schema's order is compiled instead
 AUTO_DFA_CAP = 20_000
+# ... and refused before determinising (the schema's order is compiled at once) when its
+# expression tree's size estimate passes AUTO_REFUSE_TREE x AUTO_DFA_CAP or its NFA
+# passes AUTO_REFUSE_NFA x AUTO_DFA_CAP states: a prediction, not a proof. Measured on
+# the 1,000-file MaskBench sample (docs/json_schema.md, session 15): the order-free
+# automata that fit the cap have trees of at most 130,851 and NFAs of at most 63,005
+# states; 27 of the 56 that pass it are refused early by these two rules.
+AUTO_REFUSE_TREE = 8
+AUTO_REFUSE_NFA = 4
 # subschema paths below which an object is a value inside the document's object
 _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
                 "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
@@ -522,6 +533,9 @@ class SchemaBuilder:
     # nodes (or size errors) of subschemas with automaton products, by context (see
     # _memo_product)
     _product_memo: dict = field(default_factory=dict)
+    # schema-order product nodes shared by the attempts of one compile (successes
+    # only); see _memo_product
+    _shared_products: dict = field(default_factory=dict)
     _reach_memo: dict = field(default_factory=dict)
 
     @property
@@ -737,6 +751,13 @@ class SchemaBuilder:
                 raise hit
             self.auto_spent += hit[1]
             return hit[0]
+        shared = self._shared_products.get(key)
+        if shared is not None:
+            # built by an earlier attempt of this compile (compile_json_schema's
+            # schema-order retry after an order-free attempt): the same node
+            # (not counted again in product_work: reusing it costs nothing)
+            self._product_memo[key] = (shared, 0)
+            return shared
         spent = self.auto_spent
         try:
             n = self._product_node(schema, path)
@@ -744,6 +765,11 @@ class SchemaBuilder:
             self._product_memo[key] = e
             raise
         self._product_memo[key] = (n, self.auto_spent - spent)
+        if key[2] == "schema":
+            # a schema-order node does not depend on the attempt (auto_spent plays no
+            # part in it): later attempts of the same compile may reuse it. Only
+            # successes: a product-work error depends on the attempt's earlier work
+            self._shared_products[key] = n
         return n
 
     def _reachable_refs(self, schema: Any, text: str) -> frozenset:
@@ -1523,16 +1549,40 @@ class SchemaBuilder:
         pprops = schema.get("patternProperties") or {}
         names = schema.get("propertyNames")
         lo, hi = self.count_bounds(schema, "minProperties", "maxProperties", path)
+        # patternProperties: (pattern, DFA of the key contents it matches, subschema)
+        pats = []
+        for pat, sub in pprops.items():
+            try:
+                kd = minimize(determinize(json_string_content_nfa(pat, search=True)))
+            except ValueError as e:
+                if self.strict:
+                    raise UnsupportedSchemaError(
+                        f"patternProperties at {path}/patternProperties: {e}") from None
+                continue            # strict=False: keys of this pattern are not generated
+            pats.append((pat, kd, sub))
+
+        def with_patterns(name: str, sub):
+            # a key's value satisfies every patternProperties schema whose pattern its
+            # name matches, besides its properties schema (JSON Schema: all apply)
+            content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
+            more = [ps for _, kd, ps in pats if kd.accepts(content)]
+            if not more:
+                return sub
+            return {"allOf": ([] if sub is None else [sub]) + more}
+
         members = []
         for name, sub in props.items():
-            v = self.node(sub, f"{path}/properties/{name}")
+            v = self.node(with_patterns(name, sub), f"{path}/properties/{name}")
             members.append(_Member(lit(json.dumps(name, ensure_ascii=False)), v,
                                    name in required))
         for name in required:
             if name not in props:
+                # additionalProperties applies to it unless a pattern matches it
+                sub = with_patterns(name, None)
+                if sub is None:
+                    sub = addl if isinstance(addl, dict) else True
                 members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
-                                       self.node(addl if isinstance(addl, dict) else True,
-                                                 f"{path}/required"), True))
+                                       self.node(sub, f"{path}/required"), True))
         # which extra keys are allowed: the specification's open objects by default;
         # closed_objects=True (tool calls) closes objects that declare properties
         if addl is None:
@@ -1545,16 +1595,17 @@ class SchemaBuilder:
                 addl = True
         extras = []
         declared = list(props) + [r for r in required if r not in props]
-        for pat, sub in pprops.items():
-            try:
-                kd = minimize(determinize(json_string_content_nfa(pat, search=True)))
-            except ValueError as e:
-                if self.strict:
-                    raise UnsupportedSchemaError(
-                        f"patternProperties at {path}/patternProperties: {e}") from None
-                continue            # strict=False: keys of this pattern are not generated
+        pat_keys = []
+        for kd, subs, where in self._pattern_regions(pats, path):
             key = seq(lit('"'), Node("dfa", (kd,), kd.num_states + 2), lit('"'))
-            extras.append((key, self.node(sub, f"{path}/patternProperties/{pat}")))
+            pat_keys.append(key)
+            if declared:
+                # declared names are members (their values also satisfy the patterns)
+                key = self.exclude_keys(key, declared)
+                if key.kind == "dfa" and is_empty(key.args[0]):
+                    continue
+            sub = subs[0] if len(subs) == 1 else {"allOf": list(subs)}
+            extras.append((key, self.node(sub, where)))
         if addl is not False:
             if names is not None and names is not True:
                 if names is False:
@@ -1567,7 +1618,7 @@ class SchemaBuilder:
                 key = self.exclude_keys(key, declared)
             # additionalProperties applies only to keys that match no patternProperties
             # regex: those keys are left to their pattern's schema
-            for pkey, _ in extras:
+            for pkey in pat_keys:
                 if key.kind == "empty":
                     break
                 d = self._product(_node_dfa(key), _node_dfa(pkey), path,
@@ -1654,6 +1705,37 @@ class SchemaBuilder:
                 return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere),
                             size)
         return None
+
+    def _pattern_regions(self, pats: list, path: str) -> list:
+        """``patternProperties`` as disjoint key sets: ``(DFA of key contents, the
+        subschemas that apply, path)``, one per non-empty combination of the patterns
+        that a key matches (a key matching several patterns must satisfy all their
+        schemas). Disjoint patterns (the usual case) stay as they are."""
+        regions: list = []                    # (dfa, subs, path)
+        for pat, kd, sub in pats:
+            where = f"{path}/patternProperties/{pat}"
+            out = []
+            rest = kd
+            for d, subs, w in regions:
+                both = self._product(d, kd, path, "patternProperties", intersect)
+                if is_empty(both):
+                    out.append((d, subs, w))
+                    continue
+                only = self._product(d, kd, path, "patternProperties", difference)
+                if not is_empty(only):
+                    out.append((only, subs, w))
+                out.append((both, subs + (sub,), f"{path}/patternProperties"))
+                if not is_empty(rest):
+                    rest = self._product(rest, d, path, "patternProperties", difference)
+            if not is_empty(rest):
+                out.append((rest, (sub,), where))
+            regions = out
+            if len(regions) > MAX_PATTERN_REGIONS:
+                raise AutomatonTooLargeError(
+                    f"patternProperties at {path or '/'}: the patterns overlap in more than "
+                    f"{MAX_PATTERN_REGIONS} combinations (a key matching several patterns "
+                    "must satisfy all their schemas); simplify the patterns")
+        return regions
 
     def key_node(self, names: Any, path: str) -> Node:
         """Key strings allowed by ``propertyNames`` (a string schema)."""
@@ -1921,9 +2003,21 @@ class _NFAEmitter:
         if k == "objmix":
             return self._obj_mix(node, src)
         if k == "capped":                  # (tree, DFA states): see NFA.dfa_cap
-            cap = node.args[1]
+            tree, cap = node.args
+            # refused before it is emitted or determinised when its size says that
+            # its DFA would pass the cap anyway (see AUTO_REFUSE_TREE)
+            limit = AUTO_REFUSE_TREE * cap
+            if tree.size > limit:
+                raise _capped_refusal(f"its tree's size estimate {tree.size:,} is over "
+                                      f"{limit:,}", cap)
             nfa.dfa_cap = cap if nfa.dfa_cap is None else min(nfa.dfa_cap, cap)
-            return self.emit(node.args[0], src)
+            first = nfa.num_states
+            end = self.emit(tree, src)
+            limit = AUTO_REFUSE_NFA * cap
+            if nfa.num_states - first > limit:
+                raise _capped_refusal(f"its NFA has {nfa.num_states - first:,} states, "
+                                      f"over {limit:,}", cap)
+            return end
         raise AssertionError(k)
 
     def _obj_mix(self, node: Node, src: int) -> int:
@@ -2152,6 +2246,13 @@ class _NFAEmitter:
                 nfa.add_epsilon(fj, close_in)
                 nfa.add_epsilon(cj, close_in)
         return end
+
+
+def _capped_refusal(why: str, cap: int) -> AutomatonTooLargeError:
+    return AutomatonTooLargeError(
+        f"determinise: the automaton with order-free objects would need more than "
+        f"{cap:,} DFA states (AUTO_DFA_CAP; predicted: {why}); compile_json_schema "
+        "compiles the schema's property order instead")
 
 
 def to_nfa(node: Node, whitespace: str) -> NFA:

@@ -1,0 +1,82 @@
+"""patternProperties that overlap each other or a declared property (issue 22, session
+15): a key matching several patterns, or a declared name matching a pattern, must
+satisfy every schema that applies to it (JSON Schema applies ``properties`` and all
+matching ``patternProperties``; ``additionalProperties`` only to keys matching none).
+Checked against ``jsonschema`` on every object of a small universe (keys x values, up
+to two keys, both orders), for random schemas: no invalid object accepted, and every
+valid one accepted where the property order plays no part."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from jaxcd.automata.fsa import determinize, minimize
+from jaxcd.automata.json_schema import schema_to_nfa
+
+KEYS = ["a", "ab", "b", "ba", "x", "bab"]
+VALUES = [0, 4, 7, 2.5, "s", True, None]
+PATTERNS = ["^a", "b", "a$", "^b.*a", "x|ab", "^.$"]
+SUBS = [True, False, {"type": "integer"}, {"minimum": 3}, {"type": "string"},
+        {"maximum": 5}, {"type": ["integer", "string"]}, {"enum": [0, "s", None]}]
+
+
+def _universe():
+    out = [{}]
+    for k in KEYS:
+        out += [{k: v} for v in VALUES]
+    for k1, k2 in itertools.permutations(KEYS, 2):
+        for v1 in (0, 4, "s", 7):
+            for v2 in (0, 7, "s"):
+                out.append({k1: v1, k2: v2})
+    return out
+
+
+UNIVERSE = _universe()
+
+
+def _check(schema, order="auto"):
+    d = minimize(determinize(schema_to_nfa(schema, whitespace_pattern="",
+                                           property_order=order)[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    for inst in UNIVERSE:
+        text = json.dumps(inst, separators=(",", ":"))
+        got, want = d.accepts(text.encode()), oracle.is_valid(inst)
+        assert not (got and not want), (schema, text)          # never an invalid one
+        if len(inst) <= 1 or order == "auto" and "additionalProperties" not in schema:
+            # exact where no property order is involved (one key, or declared and
+            # pattern keys in any order)
+            assert got == want, (schema, text)
+
+
+def test_overlapping_patterns_and_declared_names():
+    # the MaskBench case (Synthesized ... patternProperties_id21_subschema1_not_2)
+    _check({"allOf": [{"enum": [{"foobar": 1}]},
+                      {"not": {"patternProperties": {"b.*": False, "f.*": True}}}]})
+    _check({"patternProperties": {"b": {"type": "integer"}, "a": {"minimum": 3}}})
+    _check({"properties": {"ab": {"type": "integer"}},
+            "patternProperties": {"a": {"type": "string"}}})
+    _check({"properties": {"ab": {"type": ["integer", "string"]}}, "required": ["ba"],
+            "patternProperties": {"b": {"minimum": 3}, "^b": {"maximum": 5}},
+            "additionalProperties": {"type": "string"}})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_patterns_against_jsonschema(seed):
+    rng = random.Random(seed)
+    for _ in range(3):
+        schema: dict = {"type": "object"}
+        pats = rng.sample(PATTERNS, rng.randint(1, 3))
+        schema["patternProperties"] = {p: rng.choice(SUBS) for p in pats}
+        if rng.random() < 0.6:
+            names = rng.sample(KEYS, rng.randint(1, 2))
+            schema["properties"] = {k: rng.choice(SUBS) for k in names}
+            if rng.random() < 0.5:
+                schema["required"] = rng.sample(KEYS, 1)
+        if rng.random() < 0.5:
+            schema["additionalProperties"] = rng.choice(SUBS)
+        _check(schema, rng.choice(["auto", "schema"]))
