@@ -527,6 +527,8 @@ def main(argv=None):
                       hB=h.B)
         if "ess_threshold" in run_params:
             kw["ess_threshold"] = jnp.asarray(ess, jnp.float32)
+        if "defensive" in run_params:       # the P-GCD proposals' mixture (smc.run's default)
+            kw["defensive"] = jnp.asarray(getattr(smc, "DEFENSIVE", 0.0), jnp.float32)
         return smc._run(**kw)
 
     def dec_call(key, method):

@@ -38,6 +38,7 @@ separately, as is the per-step P-GCD scoring (``pgcd.batched_scores``, the XLA p
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -267,6 +268,8 @@ def run(args):
                   temperature=jnp.asarray(1.0, jnp.float32), budget=budget, K=K,
                   proposal=proposal, resample="systematic", limit=jnp.asarray(budget, jnp.int32),
                   pre=None, ess_threshold=jnp.asarray(0.5, jnp.float32))
+        if "defensive" in inspect.signature(smc._run).parameters:   # smc.run's default
+            kw["defensive"] = jnp.asarray(smc.DEFENSIVE, jnp.float32)
         if H is not None:
             h = hmms[H]
             kw.update(ptables=ptables[H], hpi=h.pi, hA=h.A, hB=h.B)
