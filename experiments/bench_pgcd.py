@@ -806,8 +806,9 @@ def to_markdown(res):
     ge = res.get("gpu_estimate")
     if ge:
         a = ge["assumptions"]
-        lines += ["", "## GPU: an estimate from byte and FLOP counts (no GPU was lent; not "
-                  "measured)", "",
+        lines += ["", "## GPU: an estimate from byte and FLOP counts (not measured by this "
+                  "script; `experiments/bench_pgcd_gpu.py` measures it on a GPU: "
+                  "`results/bench_pgcd_gpu.md`)", "",
                   f"Llama-3.1-8B shapes ({a['lm_params'] / 1e9:.2f}B parameters, V = "
                   f"{a['V']}), bf16, K = {a['K']} particles, on {a['name']}: "
                   f"{a['hbm_GBps']:.0f} GB/s HBM, {a['bf16_TFLOPs']:.0f} TFLOP/s usable bf16 "
