@@ -58,7 +58,13 @@ def _states(fa, hmm, seqs):
     return jax.tree.map(lambda *x: jnp.stack(x), *out)
 
 
-@pytest.mark.parametrize("pattern,n,H", CASES)
+# H a multiple of 16 (and out-degree ≤ 64) takes the kernel's AVX-512 path where the CPU
+# has AVX-512 (tokens in the vector lanes, the edge weights looked up in registers);
+# other H the 8-lane path. Both are checked against the same references.
+_CASES16 = [(p, n, 16) for p, n, _ in CASES[:2]] + [(CASES[2][0], CASES[2][1], 48)]
+
+
+@pytest.mark.parametrize("pattern,n,H", CASES + _CASES16)
 @pytest.mark.parametrize("zeros", [False, True])
 def test_float32_kernel_equals_enumeration(pattern, n, H, zeros):
     """ψ(x·v) for every reachable prefix x and token v, float32 kernel vs float64
@@ -110,13 +116,16 @@ def _host_scores(fa, hmm, beta, st, n):
     return out
 
 
-def test_wide_out_degree_and_dead_successors():
-    """Budgets 3 and 4 through one table length (``steps=4``: the programs compile once)."""
+@pytest.mark.parametrize("H", [8, 16, 48])
+def test_wide_out_degree_and_dead_successors(H):
+    """Budgets 3 and 4 through one table length (``steps=4``: the programs compile once).
+    Out-degree 46: on the AVX-512 path (H = 16, 48) tokens on edges ≥ 32 need the second
+    pair of weight tables."""
     fa = compile_regex(WIDE_PATTERN, WIDE)
     deg = np.diff(np.asarray(fa.out_start))
     assert deg.max() > 32                                 # above any one-word shortcut
+    assert (np.asarray(pgcd.edge_index(fa)) >= 32).any()
     rng = np.random.default_rng(3)
-    H = 8
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     for n in (3, 4):
