@@ -427,8 +427,106 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
 // bits 5.. of the edge) instead of a load:
 //   num[k, v] += bT[h, v] · Wt[k, h, d_k(v)],   den[k, v] += bT[h, v] · u[k, h]
 // (one FMA chain per (particle, token) over h; lanes off every edge are zeroed).
-constexpr int64_t TT = 128;  // tokens per tile: 8 vectors
-constexpr int64_t HC = 32;   // hidden states per pass (bT chunk 16 KiB, Wt chunk ≤ 8 KiB)
+// finish() sixteen lanes at a time (same polynomials as log8 / exp8, so the same
+// results lane for lane); pn, dn, sc, ln, lp have room for whole 16-vectors past nv.
+typedef float f16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+inline f16 ld16(const float* p) {
+  f16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+inline f16 log16(f16 x) {
+  i16 i;
+  std::memcpy(&i, &x, sizeof i);
+  const i16 e = ((i >> 23) & 255) - 127;
+  i16 mi = (i & 0x7fffff) | 0x3f800000;
+  f16 m;
+  std::memcpy(&m, &mi, sizeof m);
+  const i16 bigm = m > 1.41421356f;
+  const f16 big = __builtin_convertvector(-bigm, f16);
+  m = m * (1.0f - 0.5f * big);
+  const f16 f = m - 1.0f;
+  const f16 z = f * f;
+  f16 y = f * 7.0376836292e-2f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z - 0.5f * z;
+  return f + y + (__builtin_convertvector(e, f16) + big) * 0.693147180559945f;
+}
+inline f16 exp16(f16 x) {
+  const i16 tiny = x < -87.0f;
+  x = x < -87.0f ? f16{} - 87.0f : x;
+  x = x > 88.0f ? f16{} + 88.0f : x;
+  const f16 fx = x * 1.44269504088896341f;
+  const i16 n = __builtin_convertvector(fx + (fx >= 0.0f ? f16{} + 0.5f : f16{} - 0.5f), i16);
+  const f16 nf = __builtin_convertvector(n, f16);
+  f16 r = x - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  const f16 z = r * r;
+  f16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const i16 bits = (n + 127) << 23;
+  f16 two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const f16 out = y * two_n;
+  return tiny ? f16{} : out;
+}
+inline void finish16(const float* pn, const float* dn, const float* sc, float* ln, float* lp,
+                     int64_t nv, float* out_num, float* out_psi, float* zmax, float* zsum) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float lo = std::numeric_limits<float>::min(), hi = std::numeric_limits<float>::max();
+  for (int64_t j = 0; j < nv; j += 16) {
+    const f16 x = ld16(pn + j), y = ld16(dn + j);
+    const f16 a = log16(x) + ld16(sc + j);
+    const f16 c = a - log16(y);
+    std::memcpy(ln + j, &a, sizeof a);
+    std::memcpy(lp + j, &c, sizeof c);
+    const i16 good = (x >= lo) & (x <= hi) & (y >= lo) & (y <= hi);
+    __m512i g;
+    std::memcpy(&g, &good, sizeof g);
+    if (_mm512_cmpeq_epi32_mask(g, _mm512_setzero_si512())) {  // a lane not normal  // off every live edge or a zero product: -inf; subnormals: std::log
+      for (int64_t q = j; q < std::min(nv, j + 16); ++q) {
+        if (!is_normal_pos(pn[q]))
+          ln[q] = pn[q] > 0.f && std::isfinite(pn[q]) ? std::log(pn[q]) + sc[q] : ninf;
+        if (!is_normal_pos(pn[q]) || !is_normal_pos(dn[q]))
+          lp[q] = ln[q] > ninf && dn[q] > 0.f && std::isfinite(dn[q]) ? ln[q] - std::log(dn[q])
+                                                                      : ninf;
+      }
+    }
+  }
+  f16 mv = f16{} + *zmax;
+  for (int64_t j = 0; j + 16 <= nv; j += 16) {
+    const f16 x = ld16(ln + j);
+    mv = x > mv ? x : mv;
+  }
+  float m = mv[0];
+  for (int l = 1; l < 16; ++l) m = mv[l] > m ? mv[l] : m;
+  for (int64_t j = nv & ~int64_t{15}; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
+  if (m > ninf) {
+    f16 acc = {0};
+    for (int64_t j = 0; j + 16 <= nv; j += 16) acc += exp16(ld16(ln + j) - m);
+    float t = 0.f;
+    for (int l = 0; l < 16; ++l) t += acc[l];
+    for (int64_t j = nv & ~int64_t{15}; j < nv; ++j) t += std::exp(ln[j] - m);
+    *zsum = (*zmax > ninf ? *zsum * std::exp(*zmax - m) : 0.f) + t;
+    *zmax = m;
+  }
+  std::memcpy(out_num, ln, nv * sizeof(float));
+  std::memcpy(out_psi, lp, nv * sizeof(float));
+}
+
+constexpr int64_t TT = 512;  // tokens per tile: each particle's Wt is read once per tile
+constexpr int64_t HC = 16;   // hidden states per chunk: bT [HC, TT] is 32 KiB (L1)
 constexpr int NB = 4;        // vectors of tokens per register pass
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -437,39 +535,45 @@ inline __m512 load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// bT[h, j] = Bt[v0 + j, h] for j < nv (0 past nv), h < H (H a multiple of 16), j < TT.
+// bT[h - h0, j] = Bt[v0 + j, h] for h0 ≤ h < h0 + 16, j < TT (0 past nv): 16×16 blocks
+// transposed in registers. B is read once per call (50 MB at H = 256, from DRAM): the
+// rows' next 64 bytes (or the next tile's first) are prefetched into L2.
 template <typename T>
-void transpose_tile(const T* bt, int64_t H, int64_t v0, int64_t nv, float* bT) {
+void transpose_tile(const T* bt, int64_t H, int64_t V, int64_t v0, int64_t nv, int64_t h0,
+                    float* bT) {
+  const int64_t pf = h0 + 16 < H ? h0 + 16 : (v0 + 2 * TT <= V ? TT * H : -1);
   for (int64_t j0 = 0; j0 < TT; j0 += 16) {
-    for (int64_t h0 = 0; h0 < H; h0 += 16) {
-      __m512 r[16];
-      if (j0 + 16 <= nv) {
-        for (int i = 0; i < 16; ++i) r[i] = load16(bt + (v0 + j0 + i) * H + h0);
-      } else {
+    __m512 r[16];
+    if (j0 + 16 <= nv) {
+      for (int i = 0; i < 16; ++i) r[i] = load16(bt + (v0 + j0 + i) * H + h0);
+      if (pf >= 0)
         for (int i = 0; i < 16; ++i)
-          r[i] = j0 + i < nv ? load16(bt + (v0 + j0 + i) * H + h0) : _mm512_setzero_ps();
-      }
-      __m512 t[16], q[16];
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-      }
-      for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: q[4g + c] = column c of each lane
-        q[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        q[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        q[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        q[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-      }
-      for (int c = 0; c < 4; ++c) {
-        const __m512 a = _mm512_shuffle_f32x4(q[c], q[4 + c], 0x88);
-        const __m512 b = _mm512_shuffle_f32x4(q[c], q[4 + c], 0xDD);
-        const __m512 a2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0x88);
-        const __m512 b2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0xDD);
-        _mm512_storeu_ps(bT + (h0 + c) * TT + j0, _mm512_shuffle_f32x4(a, a2, 0x88));
-        _mm512_storeu_ps(bT + (h0 + 8 + c) * TT + j0, _mm512_shuffle_f32x4(a, a2, 0xDD));
-        _mm512_storeu_ps(bT + (h0 + 4 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0x88));
-        _mm512_storeu_ps(bT + (h0 + 12 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0xDD));
-      }
+          _mm_prefetch(reinterpret_cast<const char*>(bt + (v0 + j0 + i) * H + pf),
+                       _MM_HINT_T1);
+    } else {
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < nv ? load16(bt + (v0 + j0 + i) * H + h0) : _mm512_setzero_ps();
+    }
+    __m512 t[16], q[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: q[4g + c] = column c of each lane
+      q[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      q[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      q[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      q[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512 a = _mm512_shuffle_f32x4(q[c], q[4 + c], 0x88);
+      const __m512 b = _mm512_shuffle_f32x4(q[c], q[4 + c], 0xDD);
+      const __m512 a2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0x88);
+      const __m512 b2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0xDD);
+      _mm512_storeu_ps(bT + c * TT + j0, _mm512_shuffle_f32x4(a, a2, 0x88));
+      _mm512_storeu_ps(bT + (8 + c) * TT + j0, _mm512_shuffle_f32x4(a, a2, 0xDD));
+      _mm512_storeu_ps(bT + (4 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0x88));
+      _mm512_storeu_ps(bT + (12 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0xDD));
     }
   }
 }
@@ -478,11 +582,13 @@ void transpose_tile(const T* bt, int64_t H, int64_t v0, int64_t nv, float* bT) {
 // FMAs, two permutes), doubling the loads of the inner loop.
 inline void in_reg(__m512& x) { asm("" : "+v"(x)); }
 
-// The weight of each lane's edge from the NP table pairs tb[0..2NP) (edge e: pair e >> 5).
+// The weight of each lane's edge from the table pairs (t0, t1) (edges < 32) and, for
+// NP = 2, (t2, t3) (edges 32..63, chosen by the mask hi of bit 5). By value: an array
+// would be spilled to the stack.
 template <int NP>
-inline __m512 lookup(const __m512* tb, __m512i e, const __mmask16* hi) {
-  __m512 w = _mm512_permutex2var_ps(tb[0], e, tb[1]);
-  if constexpr (NP >= 2) w = _mm512_mask_blend_ps(hi[0], w, _mm512_permutex2var_ps(tb[2], e, tb[3]));
+inline __m512 lookup(__m512 t0, __m512 t1, __m512 t2, __m512 t3, __m512i e, __mmask16 hi) {
+  __m512 w = _mm512_permutex2var_ps(t0, e, t1);
+  if constexpr (NP >= 2) w = _mm512_mask_blend_ps(hi, w, _mm512_permutex2var_ps(t2, e, t3));
   return w;
 }
 
@@ -492,26 +598,31 @@ template <int NP, int64_t DP>
 inline void pass_h(const float* bT, const float* wk, const float* uk, const int32_t* ek,
                    float* an, float* ad, int64_t j0, int64_t h0, int64_t h1) {
     __m512i e[NB];
-    __mmask16 hi[NB][1];
+    __mmask16 hi[NB];
     __m512 n[NB], d[NB];
     for (int b = 0; b < NB; ++b) {
       e[b] = _mm512_loadu_si512(ek + j0 + 16 * b);
-      hi[b][0] = _mm512_test_epi32_mask(e[b], _mm512_set1_epi32(32));
+      hi[b] = _mm512_test_epi32_mask(e[b], _mm512_set1_epi32(32));
       n[b] = _mm512_loadu_ps(an + j0 + 16 * b);
       d[b] = _mm512_loadu_ps(ad + j0 + 16 * b);
     }
     for (int64_t h = h0; h < h1; ++h) {
-      __m512 tb[2 * NP];
-      for (int p = 0; p < 2 * NP; ++p) {
-        tb[p] = _mm512_loadu_ps(wk + h * DP + 16 * p);
-        in_reg(tb[p]);
+      __m512 t0 = _mm512_loadu_ps(wk + h * DP), t1 = _mm512_loadu_ps(wk + h * DP + 16);
+      __m512 t2 = t0, t3 = t1;
+      if constexpr (NP >= 2) {
+        t2 = _mm512_loadu_ps(wk + h * DP + 32);
+        t3 = _mm512_loadu_ps(wk + h * DP + 48);
+        in_reg(t2);
+        in_reg(t3);
       }
+      in_reg(t0);
+      in_reg(t1);
       const __m512 uh = _mm512_set1_ps(uk[h]);
-      const float* xr = bT + h * TT + j0;
+      const float* xr = bT + (h - h0) * TT + j0;
       for (int b = 0; b < NB; ++b) {
         __m512 x = _mm512_loadu_ps(xr + 16 * b);
         in_reg(x);
-        n[b] = _mm512_fmadd_ps(x, lookup<NP>(tb, e[b], hi[b]), n[b]);
+        n[b] = _mm512_fmadd_ps(x, lookup<NP>(t0, t1, t2, t3, e[b], hi[b]), n[b]);
         d[b] = _mm512_fmadd_ps(x, uh, d[b]);
       }
     }
@@ -527,7 +638,7 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
                  int64_t nu, const int32_t* slot, float* log_num, float* log_psi, int64_t N,
                  int64_t H, int64_t V, int64_t w0, int64_t w1, float* zmax, float* zsum) {
   constexpr int64_t DP = 32 * NP;
-  std::vector<float> bT_(static_cast<size_t>(H) * TT);
+  std::vector<float> bT_(static_cast<size_t>(HC) * TT);
   std::vector<float> acc(static_cast<size_t>(N) * 2 * TT);  // per particle: num, den
   std::vector<int32_t> eid(static_cast<size_t>(N) * TT);
   std::vector<float> scs(static_cast<size_t>(N) * TT);
@@ -542,7 +653,6 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
     const int64_t cv0 = c0 * 32, cv1 = std::min<int64_t>((c0 + cw) * 32, V);
     for (int64_t v0 = cv0; v0 < cv1; v0 += TT) {
       const int64_t nv = std::min<int64_t>(TT, cv1 - v0);
-      transpose_tile(bt, H, v0, nv, bT);
       // each particle's edge of every token of the tile (−1: on no edge or on an edge
       // whose β^P is 0), its log-scale, and per pass of 16·NB tokens the table pairs
       // needed (0: no token on an edge, the pass is skipped; 1: edges < 32 only; NP)
@@ -550,8 +660,9 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
         const int16_t* e = edges.data() + slot[k] * CW * 32 + (v0 - cv0);
         int32_t* ek = eid.data() + k * TT;
         float* sk = scs.data() + k * TT;
-        __m512 lt[2 * NP];
-        for (int p = 0; p < 2 * NP; ++p) lt[p] = _mm512_loadu_ps(Lt + k * DP + 16 * p);
+        const __m512 l0 = _mm512_loadu_ps(Lt + k * DP), l1 = _mm512_loadu_ps(Lt + k * DP + 16);
+        const __m512 l2 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 32) : l0;
+        const __m512 l3 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 48) : l1;
         for (int64_t j0 = 0; j0 < TT; j0 += 16 * NB) {
           __mmask16 any_on = 0, any_hi = 0;
           for (int64_t j = j0; j < j0 + 16 * NB; j += 16) {
@@ -560,8 +671,8 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
             __m512i x = _mm512_mask_cvtepi16_epi32(
                 _mm512_set1_epi32(-1), in,
                 _mm256_maskz_loadu_epi16(in, e + j));
-            const __mmask16 hi[1] = {_mm512_test_epi32_mask(x, _mm512_set1_epi32(32))};
-            const __m512 l = lookup<NP>(lt, x, hi);
+            const __mmask16 hi = _mm512_test_epi32_mask(x, _mm512_set1_epi32(32));
+            const __m512 l = lookup<NP>(l0, l1, l2, l3, x, hi);
             const __mmask16 on = _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()) &
                                  _mm512_cmp_ps_mask(l, _mm512_set1_ps(ninf), _CMP_GT_OQ);
             x = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1), on, x);
@@ -576,6 +687,7 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t h0 = 0; h0 < H; h0 += HC) {
         const int64_t h1 = std::min(H, h0 + HC);
+        transpose_tile(bt, H, V, v0, nv, h0, bT);
         for (int64_t k = 0; k < N; ++k) {
           const float* wk = Wt + k * H * DP;
           const float* uk = u + k * H;
@@ -598,7 +710,7 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
           // off every live edge: num 0 (-> -inf); sc is read only where num > 0
           _mm512_storeu_ps(an + j0, _mm512_maskz_mov_ps(on, _mm512_loadu_ps(an + j0)));
         }
-        finish(an, an + TT, scs.data() + k * TT, ln, lp, nv, log_num + k * V + v0, log_psi + k * V + v0,
+        finish16(an, an + TT, scs.data() + k * TT, ln, lp, nv, log_num + k * V + v0, log_psi + k * V + v0,
                zmax + k, zsum + k);
       }
     }
