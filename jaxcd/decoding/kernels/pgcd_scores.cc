@@ -757,15 +757,17 @@ ffi::Error check_common(const ffi::AnyBuffer& bt, const ffi::Buffer<ffi::F32>& W
 // Runs run_words over the vocabulary's words split among threads, then combines the
 // per-thread log-sum-exp partials into logz.
 template <typename E>
-void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* slot,
+void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* slot,
            const float* W, const float* ls, const float* u, float* log_num, float* log_psi,
            float* z, const Shapes& sh) {
   const int64_t V = sh.V, H = sh.H, D = sh.D, N = sh.N;
   const int64_t words = (V + 31) / 32;
   const int64_t nt = num_threads(words);
   const float ninf = -std::numeric_limits<float>::infinity();
-  const int64_t per = (words + nt - 1) / nt;
-  std::vector<float> zmax(nt * N, ninf), zsum(nt * N, 0.f);   // per thread, per particle
+  // chunks of CW words (4,096 tokens) claimed by the threads of XLA's intra-op pool as they
+  // come free; per chunk and particle a log-sum-exp partial, combined in chunk order
+  const int64_t nc = (words + CW - 1) / CW;
+  std::vector<float> zmax(nc * N, ninf), zsum(nc * N, 0.f);
   std::vector<int32_t> ord(N);
   for (int64_t k = 0; k < N; ++k) ord[k] = static_cast<int32_t>(k);
   std::stable_sort(ord.begin(), ord.end(), [&](int32_t a, int32_t b) { return slot[a] < slot[b]; });
@@ -790,7 +792,7 @@ void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* sl
   }
 #endif
   auto work = [&](int64_t t) {
-    const int64_t w0 = std::min(words, t * per), w1 = std::min(words, (t + 1) * per);
+    const int64_t w0 = std::min(words, t * CW), w1 = std::min(words, (t + 1) * CW);
     float* zm = zmax.data() + t * N;
     float* zs = zsum.data() + t * N;
 #ifdef __AVX512F__
@@ -815,28 +817,23 @@ void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* sl
       run_words(reinterpret_cast<const float*>(bt.untyped_data()), src, W, ls, u, nu, slot,
                 ord.data(), log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
   };
-  {
-    std::vector<std::thread> ts;
-    for (int64_t t = 1; t < nt; ++t) ts.emplace_back(work, t);
-    work(0);
-    for (auto& t : ts) t.join();
-  }
+  jaxcd::parallel_chunks(pool, nt, nc, [&work](int64_t c) { work(c); });
   for (int64_t k = 0; k < N; ++k) {
     float m = ninf;
-    for (int64_t t = 0; t < nt; ++t) m = std::max(m, zmax[t * N + k]);
+    for (int64_t t = 0; t < nc; ++t) m = std::max(m, zmax[t * N + k]);
     if (!(m > ninf)) {
       z[k] = ninf;
       continue;
     }
     double acc = 0.0;
-    for (int64_t t = 0; t < nt; ++t)
+    for (int64_t t = 0; t < nc; ++t)
       if (zmax[t * N + k] > ninf) acc += zsum[t * N + k] * std::exp(double(zmax[t * N + k]) - m);
     z[k] = m + static_cast<float>(std::log(acc));
   }
 }
 
 // Scores with the token -> edge lookup from the nested cumulative rows.
-ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
+ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
                 ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::S32> rows,
                 ffi::Buffer<ffi::S32> deg, ffi::ResultBuffer<ffi::F32> log_num,
                 ffi::ResultBuffer<ffi::F32> log_psi, ffi::ResultBuffer<ffi::F32> logz) {
@@ -868,14 +865,14 @@ ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F
     slot[k] = static_cast<int32_t>(q);
   }
   const MaskEdges src{cum.typed_data(), rw, dg, uniq.data(), D, R, Wd};
-  score(bt, src, static_cast<int64_t>(uniq.size()), slot.data(), W.typed_data(), ls.typed_data(),
+  score(pool, bt, src, static_cast<int64_t>(uniq.size()), slot.data(), W.typed_data(), ls.typed_data(),
         u.typed_data(), log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   return ffi::Error::Success();
 }
 
 // Scores with the token -> edge lookup from the per-state index idx [S, V] (int8 or
 // int16; −1: on no out-edge) of the particles' states state [N].
-ffi::Error ImplIndex(ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32> state,
+ffi::Error ImplIndex(ffi::ThreadPool pool, ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32> state,
                      ffi::Buffer<ffi::F32> W, ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u,
                      ffi::ResultBuffer<ffi::F32> log_num, ffi::ResultBuffer<ffi::F32> log_psi,
                      ffi::ResultBuffer<ffi::F32> logz) {
@@ -901,12 +898,12 @@ ffi::Error ImplIndex(ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32
   if (idx.element_type() == ffi::DataType::S8) {
     const IndexEdges<int8_t> src{reinterpret_cast<const int8_t*>(idx.untyped_data()), ust.data(),
                                  S, sh.V};
-    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+    score(pool, bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
           log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   } else if (idx.element_type() == ffi::DataType::S16) {
     const IndexEdges<int16_t> src{reinterpret_cast<const int16_t*>(idx.untyped_data()),
                                   ust.data(), S, sh.V};
-    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+    score(pool, bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
           log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   } else {
     return ffi::Error::InvalidArgument("pgcd_scores: the index must be int8 or int16");
@@ -962,6 +959,7 @@ ffi::Error IndexImpl(ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::S32> rows,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScores, Impl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -975,6 +973,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScores, Impl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScoresIndex, ImplIndex,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
