@@ -521,8 +521,8 @@ inline void finish16(const float* pn, const float* dn, const float* sc, float* l
     *zsum = (*zmax > ninf ? *zsum * std::exp(*zmax - m) : 0.f) + t;
     *zmax = m;
   }
-  std::memcpy(out_num, ln, nv * sizeof(float));
-  std::memcpy(out_psi, lp, nv * sizeof(float));
+  if (ln != out_num) std::memcpy(out_num, ln, nv * sizeof(float));
+  if (lp != out_psi) std::memcpy(out_psi, lp, nv * sizeof(float));
 }
 
 constexpr int64_t TT = 512;  // tokens per tile: each particle's Wt is read once per tile
@@ -710,8 +710,11 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
           // off every live edge: num 0 (-> -inf); sc is read only where num > 0
           _mm512_storeu_ps(an + j0, _mm512_maskz_mov_ps(on, _mm512_loadu_ps(an + j0)));
         }
-        finish16(an, an + TT, scs.data() + k * TT, ln, lp, nv, log_num + k * V + v0, log_psi + k * V + v0,
-               zmax + k, zsum + k);
+        float* on_ = log_num + k * V + v0;
+        float* op_ = log_psi + k * V + v0;
+        const bool whole = nv % 16 == 0;  // written in place: no vector passes nv
+        finish16(an, an + TT, scs.data() + k * TT, whole ? on_ : ln, whole ? op_ : lp, nv, on_,
+                 op_, zmax + k, zsum + k);
       }
     }
   }
@@ -764,9 +767,10 @@ void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_
   const int64_t words = (V + 31) / 32;
   const int64_t nt = num_threads(words);
   const float ninf = -std::numeric_limits<float>::infinity();
-  // chunks of CW words (4,096 tokens) claimed by the threads of XLA's intra-op pool as they
+  // chunks of CW / 2 words (2,048 tokens) claimed by the threads of XLA's intra-op pool as they
   // come free; per chunk and particle a log-sum-exp partial, combined in chunk order
-  const int64_t nc = (words + CW - 1) / CW;
+  constexpr int64_t CH = CW / 2;
+  const int64_t nc = (words + CH - 1) / CH;
   std::vector<float> zmax(nc * N, ninf), zsum(nc * N, 0.f);
   std::vector<int32_t> ord(N);
   for (int64_t k = 0; k < N; ++k) ord[k] = static_cast<int32_t>(k);
@@ -792,7 +796,7 @@ void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_
   }
 #endif
   auto work = [&](int64_t t) {
-    const int64_t w0 = std::min(words, t * CW), w1 = std::min(words, (t + 1) * CW);
+    const int64_t w0 = std::min(words, t * CH), w1 = std::min(words, (t + 1) * CH);
     float* zm = zmax.data() + t * N;
     float* zs = zsum.data() + t * N;
 #ifdef __AVX512F__
