@@ -153,6 +153,42 @@ def test_wide_out_degree_and_dead_successors(H):
         assert dead_succ > 0                 # allowed by the automaton, β^P = 0 within n
 
 
+# out-degree 81: past 64 the AVX-512 path gathers the weights of passes with edges ≥ 64
+_A80 = [b"a" * k for k in range(1, 81)]
+WIDE80 = Vocabulary.from_token_bytes([b"<eos>"] + _A80 + [b"b", b"c"], eos_id=0)
+
+
+@pytest.mark.parametrize("H,dtype", [(16, jnp.float32), (32, jnp.float32), (8, jnp.float32),
+                                     (16, jnp.bfloat16)])
+def test_out_degree_above_64(H, dtype):
+    """Out-degree 81 (edges 0..80): the kernel against the host product over δ (float32),
+    and bfloat16 tables within the bound of ``test_bfloat16_error_bound``."""
+    fa = compile_regex("a{70,79}c?", WIDE80)
+    deg = np.diff(np.asarray(fa.out_start))
+    assert deg.max() > 64 and (np.asarray(pgcd.edge_index(fa)) >= 64).any()
+    rng = np.random.default_rng(5)
+    V = fa.vocab_size
+    hmm = _dirichlet_hmm(rng, H, V)
+    n = 3
+    tables = pgcd.backward(fa, hmm, n, steps=4, table_dtype=dtype)
+    with jax.enable_x64(True):
+        hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
+        beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+    seqs = [(), (1,), (40,), (69,), (70,), (79,)]
+    sts = _states(fa, hmm, seqs)
+    got = np.asarray(_kernel(fa, tables, sts)[0])
+    atol = 2e-5 if dtype == jnp.float32 else -3 * np.log1p(-2.0 ** -9) + 1e-5
+    n_fin = 0
+    for i, p in enumerate(seqs):
+        st = jax.tree.map(lambda x: x[i], sts)
+        want = _host_scores(fa, hmm, beta, st, n)
+        fin = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got[i]), fin)
+        np.testing.assert_allclose(got[i][fin], want[fin], rtol=0, atol=atol)
+        n_fin += fin.sum()
+    assert n_fin > 20
+
+
 def test_bfloat16_error_bound():
     """With ``table_dtype=bfloat16``, ``B`` and the ``β^P`` mantissas are float32 values
     rounded to nearest bfloat16: relative error ≤ u = 2⁻⁹ each. Every term of ``num(v) =

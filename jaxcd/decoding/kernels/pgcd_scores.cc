@@ -593,7 +593,9 @@ inline __m512 lookup(__m512 t0, __m512 t1, __m512 t2, __m512 t3, __m512i e, __mm
 }
 
 // One register pass: NB vectors of tokens from j0 of one particle, hidden states
-// [h0, h1), accumulated into an (num) and ad (den); the edges need NP table pairs.
+// [h0, h1), accumulated into an (num) and ad (den); the edges need NP table pairs
+// (NP = 0: some edge is ≥ 64, the weights are gathered from Wt instead, slower; only in
+// states of out-degree > 64).
 template <int NP, int64_t DP>
 inline void pass_h(const float* bT, const float* wk, const float* uk, const int32_t* ek,
                    float* an, float* ad, int64_t j0, int64_t h0, int64_t h1) {
@@ -607,6 +609,18 @@ inline void pass_h(const float* bT, const float* wk, const float* uk, const int3
       d[b] = _mm512_loadu_ps(ad + j0 + 16 * b);
     }
     for (int64_t h = h0; h < h1; ++h) {
+      if constexpr (NP == 0) {
+        const __m512 uh = _mm512_set1_ps(uk[h]);
+        const float* xr = bT + (h - h0) * TT + j0;
+        for (int b = 0; b < NB; ++b) {
+          const __m512 x = _mm512_loadu_ps(xr + 16 * b);
+          const __mmask16 on = _mm512_cmpge_epi32_mask(e[b], _mm512_setzero_si512());
+          const __m512 w = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), on, e[b], wk + h * DP, 4);
+          n[b] = _mm512_fmadd_ps(x, w, n[b]);
+          d[b] = _mm512_fmadd_ps(x, uh, d[b]);
+        }
+        continue;
+      }
       __m512 t0 = _mm512_loadu_ps(wk + h * DP), t1 = _mm512_loadu_ps(wk + h * DP + 16);
       __m512 t2 = t0, t3 = t1;
       if constexpr (NP >= 2) {
@@ -664,7 +678,7 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
         const __m512 l2 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 32) : l0;
         const __m512 l3 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 48) : l1;
         for (int64_t j0 = 0; j0 < TT; j0 += 16 * NB) {
-          __mmask16 any_on = 0, any_hi = 0;
+          __mmask16 any_on = 0, any_hi = 0, any_64 = 0;
           for (int64_t j = j0; j < j0 + 16 * NB; j += 16) {
             const __mmask16 in = j + 16 <= nv ? __mmask16(0xffff)
                                : j >= nv ? __mmask16(0) : __mmask16((1u << (nv - j)) - 1);
@@ -672,7 +686,13 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
                 _mm512_set1_epi32(-1), in,
                 _mm256_maskz_loadu_epi16(in, e + j));
             const __mmask16 hi = _mm512_test_epi32_mask(x, _mm512_set1_epi32(32));
-            const __m512 l = lookup<NP>(l0, l1, l2, l3, x, hi);
+            __m512 l;
+            if constexpr (NP <= 2)
+              l = lookup<NP>(l0, l1, l2, l3, x, hi);
+            else  // edges up to 127
+              l = _mm512_mask_i32gather_ps(
+                  _mm512_set1_ps(ninf), _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()), x,
+                  Lt + k * DP, 4);
             const __mmask16 on = _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()) &
                                  _mm512_cmp_ps_mask(l, _mm512_set1_ps(ninf), _CMP_GT_OQ);
             x = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1), on, x);
@@ -680,8 +700,9 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
             _mm512_storeu_ps(sk + j, l);
             any_on |= on;
             any_hi |= _mm512_mask_test_epi32_mask(on, x, _mm512_set1_epi32(32));
+            any_64 |= _mm512_mask_test_epi32_mask(on, x, _mm512_set1_epi32(~63));
           }
-          pass[k * (TT / (16 * NB)) + j0 / (16 * NB)] = any_on == 0 ? 0 : any_hi == 0 ? 1 : NP;
+          pass[k * (TT / (16 * NB)) + j0 / (16 * NB)] = any_on == 0 ? 0 : any_64 ? 3 : any_hi == 0 ? 1 : 2;
         }
       }
       std::fill(acc.begin(), acc.end(), 0.f);
@@ -697,8 +718,10 @@ void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, co
             const int np = pass[k * (TT / (16 * NB)) + j0 / (16 * NB)];
             if (np == 1)
               pass_h<1, DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
-            else if (np > 1)
-              pass_h<NP, DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
+            else if (np == 2)
+              pass_h<(NP >= 2 ? 2 : 1), DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
+            else if (np == 3)
+              pass_h<0, DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
           }
         }
       }
@@ -776,9 +799,10 @@ void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_
   for (int64_t k = 0; k < N; ++k) ord[k] = static_cast<int32_t>(k);
   std::stable_sort(ord.begin(), ord.end(), [&](int32_t a, int32_t b) { return slot[a] < slot[b]; });
 #ifdef __AVX512F__
-  // the AVX-512 path: edge weights transposed to Wt [N, H, 32·NP] (zero past D and where
-  // ls = −inf), ls padded to Lt [N, 32·NP]
-  const int np = (H % 16 == 0 && D <= 64) ? (D <= 32 ? 1 : 2) : 0;
+  // the AVX-512 path (H a multiple of 16, D ≤ 128): edge weights transposed to
+  // Wt [N, H, 32·NP] (NP = 1, 2 or 4; zero past D and where ls = −inf), ls padded to
+  // Lt [N, 32·NP]
+  const int np = (H % 16 == 0 && D <= 128) ? (D <= 32 ? 1 : D <= 64 ? 2 : 4) : 0;
   std::vector<float> Wt, Lt;
   if (np > 0) {
     const int64_t DP = 32 * np;
@@ -808,8 +832,10 @@ void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_
                   log_num, log_psi, N, H, V, w0, w1, zm, zs)
       if (np == 1 && bf) JAXCD_RUN16(1, uint16_t);
       else if (np == 1) JAXCD_RUN16(1, float);
-      else if (bf) JAXCD_RUN16(2, uint16_t);
-      else JAXCD_RUN16(2, float);
+      else if (np == 2 && bf) JAXCD_RUN16(2, uint16_t);
+      else if (np == 2) JAXCD_RUN16(2, float);
+      else if (bf) JAXCD_RUN16(4, uint16_t);  // 65..128 out-edges: Wt [N, H, 128]
+      else JAXCD_RUN16(4, float);
 #undef JAXCD_RUN16
       return;
     }
