@@ -11,6 +11,8 @@
 // (a token is on edge i when it is new in row i), so it costs O(D'·V/32 + V) per
 // particle, and the products touch each allowed token once: 2·H multiply-adds per
 // (particle, allowed token), reading a block of Bt once for all particles.
+// With AVX-512, H a multiple of 16 and D ≤ 128, run_words16 does the same with the tokens
+// in the vector lanes (see its comment); otherwise run_words, eight hidden states per lane.
 //
 // Shapes (leading axes of W, ls, u, rows, deg are particle axes, flattened to N; Bt and
 // cum may carry leading axes of size 1 — vmap's expand_dims):
