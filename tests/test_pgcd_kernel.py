@@ -58,7 +58,13 @@ def _states(fa, hmm, seqs):
     return jax.tree.map(lambda *x: jnp.stack(x), *out)
 
 
-@pytest.mark.parametrize("pattern,n,H", CASES)
+# H a multiple of 16 (and out-degree ≤ 64) takes the kernel's AVX-512 path where the CPU
+# has AVX-512 (tokens in the vector lanes, the edge weights looked up in registers);
+# other H the 8-lane path. Both are checked against the same references.
+_CASES16 = [(p, n, 16) for p, n, _ in CASES[:2]] + [(CASES[2][0], CASES[2][1], 48)]
+
+
+@pytest.mark.parametrize("pattern,n,H", CASES + _CASES16)
 @pytest.mark.parametrize("zeros", [False, True])
 def test_float32_kernel_equals_enumeration(pattern, n, H, zeros):
     """ψ(x·v) for every reachable prefix x and token v, float32 kernel vs float64
@@ -110,13 +116,16 @@ def _host_scores(fa, hmm, beta, st, n):
     return out
 
 
-def test_wide_out_degree_and_dead_successors():
-    """Budgets 3 and 4 through one table length (``steps=4``: the programs compile once)."""
+@pytest.mark.parametrize("H", [8, 16, 48])
+def test_wide_out_degree_and_dead_successors(H):
+    """Budgets 3 and 4 through one table length (``steps=4``: the programs compile once).
+    Out-degree 46: on the AVX-512 path (H = 16, 48) tokens on edges ≥ 32 need the second
+    pair of weight tables."""
     fa = compile_regex(WIDE_PATTERN, WIDE)
     deg = np.diff(np.asarray(fa.out_start))
     assert deg.max() > 32                                 # above any one-word shortcut
+    assert (np.asarray(pgcd.edge_index(fa)) >= 32).any()
     rng = np.random.default_rng(3)
-    H = 8
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     for n in (3, 4):
@@ -142,6 +151,42 @@ def test_wide_out_degree_and_dead_successors():
             dead_succ += sum(1 for v in range(V)
                              if fa.next_state(s, v) != fa.dead_state and not fin[v])
         assert dead_succ > 0                 # allowed by the automaton, β^P = 0 within n
+
+
+# out-degree 81: past 64 the AVX-512 path gathers the weights of passes with edges ≥ 64
+_A80 = [b"a" * k for k in range(1, 81)]
+WIDE80 = Vocabulary.from_token_bytes([b"<eos>"] + _A80 + [b"b", b"c"], eos_id=0)
+
+
+@pytest.mark.parametrize("H,dtype", [(16, jnp.float32), (32, jnp.float32), (8, jnp.float32),
+                                     (16, jnp.bfloat16)])
+def test_out_degree_above_64(H, dtype):
+    """Out-degree 81 (edges 0..80): the kernel against the host product over δ (float32),
+    and bfloat16 tables within the bound of ``test_bfloat16_error_bound``."""
+    fa = compile_regex("a{70,79}c?", WIDE80)
+    deg = np.diff(np.asarray(fa.out_start))
+    assert deg.max() > 64 and (np.asarray(pgcd.edge_index(fa)) >= 64).any()
+    rng = np.random.default_rng(5)
+    V = fa.vocab_size
+    hmm = _dirichlet_hmm(rng, H, V)
+    n = 3
+    tables = pgcd.backward(fa, hmm, n, steps=4, table_dtype=dtype)
+    with jax.enable_x64(True):
+        hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
+        beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+    seqs = [(), (1,), (40,), (69,), (70,), (79,)]
+    sts = _states(fa, hmm, seqs)
+    got = np.asarray(_kernel(fa, tables, sts)[0])
+    atol = 2e-5 if dtype == jnp.float32 else -3 * np.log1p(-2.0 ** -9) + 1e-5
+    n_fin = 0
+    for i, p in enumerate(seqs):
+        st = jax.tree.map(lambda x: x[i], sts)
+        want = _host_scores(fa, hmm, beta, st, n)
+        fin = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got[i]), fin)
+        np.testing.assert_allclose(got[i][fin], want[fin], rtol=0, atol=atol)
+        n_fin += fin.sum()
+    assert n_fin > 20
 
 
 def test_bfloat16_error_bound():

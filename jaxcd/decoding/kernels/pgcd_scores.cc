@@ -11,6 +11,8 @@
 // (a token is on edge i when it is new in row i), so it costs O(D'·V/32 + V) per
 // particle, and the products touch each allowed token once: 2·H multiply-adds per
 // (particle, allowed token), reading a block of Bt once for all particles.
+// With AVX-512, H a multiple of 16 and D ≤ 128, run_words16 does the same with the tokens
+// in the vector lanes (see its comment); otherwise run_words, eight hidden states per lane.
 //
 // Shapes (leading axes of W, ls, u, rows, deg are particle axes, flattened to N; Bt and
 // cum may carry leading axes of size 1 — vmap's expand_dims):
@@ -283,6 +285,60 @@ struct IndexEdges {  // from the per-state index [S, V] (int8 or int16)
   }
 };
 
+// One particle's scores over nv tokens from its products pn (num), dn (den) and the
+// log-scale sc of each token's edge: log_num and log_psi written to out_num, out_psi
+// (through the scratch rows ln, lp), and its running log-sum-exp (*zmax, *zsum) updated.
+// pn, dn, sc, ln, lp have room for whole 8-vectors past nv.
+inline void finish(const float* pn, const float* dn, const float* sc, float* ln, float* lp,
+                   int64_t nv, float* out_num, float* out_psi, float* zmax, float* zsum) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+      // 3. logs (vectorised), then the rare exact fix-ups (zeros, subnormals)
+      for (int64_t j = 0; j < nv; j += 8) {  // the arrays have room for whole vectors
+        const f8 x = load8(pn + j), y = load8(dn + j);
+        const f8 a = log8(x) + load8(sc + j);
+        const f8 c = a - log8(y);
+        std::memcpy(ln + j, &a, sizeof a);
+        std::memcpy(lp + j, &c, sizeof c);
+        const i8v bad = ~((x >= std::numeric_limits<float>::min()) &
+                          (x <= std::numeric_limits<float>::max()) &
+                          (y >= std::numeric_limits<float>::min()) &
+                          (y <= std::numeric_limits<float>::max()));
+        int any = 0;
+        for (int l = 0; l < 8; ++l) any |= bad[l];
+        if (any) {  // off every live edge or a zero product: -inf; subnormals: std::log
+          for (int64_t q = j; q < std::min(nv, j + 8); ++q) {
+            if (!is_normal_pos(pn[q]))
+              ln[q] = pn[q] > 0.f && std::isfinite(pn[q]) ? std::log(pn[q]) + sc[q] : ninf;
+            if (!is_normal_pos(pn[q]) || !is_normal_pos(dn[q]))
+              lp[q] = ln[q] > ninf && dn[q] > 0.f && std::isfinite(dn[q])
+                          ? ln[q] - std::log(dn[q]) : ninf;
+          }
+        }
+      }
+      // running log-sum-exp of log_num for this particle: (max, Σ exp(ln − max))
+      {
+        f8 mv = f8{} + *zmax;
+        for (int64_t j = 0; j + 8 <= nv; j += 8) {
+          const f8 x = load8(ln + j);
+          mv = x > mv ? x : mv;
+        }
+        float m = mv[0];
+        for (int l = 1; l < 8; ++l) m = mv[l] > m ? mv[l] : m;
+        for (int64_t j = nv & ~int64_t{7}; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
+        if (m > ninf) {
+          f8 acc = {0};
+          for (int64_t j = 0; j + 8 <= nv; j += 8) acc += exp8(load8(ln + j) - m);
+          float t = 0.f;
+          for (int l = 0; l < 8; ++l) t += acc[l];
+          for (int64_t j = nv & ~int64_t{7}; j < nv; ++j) t += std::exp(ln[j] - m);
+          *zsum = (*zmax > ninf ? *zsum * std::exp(*zmax - m) : 0.f) + t;
+          *zmax = m;
+        }
+      }
+      std::memcpy(out_num, ln, nv * sizeof(float));
+      std::memcpy(out_psi, lp, nv * sizeof(float));
+}
+
 template <typename T, typename E>
 void run_words(const T* bt, const E& src, const float* W, const float* ls, const float* u,
                int64_t nu, const int32_t* slot, const int32_t* ord, float* log_num, float* log_psi, int64_t N,
@@ -355,59 +411,340 @@ void run_words(const T* bt, const E& src, const float* W, const float* ls, const
       }
     for (int t = 0; t < ng; ++t) {
       const int64_t k = ord[g0 + t];
-      float* pn = pn_[t];
-      float* dn = dn_[t];
-      float* sc = sc_[t];
-      // 3. logs (vectorised), then the rare exact fix-ups (zeros, subnormals)
-      for (int64_t j = 0; j < nv; j += 8) {  // the arrays have room for whole vectors
-        const f8 x = load8(pn + j), y = load8(dn + j);
-        const f8 a = log8(x) + load8(sc + j);
-        const f8 c = a - log8(y);
-        std::memcpy(ln + j, &a, sizeof a);
-        std::memcpy(lp + j, &c, sizeof c);
-        const i8v bad = ~((x >= std::numeric_limits<float>::min()) &
-                          (x <= std::numeric_limits<float>::max()) &
-                          (y >= std::numeric_limits<float>::min()) &
-                          (y <= std::numeric_limits<float>::max()));
-        int any = 0;
-        for (int l = 0; l < 8; ++l) any |= bad[l];
-        if (any) {  // off every live edge or a zero product: -inf; subnormals: std::log
-          for (int64_t q = j; q < std::min(nv, j + 8); ++q) {
-            if (!is_normal_pos(pn[q]))
-              ln[q] = pn[q] > 0.f && std::isfinite(pn[q]) ? std::log(pn[q]) + sc[q] : ninf;
-            if (!is_normal_pos(pn[q]) || !is_normal_pos(dn[q]))
-              lp[q] = ln[q] > ninf && dn[q] > 0.f && std::isfinite(dn[q])
-                          ? ln[q] - std::log(dn[q]) : ninf;
-          }
-        }
-      }
-      // running log-sum-exp of log_num for this particle: (max, Σ exp(ln − max))
-      {
-        f8 mv = f8{} + zmax[k];
-        for (int64_t j = 0; j + 8 <= nv; j += 8) {
-          const f8 x = load8(ln + j);
-          mv = x > mv ? x : mv;
-        }
-        float m = mv[0];
-        for (int l = 1; l < 8; ++l) m = mv[l] > m ? mv[l] : m;
-        for (int64_t j = nv & ~int64_t{7}; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
-        if (m > ninf) {
-          f8 acc = {0};
-          for (int64_t j = 0; j + 8 <= nv; j += 8) acc += exp8(load8(ln + j) - m);
-          float t = 0.f;
-          for (int l = 0; l < 8; ++l) t += acc[l];
-          for (int64_t j = nv & ~int64_t{7}; j < nv; ++j) t += std::exp(ln[j] - m);
-          zsum[k] = (zmax[k] > ninf ? zsum[k] * std::exp(zmax[k] - m) : 0.f) + t;
-          zmax[k] = m;
-        }
-      }
-      std::memcpy(log_num + k * V + v0, ln, nv * sizeof(float));
-      std::memcpy(log_psi + k * V + v0, lp, nv * sizeof(float));
+      finish(pn_[t], dn_[t], sc_[t], ln, lp, nv, log_num + k * V + v0, log_psi + k * V + v0,
+             zmax + k, zsum + k);
     }
     }
   }
 }
 }
+
+#ifdef __AVX512F__
+// The AVX-512 path (H a multiple of 16, out-degree D ≤ 64): sixteen tokens per vector
+// lane-wise instead of H per vector, so no horizontal sums and no per-token list. A tile
+// of TT tokens of Bt is transposed to bT [H, TT] (16×16 blocks in registers); each
+// particle k's edge weights are laid out as Wt[k] [H, 32·NP] (column d = edge d, zero past
+// D and where the edge's β^P is 0), so the weight of every lane's own edge at hidden state
+// h is one in-register table lookup (vpermt2ps over 32 columns, NP of them blended by
+// bits 5.. of the edge) instead of a load:
+//   num[k, v] += bT[h, v] · Wt[k, h, d_k(v)],   den[k, v] += bT[h, v] · u[k, h]
+// (one FMA chain per (particle, token) over h; lanes off every edge are zeroed).
+// finish() sixteen lanes at a time (same polynomials as log8 / exp8, so the same
+// results lane for lane); pn, dn, sc, ln, lp have room for whole 16-vectors past nv.
+typedef float f16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+inline f16 ld16(const float* p) {
+  f16 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+inline f16 log16(f16 x) {
+  i16 i;
+  std::memcpy(&i, &x, sizeof i);
+  const i16 e = ((i >> 23) & 255) - 127;
+  i16 mi = (i & 0x7fffff) | 0x3f800000;
+  f16 m;
+  std::memcpy(&m, &mi, sizeof m);
+  const i16 bigm = m > 1.41421356f;
+  const f16 big = __builtin_convertvector(-bigm, f16);
+  m = m * (1.0f - 0.5f * big);
+  const f16 f = m - 1.0f;
+  const f16 z = f * f;
+  f16 y = f * 7.0376836292e-2f - 1.1514610310e-1f;
+  y = y * f + 1.1676998740e-1f;
+  y = y * f - 1.2420140846e-1f;
+  y = y * f + 1.4249322787e-1f;
+  y = y * f - 1.6668057665e-1f;
+  y = y * f + 2.0000714765e-1f;
+  y = y * f - 2.4999993993e-1f;
+  y = y * f + 3.3333331174e-1f;
+  y = y * f * z - 0.5f * z;
+  return f + y + (__builtin_convertvector(e, f16) + big) * 0.693147180559945f;
+}
+inline f16 exp16(f16 x) {
+  const i16 tiny = x < -87.0f;
+  x = x < -87.0f ? f16{} - 87.0f : x;
+  x = x > 88.0f ? f16{} + 88.0f : x;
+  const f16 fx = x * 1.44269504088896341f;
+  const i16 n = __builtin_convertvector(fx + (fx >= 0.0f ? f16{} + 0.5f : f16{} - 0.5f), i16);
+  const f16 nf = __builtin_convertvector(n, f16);
+  f16 r = x - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  const f16 z = r * r;
+  f16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const i16 bits = (n + 127) << 23;
+  f16 two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  const f16 out = y * two_n;
+  return tiny ? f16{} : out;
+}
+inline void finish16(const float* pn, const float* dn, const float* sc, float* ln, float* lp,
+                     int64_t nv, float* out_num, float* out_psi, float* zmax, float* zsum) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float lo = std::numeric_limits<float>::min(), hi = std::numeric_limits<float>::max();
+  for (int64_t j = 0; j < nv; j += 16) {
+    const f16 x = ld16(pn + j), y = ld16(dn + j);
+    const f16 a = log16(x) + ld16(sc + j);
+    const f16 c = a - log16(y);
+    std::memcpy(ln + j, &a, sizeof a);
+    std::memcpy(lp + j, &c, sizeof c);
+    const i16 good = (x >= lo) & (x <= hi) & (y >= lo) & (y <= hi);
+    __m512i g;
+    std::memcpy(&g, &good, sizeof g);
+    if (_mm512_cmpeq_epi32_mask(g, _mm512_setzero_si512())) {  // a lane not normal  // off every live edge or a zero product: -inf; subnormals: std::log
+      for (int64_t q = j; q < std::min(nv, j + 16); ++q) {
+        if (!is_normal_pos(pn[q]))
+          ln[q] = pn[q] > 0.f && std::isfinite(pn[q]) ? std::log(pn[q]) + sc[q] : ninf;
+        if (!is_normal_pos(pn[q]) || !is_normal_pos(dn[q]))
+          lp[q] = ln[q] > ninf && dn[q] > 0.f && std::isfinite(dn[q]) ? ln[q] - std::log(dn[q])
+                                                                      : ninf;
+      }
+    }
+  }
+  f16 mv = f16{} + *zmax;
+  for (int64_t j = 0; j + 16 <= nv; j += 16) {
+    const f16 x = ld16(ln + j);
+    mv = x > mv ? x : mv;
+  }
+  float m = mv[0];
+  for (int l = 1; l < 16; ++l) m = mv[l] > m ? mv[l] : m;
+  for (int64_t j = nv & ~int64_t{15}; j < nv; ++j) m = ln[j] > m ? ln[j] : m;
+  if (m > ninf) {
+    f16 acc = {0};
+    for (int64_t j = 0; j + 16 <= nv; j += 16) acc += exp16(ld16(ln + j) - m);
+    float t = 0.f;
+    for (int l = 0; l < 16; ++l) t += acc[l];
+    for (int64_t j = nv & ~int64_t{15}; j < nv; ++j) t += std::exp(ln[j] - m);
+    *zsum = (*zmax > ninf ? *zsum * std::exp(*zmax - m) : 0.f) + t;
+    *zmax = m;
+  }
+  if (ln != out_num) std::memcpy(out_num, ln, nv * sizeof(float));
+  if (lp != out_psi) std::memcpy(out_psi, lp, nv * sizeof(float));
+}
+
+constexpr int64_t TT = 512;  // tokens per tile: each particle's Wt is read once per tile
+constexpr int64_t HC = 16;   // hidden states per chunk: bT [HC, TT] is 32 KiB (L1)
+constexpr int NB = 4;        // vectors of tokens per register pass
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// bT[h - h0, j] = Bt[v0 + j, h] for h0 ≤ h < h0 + 16, j < TT (0 past nv): 16×16 blocks
+// transposed in registers. B is read once per call (50 MB at H = 256, from DRAM): the
+// rows' next 64 bytes (or the next tile's first) are prefetched into L2.
+template <typename T>
+void transpose_tile(const T* bt, int64_t H, int64_t V, int64_t v0, int64_t nv, int64_t h0,
+                    float* bT) {
+  const int64_t pf = h0 + 16 < H ? h0 + 16 : (v0 + 2 * TT <= V ? TT * H : -1);
+  for (int64_t j0 = 0; j0 < TT; j0 += 16) {
+    __m512 r[16];
+    if (j0 + 16 <= nv) {
+      for (int i = 0; i < 16; ++i) r[i] = load16(bt + (v0 + j0 + i) * H + h0);
+      if (pf >= 0)
+        for (int i = 0; i < 16; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(bt + (v0 + j0 + i) * H + pf),
+                       _MM_HINT_T1);
+    } else {
+      for (int i = 0; i < 16; ++i)
+        r[i] = j0 + i < nv ? load16(bt + (v0 + j0 + i) * H + h0) : _mm512_setzero_ps();
+    }
+    __m512 t[16], q[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; ++g) {  // rows 4g..4g+3: q[4g + c] = column c of each lane
+      q[4 * g + 0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+      q[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+      q[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+      q[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512 a = _mm512_shuffle_f32x4(q[c], q[4 + c], 0x88);
+      const __m512 b = _mm512_shuffle_f32x4(q[c], q[4 + c], 0xDD);
+      const __m512 a2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0x88);
+      const __m512 b2 = _mm512_shuffle_f32x4(q[8 + c], q[12 + c], 0xDD);
+      _mm512_storeu_ps(bT + c * TT + j0, _mm512_shuffle_f32x4(a, a2, 0x88));
+      _mm512_storeu_ps(bT + (8 + c) * TT + j0, _mm512_shuffle_f32x4(a, a2, 0xDD));
+      _mm512_storeu_ps(bT + (4 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0x88));
+      _mm512_storeu_ps(bT + (12 + c) * TT + j0, _mm512_shuffle_f32x4(b, b2, 0xDD));
+    }
+  }
+}
+
+// Keeps x in a register: the compiler would otherwise fold its load into every use (two
+// FMAs, two permutes), doubling the loads of the inner loop.
+inline void in_reg(__m512& x) { asm("" : "+v"(x)); }
+
+// The weight of each lane's edge from the table pairs (t0, t1) (edges < 32) and, for
+// NP = 2, (t2, t3) (edges 32..63, chosen by the mask hi of bit 5). By value: an array
+// would be spilled to the stack.
+template <int NP>
+inline __m512 lookup(__m512 t0, __m512 t1, __m512 t2, __m512 t3, __m512i e, __mmask16 hi) {
+  __m512 w = _mm512_permutex2var_ps(t0, e, t1);
+  if constexpr (NP >= 2) w = _mm512_mask_blend_ps(hi, w, _mm512_permutex2var_ps(t2, e, t3));
+  return w;
+}
+
+// One register pass: NB vectors of tokens from j0 of one particle, hidden states
+// [h0, h1), accumulated into an (num) and ad (den); the edges need NP table pairs
+// (NP = 0: some edge is ≥ 64, the weights are gathered from Wt instead, slower; only in
+// states of out-degree > 64).
+template <int NP, int64_t DP>
+inline void pass_h(const float* bT, const float* wk, const float* uk, const int32_t* ek,
+                   float* an, float* ad, int64_t j0, int64_t h0, int64_t h1) {
+    __m512i e[NB];
+    __mmask16 hi[NB];
+    __m512 n[NB], d[NB];
+    for (int b = 0; b < NB; ++b) {
+      e[b] = _mm512_loadu_si512(ek + j0 + 16 * b);
+      hi[b] = _mm512_test_epi32_mask(e[b], _mm512_set1_epi32(32));
+      n[b] = _mm512_loadu_ps(an + j0 + 16 * b);
+      d[b] = _mm512_loadu_ps(ad + j0 + 16 * b);
+    }
+    for (int64_t h = h0; h < h1; ++h) {
+      if constexpr (NP == 0) {
+        const __m512 uh = _mm512_set1_ps(uk[h]);
+        const float* xr = bT + (h - h0) * TT + j0;
+        for (int b = 0; b < NB; ++b) {
+          const __m512 x = _mm512_loadu_ps(xr + 16 * b);
+          const __mmask16 on = _mm512_cmpge_epi32_mask(e[b], _mm512_setzero_si512());
+          const __m512 w = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), on, e[b], wk + h * DP, 4);
+          n[b] = _mm512_fmadd_ps(x, w, n[b]);
+          d[b] = _mm512_fmadd_ps(x, uh, d[b]);
+        }
+        continue;
+      }
+      __m512 t0 = _mm512_loadu_ps(wk + h * DP), t1 = _mm512_loadu_ps(wk + h * DP + 16);
+      __m512 t2 = t0, t3 = t1;
+      if constexpr (NP >= 2) {
+        t2 = _mm512_loadu_ps(wk + h * DP + 32);
+        t3 = _mm512_loadu_ps(wk + h * DP + 48);
+        in_reg(t2);
+        in_reg(t3);
+      }
+      in_reg(t0);
+      in_reg(t1);
+      const __m512 uh = _mm512_set1_ps(uk[h]);
+      const float* xr = bT + (h - h0) * TT + j0;
+      for (int b = 0; b < NB; ++b) {
+        __m512 x = _mm512_loadu_ps(xr + 16 * b);
+        in_reg(x);
+        n[b] = _mm512_fmadd_ps(x, lookup<NP>(t0, t1, t2, t3, e[b], hi[b]), n[b]);
+        d[b] = _mm512_fmadd_ps(x, uh, d[b]);
+      }
+    }
+    for (int b = 0; b < NB; ++b) {
+      _mm512_storeu_ps(an + j0 + 16 * b, n[b]);
+      _mm512_storeu_ps(ad + j0 + 16 * b, d[b]);
+    }
+}
+
+// run_words for the AVX-512 path: Wt [N, H, 32·NP], Lt [N, 32·NP] (ls, −inf past D).
+template <int NP, typename T, typename E>
+void run_words16(const T* bt, const E& src, const float* Wt, const float* Lt, const float* u,
+                 int64_t nu, const int32_t* slot, float* log_num, float* log_psi, int64_t N,
+                 int64_t H, int64_t V, int64_t w0, int64_t w1, float* zmax, float* zsum) {
+  constexpr int64_t DP = 32 * NP;
+  std::vector<float> bT_(static_cast<size_t>(HC) * TT);
+  std::vector<float> acc(static_cast<size_t>(N) * 2 * TT);  // per particle: num, den
+  std::vector<int32_t> eid(static_cast<size_t>(N) * TT);
+  std::vector<float> scs(static_cast<size_t>(N) * TT);
+  std::vector<uint8_t> pass(static_cast<size_t>(N) * (TT / (16 * NB)));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  alignas(64) float ln[TT], lp[TT];
+  float* bT = bT_.data();
+  std::vector<int16_t> edges(static_cast<size_t>(nu) * CW * 32);
+  for (int64_t c0 = w0; c0 < w1; c0 += CW) {
+    const int64_t cw = std::min(w1, c0 + CW) - c0;
+    for (int64_t q = 0; q < nu; ++q) src.fill(q, c0, cw, edges.data() + q * CW * 32);
+    const int64_t cv0 = c0 * 32, cv1 = std::min<int64_t>((c0 + cw) * 32, V);
+    for (int64_t v0 = cv0; v0 < cv1; v0 += TT) {
+      const int64_t nv = std::min<int64_t>(TT, cv1 - v0);
+      // each particle's edge of every token of the tile (−1: on no edge or on an edge
+      // whose β^P is 0), its log-scale, and per pass of 16·NB tokens the table pairs
+      // needed (0: no token on an edge, the pass is skipped; 1: edges < 32 only; NP)
+      for (int64_t k = 0; k < N; ++k) {
+        const int16_t* e = edges.data() + slot[k] * CW * 32 + (v0 - cv0);
+        int32_t* ek = eid.data() + k * TT;
+        float* sk = scs.data() + k * TT;
+        const __m512 l0 = _mm512_loadu_ps(Lt + k * DP), l1 = _mm512_loadu_ps(Lt + k * DP + 16);
+        const __m512 l2 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 32) : l0;
+        const __m512 l3 = NP >= 2 ? _mm512_loadu_ps(Lt + k * DP + 48) : l1;
+        for (int64_t j0 = 0; j0 < TT; j0 += 16 * NB) {
+          __mmask16 any_on = 0, any_hi = 0, any_64 = 0;
+          for (int64_t j = j0; j < j0 + 16 * NB; j += 16) {
+            const __mmask16 in = j + 16 <= nv ? __mmask16(0xffff)
+                               : j >= nv ? __mmask16(0) : __mmask16((1u << (nv - j)) - 1);
+            __m512i x = _mm512_mask_cvtepi16_epi32(
+                _mm512_set1_epi32(-1), in,
+                _mm256_maskz_loadu_epi16(in, e + j));
+            const __mmask16 hi = _mm512_test_epi32_mask(x, _mm512_set1_epi32(32));
+            __m512 l;
+            if constexpr (NP <= 2)
+              l = lookup<NP>(l0, l1, l2, l3, x, hi);
+            else  // edges up to 127
+              l = _mm512_mask_i32gather_ps(
+                  _mm512_set1_ps(ninf), _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()), x,
+                  Lt + k * DP, 4);
+            const __mmask16 on = _mm512_cmpge_epi32_mask(x, _mm512_setzero_si512()) &
+                                 _mm512_cmp_ps_mask(l, _mm512_set1_ps(ninf), _CMP_GT_OQ);
+            x = _mm512_mask_mov_epi32(_mm512_set1_epi32(-1), on, x);
+            _mm512_storeu_si512(ek + j, x);
+            _mm512_storeu_ps(sk + j, l);
+            any_on |= on;
+            any_hi |= _mm512_mask_test_epi32_mask(on, x, _mm512_set1_epi32(32));
+            any_64 |= _mm512_mask_test_epi32_mask(on, x, _mm512_set1_epi32(~63));
+          }
+          pass[k * (TT / (16 * NB)) + j0 / (16 * NB)] = any_on == 0 ? 0 : any_64 ? 3 : any_hi == 0 ? 1 : 2;
+        }
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t h0 = 0; h0 < H; h0 += HC) {
+        const int64_t h1 = std::min(H, h0 + HC);
+        transpose_tile(bt, H, V, v0, nv, h0, bT);
+        for (int64_t k = 0; k < N; ++k) {
+          const float* wk = Wt + k * H * DP;
+          const float* uk = u + k * H;
+          float* an = acc.data() + k * 2 * TT;
+          float* ad = an + TT;
+          for (int64_t j0 = 0; j0 < TT; j0 += 16 * NB) {
+            const int np = pass[k * (TT / (16 * NB)) + j0 / (16 * NB)];
+            if (np == 1)
+              pass_h<1, DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
+            else if (np == 2)
+              pass_h<(NP >= 2 ? 2 : 1), DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
+            else if (np == 3)
+              pass_h<0, DP>(bT, wk, uk, eid.data() + k * TT, an, ad, j0, h0, h1);
+          }
+        }
+      }
+      for (int64_t k = 0; k < N; ++k) {
+        float* an = acc.data() + k * 2 * TT;
+        for (int64_t j0 = 0; j0 < TT; j0 += 16) {
+          const __m512i e = _mm512_loadu_si512(eid.data() + k * TT + j0);
+          const __mmask16 on = _mm512_cmpge_epi32_mask(e, _mm512_setzero_si512());
+          // off every live edge: num 0 (-> -inf); sc is read only where num > 0
+          _mm512_storeu_ps(an + j0, _mm512_maskz_mov_ps(on, _mm512_loadu_ps(an + j0)));
+        }
+        float* on_ = log_num + k * V + v0;
+        float* op_ = log_psi + k * V + v0;
+        const bool whole = nv % 16 == 0;  // written in place: no vector passes nv
+        finish16(an, an + TT, scs.data() + k * TT, whole ? on_ : ln, whole ? op_ : lp, nv, on_,
+                 op_, zmax + k, zsum + k);
+      }
+    }
+  }
+}
+#endif  // __AVX512F__
 
 int64_t num_threads(int64_t words) {
   return std::max<int64_t>(1, std::min<int64_t>(jaxcd::max_threads(), words / 64));
@@ -448,22 +785,63 @@ ffi::Error check_common(const ffi::AnyBuffer& bt, const ffi::Buffer<ffi::F32>& W
 // Runs run_words over the vocabulary's words split among threads, then combines the
 // per-thread log-sum-exp partials into logz.
 template <typename E>
-void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* slot,
+void score(ffi::ThreadPool& pool, const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* slot,
            const float* W, const float* ls, const float* u, float* log_num, float* log_psi,
            float* z, const Shapes& sh) {
   const int64_t V = sh.V, H = sh.H, D = sh.D, N = sh.N;
   const int64_t words = (V + 31) / 32;
   const int64_t nt = num_threads(words);
   const float ninf = -std::numeric_limits<float>::infinity();
-  const int64_t per = (words + nt - 1) / nt;
-  std::vector<float> zmax(nt * N, ninf), zsum(nt * N, 0.f);   // per thread, per particle
+  // chunks of CW / 2 words (2,048 tokens) claimed by the threads of XLA's intra-op pool as they
+  // come free; per chunk and particle a log-sum-exp partial, combined in chunk order
+  constexpr int64_t CH = CW / 2;
+  const int64_t nc = (words + CH - 1) / CH;
+  std::vector<float> zmax(nc * N, ninf), zsum(nc * N, 0.f);
   std::vector<int32_t> ord(N);
   for (int64_t k = 0; k < N; ++k) ord[k] = static_cast<int32_t>(k);
   std::stable_sort(ord.begin(), ord.end(), [&](int32_t a, int32_t b) { return slot[a] < slot[b]; });
+#ifdef __AVX512F__
+  // the AVX-512 path (H a multiple of 16, D ≤ 128): edge weights transposed to
+  // Wt [N, H, 32·NP] (NP = 1, 2 or 4; zero past D and where ls = −inf), ls padded to
+  // Lt [N, 32·NP]
+  const int np = (H % 16 == 0 && D <= 128) ? (D <= 32 ? 1 : D <= 64 ? 2 : 4) : 0;
+  std::vector<float> Wt, Lt;
+  if (np > 0) {
+    const int64_t DP = 32 * np;
+    Wt.assign(static_cast<size_t>(N) * H * DP, 0.f);
+    Lt.assign(static_cast<size_t>(N) * DP, ninf);
+    for (int64_t k = 0; k < N; ++k)
+      for (int64_t d = 0; d < D; ++d) {
+        const float l = ls[k * D + d];
+        Lt[k * DP + d] = l;
+        if (!(l > ninf)) continue;
+        const float* w = W + (k * D + d) * H;
+        float* o = Wt.data() + k * H * DP + d;
+        for (int64_t h = 0; h < H; ++h) o[h * DP] = w[h];
+      }
+  }
+#endif
   auto work = [&](int64_t t) {
-    const int64_t w0 = std::min(words, t * per), w1 = std::min(words, (t + 1) * per);
+    const int64_t w0 = std::min(words, t * CH), w1 = std::min(words, (t + 1) * CH);
     float* zm = zmax.data() + t * N;
     float* zs = zsum.data() + t * N;
+#ifdef __AVX512F__
+    if (np > 0) {
+      const bool bf = bt.element_type() == ffi::DataType::BF16;
+      const void* b = bt.untyped_data();
+#define JAXCD_RUN16(NP, TY)                                                              \
+  run_words16<NP>(reinterpret_cast<const TY*>(b), src, Wt.data(), Lt.data(), u, nu, slot, \
+                  log_num, log_psi, N, H, V, w0, w1, zm, zs)
+      if (np == 1 && bf) JAXCD_RUN16(1, uint16_t);
+      else if (np == 1) JAXCD_RUN16(1, float);
+      else if (np == 2 && bf) JAXCD_RUN16(2, uint16_t);
+      else if (np == 2) JAXCD_RUN16(2, float);
+      else if (bf) JAXCD_RUN16(4, uint16_t);  // 65..128 out-edges: Wt [N, H, 128]
+      else JAXCD_RUN16(4, float);
+#undef JAXCD_RUN16
+      return;
+    }
+#endif
     if (bt.element_type() == ffi::DataType::BF16)
       run_words(reinterpret_cast<const uint16_t*>(bt.untyped_data()), src, W, ls, u, nu, slot,
                 ord.data(), log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
@@ -471,28 +849,23 @@ void score(const ffi::AnyBuffer& bt, const E& src, int64_t nu, const int32_t* sl
       run_words(reinterpret_cast<const float*>(bt.untyped_data()), src, W, ls, u, nu, slot,
                 ord.data(), log_num, log_psi, N, D, H, V, w0, w1, zm, zs);
   };
-  {
-    std::vector<std::thread> ts;
-    for (int64_t t = 1; t < nt; ++t) ts.emplace_back(work, t);
-    work(0);
-    for (auto& t : ts) t.join();
-  }
+  jaxcd::parallel_chunks(pool, nt, nc, [&work](int64_t c) { work(c); });
   for (int64_t k = 0; k < N; ++k) {
     float m = ninf;
-    for (int64_t t = 0; t < nt; ++t) m = std::max(m, zmax[t * N + k]);
+    for (int64_t t = 0; t < nc; ++t) m = std::max(m, zmax[t * N + k]);
     if (!(m > ninf)) {
       z[k] = ninf;
       continue;
     }
     double acc = 0.0;
-    for (int64_t t = 0; t < nt; ++t)
+    for (int64_t t = 0; t < nc; ++t)
       if (zmax[t * N + k] > ninf) acc += zsum[t * N + k] * std::exp(double(zmax[t * N + k]) - m);
     z[k] = m + static_cast<float>(std::log(acc));
   }
 }
 
 // Scores with the token -> edge lookup from the nested cumulative rows.
-ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
+ffi::Error Impl(ffi::ThreadPool pool, ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F32> W,
                 ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::S32> rows,
                 ffi::Buffer<ffi::S32> deg, ffi::ResultBuffer<ffi::F32> log_num,
                 ffi::ResultBuffer<ffi::F32> log_psi, ffi::ResultBuffer<ffi::F32> logz) {
@@ -524,14 +897,14 @@ ffi::Error Impl(ffi::AnyBuffer bt, ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::F
     slot[k] = static_cast<int32_t>(q);
   }
   const MaskEdges src{cum.typed_data(), rw, dg, uniq.data(), D, R, Wd};
-  score(bt, src, static_cast<int64_t>(uniq.size()), slot.data(), W.typed_data(), ls.typed_data(),
+  score(pool, bt, src, static_cast<int64_t>(uniq.size()), slot.data(), W.typed_data(), ls.typed_data(),
         u.typed_data(), log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   return ffi::Error::Success();
 }
 
 // Scores with the token -> edge lookup from the per-state index idx [S, V] (int8 or
 // int16; −1: on no out-edge) of the particles' states state [N].
-ffi::Error ImplIndex(ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32> state,
+ffi::Error ImplIndex(ffi::ThreadPool pool, ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32> state,
                      ffi::Buffer<ffi::F32> W, ffi::Buffer<ffi::F32> ls, ffi::Buffer<ffi::F32> u,
                      ffi::ResultBuffer<ffi::F32> log_num, ffi::ResultBuffer<ffi::F32> log_psi,
                      ffi::ResultBuffer<ffi::F32> logz) {
@@ -557,12 +930,12 @@ ffi::Error ImplIndex(ffi::AnyBuffer bt, ffi::AnyBuffer idx, ffi::Buffer<ffi::S32
   if (idx.element_type() == ffi::DataType::S8) {
     const IndexEdges<int8_t> src{reinterpret_cast<const int8_t*>(idx.untyped_data()), ust.data(),
                                  S, sh.V};
-    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+    score(pool, bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
           log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   } else if (idx.element_type() == ffi::DataType::S16) {
     const IndexEdges<int16_t> src{reinterpret_cast<const int16_t*>(idx.untyped_data()),
                                   ust.data(), S, sh.V};
-    score(bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
+    score(pool, bt, src, nu, slot.data(), W.typed_data(), ls.typed_data(), u.typed_data(),
           log_num->typed_data(), log_psi->typed_data(), logz->typed_data(), sh);
   } else {
     return ffi::Error::InvalidArgument("pgcd_scores: the index must be int8 or int16");
@@ -618,6 +991,7 @@ ffi::Error IndexImpl(ffi::Buffer<ffi::U32> cum, ffi::Buffer<ffi::S32> rows,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScores, Impl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::U32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
@@ -631,6 +1005,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScores, Impl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdPgcdScoresIndex, ImplIndex,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
