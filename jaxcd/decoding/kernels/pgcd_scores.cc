@@ -148,19 +148,21 @@ inline void hsum8(const f8* a, float* out) {
 // error| < 2e-7. Zero, subnormals and non-finite values are fixed up by the caller with
 // std::log.
 typedef int32_t i8v __attribute__((vector_size(32)));
-inline f8 log8(f8 x) {
-  i8v i;
+// F: a float vector type, I: the int32 vector of its width (GCC vector extensions).
+template <class F, class I>
+inline F vlog(F x) {
+  I i;
   std::memcpy(&i, &x, sizeof i);
-  const i8v e = ((i >> 23) & 255) - 127;
-  i8v mi = (i & 0x7fffff) | 0x3f800000;
-  f8 m;
+  const I e = ((i >> 23) & 255) - 127;
+  I mi = (i & 0x7fffff) | 0x3f800000;
+  F m;
   std::memcpy(&m, &mi, sizeof m);  // [1, 2)
-  const i8v bigm = m > 1.41421356f;  // -1 where true
-  const f8 big = __builtin_convertvector(-bigm, f8);
+  const I bigm = m > 1.41421356f;  // -1 where true
+  const F big = __builtin_convertvector(-bigm, F);
   m = m * (1.0f - 0.5f * big);
-  const f8 f = m - 1.0f;
-  const f8 z = f * f;
-  f8 y = f * 7.0376836292e-2f - 1.1514610310e-1f;
+  const F f = m - 1.0f;
+  const F z = f * f;
+  F y = f * 7.0376836292e-2f - 1.1514610310e-1f;
   y = y * f + 1.1676998740e-1f;
   y = y * f - 1.2420140846e-1f;
   y = y * f + 1.4249322787e-1f;
@@ -169,34 +171,38 @@ inline f8 log8(f8 x) {
   y = y * f - 2.4999993993e-1f;
   y = y * f + 3.3333331174e-1f;
   y = y * f * z - 0.5f * z;
-  return f + y + (__builtin_convertvector(e, f8) + big) * 0.693147180559945f;
+  return f + y + (__builtin_convertvector(e, F) + big) * 0.693147180559945f;
 }
 
-// exp of 8 floats (Cephes' expf polynomial, |relative error| < 2e-7) for x ≥ −87;
+// exp of a float vector (Cephes' expf polynomial, |relative error| < 2e-7) for x ≥ −87;
 // below that (−inf included) 0: a term under e^−87 of the largest one does not change a
 // float32 sum.
-inline f8 exp8(f8 x) {
-  const i8v tiny = x < -87.0f;
-  x = x < -87.0f ? f8{} - 87.0f : x;
-  x = x > 88.0f ? f8{} + 88.0f : x;
-  const f8 fx = x * 1.44269504088896341f;
-  const i8v n = __builtin_convertvector(fx + (fx >= 0.0f ? f8{} + 0.5f : f8{} - 0.5f), i8v);
-  const f8 nf = __builtin_convertvector(n, f8);
-  f8 r = x - nf * 0.693359375f;
+template <class F, class I>
+inline F vexp(F x) {
+  const I tiny = x < -87.0f;
+  x = x < -87.0f ? F{} - 87.0f : x;
+  x = x > 88.0f ? F{} + 88.0f : x;
+  const F fx = x * 1.44269504088896341f;
+  const I n = __builtin_convertvector(fx + (fx >= 0.0f ? F{} + 0.5f : F{} - 0.5f), I);
+  const F nf = __builtin_convertvector(n, F);
+  F r = x - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
-  const f8 z = r * r;
-  f8 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  const F z = r * r;
+  F y = r * 1.9875691500e-4f + 1.3981999507e-3f;
   y = y * r + 8.3334519073e-3f;
   y = y * r + 4.1665795894e-2f;
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * z + r + 1.0f;
-  const i8v bits = (n + 127) << 23;
-  f8 two_n;
+  const I bits = (n + 127) << 23;
+  F two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
-  const f8 out = y * two_n;
-  return tiny ? f8{} : out;
+  const F out = y * two_n;
+  return tiny ? F{} : out;
 }
+
+inline f8 log8(f8 x) { return vlog<f8, i8v>(x); }
+inline f8 exp8(f8 x) { return vexp<f8, i8v>(x); }
 
 inline bool is_normal_pos(float x) {
   return (x >= std::numeric_limits<float>::min()) & (x <= std::numeric_limits<float>::max());
@@ -438,51 +444,8 @@ inline f16 ld16(const float* p) {
   std::memcpy(&x, p, sizeof x);
   return x;
 }
-inline f16 log16(f16 x) {
-  i16 i;
-  std::memcpy(&i, &x, sizeof i);
-  const i16 e = ((i >> 23) & 255) - 127;
-  i16 mi = (i & 0x7fffff) | 0x3f800000;
-  f16 m;
-  std::memcpy(&m, &mi, sizeof m);
-  const i16 bigm = m > 1.41421356f;
-  const f16 big = __builtin_convertvector(-bigm, f16);
-  m = m * (1.0f - 0.5f * big);
-  const f16 f = m - 1.0f;
-  const f16 z = f * f;
-  f16 y = f * 7.0376836292e-2f - 1.1514610310e-1f;
-  y = y * f + 1.1676998740e-1f;
-  y = y * f - 1.2420140846e-1f;
-  y = y * f + 1.4249322787e-1f;
-  y = y * f - 1.6668057665e-1f;
-  y = y * f + 2.0000714765e-1f;
-  y = y * f - 2.4999993993e-1f;
-  y = y * f + 3.3333331174e-1f;
-  y = y * f * z - 0.5f * z;
-  return f + y + (__builtin_convertvector(e, f16) + big) * 0.693147180559945f;
-}
-inline f16 exp16(f16 x) {
-  const i16 tiny = x < -87.0f;
-  x = x < -87.0f ? f16{} - 87.0f : x;
-  x = x > 88.0f ? f16{} + 88.0f : x;
-  const f16 fx = x * 1.44269504088896341f;
-  const i16 n = __builtin_convertvector(fx + (fx >= 0.0f ? f16{} + 0.5f : f16{} - 0.5f), i16);
-  const f16 nf = __builtin_convertvector(n, f16);
-  f16 r = x - nf * 0.693359375f;
-  r = r - nf * -2.12194440e-4f;
-  const f16 z = r * r;
-  f16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  const i16 bits = (n + 127) << 23;
-  f16 two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const f16 out = y * two_n;
-  return tiny ? f16{} : out;
-}
+inline f16 log16(f16 x) { return vlog<f16, i16>(x); }
+inline f16 exp16(f16 x) { return vexp<f16, i16>(x); }
 inline void finish16(const float* pn, const float* dn, const float* sc, float* ln, float* lp,
                      int64_t nv, float* out_num, float* out_psi, float* zmax, float* zsum) {
   const float ninf = -std::numeric_limits<float>::infinity();
