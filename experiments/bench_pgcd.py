@@ -93,6 +93,34 @@ def best_ms(fn, repeats=3):
     return 1e3 * float(np.median(ts))
 
 
+def prefill_of(m: str) -> str:
+    """The prefill timed beside configuration ``m``: batch 1 for the SMC programs (one
+    prompt, prefilled once and broadcast), batch 16 for ``decode.sample``."""
+    return ("prefill1" if m.startswith(("smc", "lookahead", "product")) or ":" in m
+            else "prefill16")
+
+
+def step_rows(times: dict, steps: dict) -> dict:
+    """Per configuration (``prefill*`` excluded): ms per step actually run (the decoders
+    stop once every row has emitted EOS; prefill included) and with the same round's
+    prefill of :func:`prefill_of` subtracted (``decode``), and their ratios to ``none`` in
+    the same round, as ``(mean, sd)`` over rounds."""
+    def per_round(m, decode):
+        return [1e3 * (t - (times[prefill_of(m)][i] if decode else 0.0)) / steps[m][i]
+                for i, t in enumerate(times[m])]
+
+    rows = {}
+    for m in times:
+        if m.startswith("prefill"):
+            continue
+        e2e, dec = per_round(m, False), per_round(m, True)
+        rows[m] = {"ms_per_step": mean_sd(e2e), "decode_ms_per_step": mean_sd(dec),
+                   "slowdown": mean_sd([a / b for a, b in zip(e2e, per_round("none", False))]),
+                   "decode_slowdown": mean_sd([a / b for a, b in
+                                               zip(dec, per_round("none", True))])}
+    return rows
+
+
 def interleaved_ms(fns, repeats=7):
     """Median ms per call of each of ``fns`` (a dict of thunks), the calls interleaved
     (``repeats`` rounds, the order reversed every other round, one warm-up call each), so
@@ -582,25 +610,9 @@ def main(argv=None):
                                           indent=1, default=float))
 
     # --- rows -----------------------------------------------------------------------------
-    def pre(m):
-        return ("prefill1" if m.startswith(("smc", "lookahead", "product")) or ":" in m
-                else "prefill16")
-
-    def per_round(m, decode):
-        # per step actually run: the decoders stop once every row has emitted EOS
-        return [1e3 * (t - (times[pre(m)][i] if decode else 0.0)) / steps[m][i]
-                for i, t in enumerate(times[m])]
-
-    rows = {}
-    for m in names:
-        if m.startswith("prefill"):
-            continue
-        e2e, dec = per_round(m, False), per_round(m, True)
-        rows[m] = {"ms_per_step": mean_sd(e2e), "decode_ms_per_step": mean_sd(dec),
-                   "slowdown": mean_sd([a / b for a, b in zip(e2e, per_round("none", False))]),
-                   "decode_slowdown": mean_sd([a / b for a, b in
-                                               zip(dec, per_round("none", True))]),
-                   "estimate": False}
+    rows = step_rows(times, steps)
+    for r in rows.values():
+        r["estimate"] = False
 
     for H in args.hidden:
         c = comps[str(H)]

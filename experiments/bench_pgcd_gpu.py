@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -51,6 +50,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from experiments.bench_pgcd import best_ms, step_rows  # noqa: E402
+
 WORKLOAD = ROOT / "tests" / "data" / "workload"
 RESULTS = ROOT / "experiments" / "results"
 V_LLAMA3 = 128256
@@ -163,21 +165,6 @@ def random_hmm(H: int, V: int, seed: int):
     return HMMParams(*make())
 
 
-def timed(fn, repeats=3):
-    import jax
-    jax.block_until_ready(fn())
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(ts))
-
-
-def mean_sd(xs):
-    return (float(statistics.fmean(xs)), float(statistics.stdev(xs)) if len(xs) > 1 else 0.0)
-
-
 def run(args):
     os.environ.setdefault("JAXCD_PGCD_MAX_BYTES", str(120 * 2**30))
     import jax
@@ -250,8 +237,8 @@ def run(args):
         live = [int(x) for x in np.asarray(jax.vmap(pgcd.live_degree, in_axes=(None, None, 0))(
             fa_d, tab, sts))]
         c = {"out_degree": [int(x) for x in deg[states]], "live_degree": live,
-             "scores_xla_ms": timed(lambda: f_sc(fa_d, tab, sts), 5),
-             "KxH_HxV_ms": timed(lambda: f_mm(u, Bt), 5)}
+             "scores_xla_ms": best_ms(lambda: f_sc(fa_d, tab, sts), 5),
+             "KxH_HxV_ms": best_ms(lambda: f_mm(u, Bt), 5)}
         c["floor_ms"] = 2 * c["KxH_HxV_ms"]
         c["scores_over_floor"] = c["scores_xla_ms"] / c["floor_ms"]
         comps[H] = c
@@ -311,23 +298,9 @@ def run(args):
                                        "compile_s": compile_s, "raw_s": times,
                                        "raw_steps": steps}, indent=1, default=float))
 
-    def pre(m):
-        return "prefill1" if m.startswith(("smc", "lookahead")) else "prefill16"
-
-    def per_round(m, decode):
-        return [1e3 * (t - (times[pre(m)][i] if decode else 0.0)) / steps[m][i]
-                for i, t in enumerate(times[m])]
-
-    rows = {}
-    for m in names:
-        if m.startswith("prefill"):
-            continue
-        e2e, dec = per_round(m, False), per_round(m, True)
-        rows[m] = {"ms_per_step": mean_sd(e2e), "decode_ms_per_step": mean_sd(dec),
-                   "slowdown": mean_sd([a / b for a, b in zip(e2e, per_round("none", False))]),
-                   "decode_slowdown": mean_sd([a / b for a, b in zip(
-                       dec, per_round("none", True))]),
-                   "steps": steps[m]}
+    rows = step_rows(times, steps)
+    for m, r in rows.items():
+        r["steps"] = steps[m]
     res = {"command": "python experiments/bench_pgcd_gpu.py " + " ".join(sys.argv[1:]),
            "head": head, "device": dev.device_kind, "backend": jax.default_backend(),
            "jax": jax.__version__, "python": platform.python_version(),
