@@ -593,6 +593,8 @@ def main(argv=None):
 
     times = {m: [] for m in names}
     steps = {m: [] for m in names}      # decoding steps each call actually ran
+    from jaxcd.decoding import compile_stats
+    c0 = compile_stats.snapshot()       # a compile in the timed rounds would be a bug
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for m in order:
@@ -608,6 +610,9 @@ def main(argv=None):
                                            "compile_s": compile_s, "raw_s": times,
                                            "raw_steps": steps},
                                           indent=1, default=float))
+
+    timed_compiles = (compile_stats.snapshot() - c0).as_dict()
+    print(f"compiles during the timed rounds: {timed_compiles}", flush=True)
 
     # --- rows -----------------------------------------------------------------------------
     rows = step_rows(times, steps)
@@ -650,7 +655,8 @@ def main(argv=None):
             "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
             "git": git_state()},
         "floors": floors, "bandwidth_GBps_used": bw, "tables_s_at_budget": tables_s,
-        "compile_s": compile_s, "rows": rows, "pgcd_components": comps,
+        "compile_s": compile_s, "timed_compiles": timed_compiles, "rows": rows,
+        "pgcd_components": comps,
         "smc_overhead_ms_per_step": overhead,
         "precompute": {"constraint": big_name, "num_states": big.num_states,
                        "num_edges": big.num_edges, "budget": args.precompute_budget,
@@ -843,7 +849,10 @@ def to_markdown(res):
               f"{o['smc_bookkeeping_ms']:.2f} ms",
               f"- `ess=0.5` − `ess=0`: {o['smc_gcd_ess0.5_minus_ess0_ms']:.2f} ms",
               f"- table builds at budget {s['budget']} (warm, s): {res['tables_s_at_budget']}",
-              f"- warm-up (compile + 1 call) s: {res['compile_s']}", ""]
+              f"- warm-up (compile + 1 call) s: {res['compile_s']}"]
+    if "timed_compiles" in res:
+        lines += [f"- compiles during the timed rounds (must be 0): {res['timed_compiles']}"]
+    lines += [""]
     p = res["precompute"]
     lines += [f"## β^P precompute, budget {p['budget']}, largest workload constraint "
               f"{p['constraint']} ({p['num_states']} states, {p['num_edges']} edges)", "",
