@@ -179,6 +179,9 @@ def run(args):
     t_start = time.perf_counter()
     dev = jax.devices()[0]
     path = Path(args.automaton)
+    if not path.is_file():
+        sys.exit(f"bench_pgcd_gpu: no automaton at {path}: build it first on a CPU "
+                 f"(`python experiments/bench_pgcd_gpu.py build --out {path}`) and carry it")
     if path.suffix == ".gz":                 # carried compressed (the device's 64 MiB limit)
         import gzip
         import shutil
