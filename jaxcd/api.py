@@ -139,20 +139,32 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
         memo: dict = {}
 
-        def build(order):
+        def build(order, free=None, like=None):
             # the tree: an error here is final for "auto" (the builder already tried the
             # schema's order wherever an order-free object made a subschema too large)
             node, ws, text, b = _auto_tree(schema, whitespace_pattern, strict, max_depth,
-                                           closed_objects, order, memo)
-            return b.auto_used, text, lambda: minimize(determinize(to_nfa(node, ws)))
+                                           closed_objects, order, memo, free, like)
+            return b, text, lambda: minimize(determinize(to_nfa(node, ws)))
 
-        def finish(order, text, make):
+        def finish(order, text, make, free=None):
             return _cached("json_schema", text,
                            {"ws": whitespace_pattern, "strict": bool(strict),
                             "depth": int(max_depth), "closed": bool(closed_objects),
-                            "order": order, "builder": 4},
+                            "order": order, "free": free, "builder": 5},
                            vocab, make, cache)
-        used, text, make = build(property_order)
+        b, text, make = build(property_order)
+        used = b.auto_used
+        deep = b.adaptive_free_depth()
+        if deep is not None:
+            # few free-form values: first deeper ones (docs/json_schema.md, "Depth"); past
+            # a limit, the default depth below
+            try:
+                b2, text2, make2 = build(property_order, deep, b)
+                if (b2.depth_used, b2.free_depth_used, b2.auto_used) == \
+                        (b.depth_used, b.free_depth_used, used):
+                    return finish(property_order, text2, make2, deep)
+            except AutomatonTooLargeError:
+                pass
         if property_order != "auto" or not used:
             # no order-free object: the schema's order, whatever the option
             return finish(property_order, text, make)

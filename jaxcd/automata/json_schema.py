@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import SchemaError
 from .fsa import NFA
-from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED,
+from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FREE_DEPTH_BUDGET, FORMATS, NOT_ENFORCED,
                              PROPERTY_ORDERS, STRUCTURAL, Node,
                              UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
                              to_regex)
@@ -88,18 +88,33 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
 
 
 def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed_objects,
-               property_order, string_memo: dict):
+               property_order, string_memo: dict, site_free_depth: int | None = None,
+               like=None):
     """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
-    its attempts share ``string_memo`` (string nodes do not depend on the order)."""
+    its attempts share ``string_memo`` (string nodes do not depend on the order).
+    ``site_free_depth``: the depth of free-form values outside products
+    (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an earlier builder of the same
+    order and depth whose product nodes are reused (products keep the default depth)."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b._string_memo = string_memo
     b._shared_products = string_memo.setdefault("shared products", {})
+    b.site_free_depth = site_free_depth
+    if like is not None:
+        b._product_memo = {k: v for k, v in like._product_memo.items()
+                           if not isinstance(v, Exception)}
     node = b.build()
     if b.auto_used and AUTO_DFA_CAP:
         # an order-free form past this many DFA states: compile_json_schema falls back
         # to the schema's order (cheaper than determinising on to max_dfa_states)
-        node = Node("capped", (node, AUTO_DFA_CAP), node.size)
+        # deeper free-form values may add up to FREE_DEPTH_BUDGET DFA states, and their
+        # size estimates to the early refusal's thresholds
+        cap, extra = AUTO_DFA_CAP, 0
+        if site_free_depth and b.free_sites:
+            cap += FREE_DEPTH_BUDGET
+            extra = b.free_sites * (b.any_value(site_free_depth).size
+                                    - b.any_value(b.free_depth).size)
+        node = Node("capped", (node, cap, extra), node.size)
     return node, b.whitespace, text, b
 
 

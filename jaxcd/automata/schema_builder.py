@@ -26,6 +26,7 @@ import functools
 import json
 from collections import Counter
 import re
+import sys
 import re._constants as C
 import re._parser as P
 from dataclasses import dataclass, field
@@ -52,6 +53,14 @@ TIGHT_MAX_LENGTH = 256
 MAX_COUNTED_ITEM_STATES = 2048
 TIGHT_MIN_ITEMS = 8
 DEFAULT_FREE_DEPTH = 3            # containers nested in a free-form value
+# compile_json_schema: free-form values outside automaton products are built deeper when
+# the schema has few of them: the deepest d <= MAX_FREE_DEPTH with (free-form values) x
+# FREE_STATES_PER_LEVEL x 2^d <= FREE_DEPTH_BUDGET (the minimal DFA of a free-form value
+# of depth d has ~80 x 2^d states: it remembers whether each open container is an array
+# or an object). One such value: depth 7; two: 6; four: 5; eight: 4; more: the default.
+MAX_FREE_DEPTH = 7
+FREE_STATES_PER_LEVEL = 80
+FREE_DEPTH_BUDGET = 10_240
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
 
 # JSON Schema assertion/applicator keywords (drafts 4 to 2020-12); any other keyword
@@ -506,6 +515,12 @@ class SchemaBuilder:
     # nesting depth of free-form values ({}, true, extra properties of open objects);
     # None: max(max_depth, DEFAULT_FREE_DEPTH)
     max_free_depth: int | None = None
+    # the depth of free-form values outside automaton products (oneOf, not, if, merged
+    # allOf, uniqueItems), when deeper than free_depth (see adaptive_free_depth)
+    site_free_depth: int | None = None
+    # set by build(): free-form values built outside automaton products
+    free_sites: int = 0
+    _product_level: int = 0
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # automaton states built by products in one build (see _spend)
     max_product_work: int = MAX_PRODUCT_WORK
@@ -543,6 +558,26 @@ class SchemaBuilder:
         if self.max_free_depth is not None:
             return self.max_free_depth
         return max(self.max_depth, DEFAULT_FREE_DEPTH)
+
+    def free_value(self) -> Node:
+        """Any JSON value: ``free_depth`` containers deep, or ``site_free_depth`` outside
+        automaton products (counted in ``free_sites``)."""
+        if self._product_level:
+            return self.any_value(self.free_depth)
+        self.free_sites += 1
+        return self.any_value(max(self.free_depth, self.site_free_depth or 0))
+
+    def adaptive_free_depth(self) -> int | None:
+        """The deeper free-form depth that the ``free_sites`` of the last build afford
+        (``FREE_DEPTH_BUDGET``), or None if it is not deeper than ``free_depth``."""
+        if self.max_free_depth is not None or not self.free_sites or \
+                getattr(self, "free_depth_used", self.free_depth) < self.free_depth:
+            return None
+        d = self.free_depth
+        while (d < MAX_FREE_DEPTH and self.free_sites * FREE_STATES_PER_LEVEL * 2 ** (d + 1)
+               <= FREE_DEPTH_BUDGET):
+            d += 1
+        return d if d > self.free_depth else None
 
     # -- errors ----------------------------------------------------------------------
     def unsupported(self, msg: str, path: str) -> None:
@@ -640,35 +675,51 @@ class SchemaBuilder:
         depth is lowered (down to 1) before raising
         :class:`~jaxcd.errors.AutomatonTooLargeError` naming the innermost subschema over it;
         ``self.depth_used`` records the depth built."""
-        requested, order = self.max_depth, self.property_order
+        requested, order, free = self.max_depth, self.property_order, self.max_free_depth
         orders = ("auto", "schema") if order == "auto" else (order,)
+        # last resort (no max_free_depth given): free-form values one container deep
+        # (the extra properties of hundreds of open objects, each a free-form value)
+        frees = (free,) if free is not None else (None, 1)
+        attempts = [(f, d, o) for f in frees for d in range(requested, 0, -1) for o in orders]
         last = None
+        skip = None
         try:
-            for depth in range(requested, 0, -1):
-                # property_order="auto": the schema's order at the same depth before a
-                # lower depth
-                for o in orders:
-                    self.max_depth, self.property_order = depth, o
-                    self._any_cache.clear()
-                    self._ref_stack.clear()
-                    self.auto_spent = 0
-                    try:
-                        n = self.node(self.root, "")
-                    except _TooBig as e:
-                        last = e
-                        if o == "auto" and self.auto_spent == 0:
-                            # no order-free form was built before the failure: the
-                            # schema's order would repeat the same steps to it
-                            break
-                        continue
-                    self.depth_used = depth
-                    self.auto_used = o == "auto" and self.auto_spent > 0
-                    return n
+            for f, depth, o in attempts:
+                if (f, depth) == skip:
+                    continue
+                self.max_free_depth = f
+                self.max_depth, self.property_order = depth, o
+                self._any_cache.clear()
+                self._ref_stack.clear()
+                self.auto_spent = 0
+                self.free_sites = 0
+                try:
+                    n = self.node(self.root, "")
+                except _TooBig as e:
+                    last = e
+                    if o == "auto" and self.auto_spent == 0:
+                        # no order-free form was built before the failure: the
+                        # schema's order would repeat the same steps to it
+                        skip = (f, depth)
+                    continue
+                self.depth_used = depth
+                self.free_depth_used = self.free_depth
+                self.auto_used = o == "auto" and self.auto_spent > 0
+                return n
+        except RecursionError:
+            # nested products, dependencies and $refs deeper than Python's stack
+            raise AutomatonTooLargeError(
+                "build: the JSON Schema's subschemas nest deeper than Python's recursion "
+                f"limit ({sys.getrecursionlimit()}) while expanding $refs, dependencies and "
+                "products; simplify it (e.g. fewer dependencies inside recursive $refs) or "
+                "lower max_depth") from None
         finally:
-            self.max_depth, self.property_order = requested, order
+            self.max_depth, self.property_order, self.max_free_depth = requested, order, free
         raise too_large("max_nfa_states", last.size, "NFA states", "build NFA",
                         part=f"the subschema at {last.path or '/'} of the JSON Schema (with "
-                             "recursive $refs expanded once)", value=self.max_nfa_states)
+                             "recursive $refs expanded once"
+                             + (", free-form values one container deep" if free is None
+                                else "") + ")", value=self.max_nfa_states)
 
     def node(self, schema: Any, path: str) -> Node:
         n = self._node(schema, path)
@@ -678,14 +729,14 @@ class SchemaBuilder:
 
     def _node(self, schema: Any, path: str) -> Node:
         if schema is True or schema == {}:
-            return self.any_value(self.free_depth)
+            return self.free_value()
         if schema is False:
             return EMPTY
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {path or '/'} must be an object or boolean, "
                               f"got {type(schema).__name__}")
         if all(is_annotation(k) or k in ("$defs", "definitions") for k in schema):
-            return self.any_value(self.free_depth)         # {"description": ...}: any value
+            return self.free_value()         # {"description": ...}: any value
         for key in schema:
             if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
                 continue
@@ -739,7 +790,7 @@ class SchemaBuilder:
         try:
             text = json.dumps(schema, sort_keys=True)
             reach = self._reachable_refs(schema, text)
-            key = (text, self._neg, self.property_order, self.max_depth,
+            key = (text, self._neg, self.property_order, self.max_depth, self.free_depth,
                    frozenset((k, c) for k, c in Counter(self._ref_stack).items()
                              if k in reach),
                    any(x in path for x in _VALUE_PATHS))
@@ -799,6 +850,15 @@ class SchemaBuilder:
         return out
 
     def _product_node(self, schema: dict, path: str) -> Node:
+        # free-form values inside products keep free_depth (their operands are
+        # determinised, within max_product_states)
+        self._product_level += 1
+        try:
+            return self._product_node1(schema, path)
+        finally:
+            self._product_level -= 1
+
+    def _product_node1(self, schema: dict, path: str) -> Node:
         if self.property_order != "auto":
             return self._node_rest(schema, path)
         # if the order-free objects make an operand or product too large, the subschema
@@ -2002,18 +2062,19 @@ class _NFAEmitter:
             return self._obj_any(node, src)
         if k == "objmix":
             return self._obj_mix(node, src)
-        if k == "capped":                  # (tree, DFA states): see NFA.dfa_cap
-            tree, cap = node.args
+        if k == "capped":                  # (tree, DFA states, size allowance): NFA.dfa_cap
+            tree, cap, extra = node.args
             # refused before it is emitted or determinised when its size says that
-            # its DFA would pass the cap anyway (see AUTO_REFUSE_TREE)
-            limit = AUTO_REFUSE_TREE * cap
+            # its DFA would pass the cap anyway (see AUTO_REFUSE_TREE); ``extra``: the
+            # size estimates of deeper free-form values (SchemaBuilder.free_value)
+            limit = AUTO_REFUSE_TREE * cap + extra
             if tree.size > limit:
                 raise _capped_refusal(f"its tree's size estimate {tree.size:,} is over "
                                       f"{limit:,}", cap)
             nfa.dfa_cap = cap if nfa.dfa_cap is None else min(nfa.dfa_cap, cap)
             first = nfa.num_states
             end = self.emit(tree, src)
-            limit = AUTO_REFUSE_NFA * cap
+            limit = AUTO_REFUSE_NFA * cap + extra
             if nfa.num_states - first > limit:
                 raise _capped_refusal(f"its NFA has {nfa.num_states - first:,} states, "
                                       f"over {limit:,}", cap)

@@ -1,0 +1,160 @@
+"""Free-form values' depth (issue 22, "Depth"): compile_json_schema builds free-form values
+({}, true, the extra properties of open objects) outside automaton products deeper when
+a schema has few of them (SchemaBuilder.adaptive_free_depth), and falls back to the
+default depth past a compile limit.
+
+The reference is ``jsonschema``: every accepted instance validates (soundness), and the
+depth that a schema with n free-form values affords follows from the budget formula
+(recomputed here from the constants, not read from the builder)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import jaxcd.automata.schema_builder as sb
+from jaxcd import CompileLimits, Vocabulary, compile_json_schema
+from jaxcd.automata.json_schema import _auto_tree
+
+VOCAB = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
+                                    eos_id=0)
+
+
+def accepts(fa, text: str) -> bool:
+    q = int(fa.initial_state)
+    for c in text.encode():
+        q = fa.next_state(q, c - 31)
+        if q == int(fa.dead_state):
+            return False
+    return fa.next_state(q, 0) == int(fa.final_state)
+
+
+def nested(k: int):
+    """A value with ``k`` containers nested (alternating arrays and objects)."""
+    v = 1
+    for i in range(k):
+        v = [v, "x"] if i % 2 == 0 else {"k": v, "n": None}
+    return v
+
+
+def expected_depth(sites: int) -> int:
+    d = sb.DEFAULT_FREE_DEPTH
+    while d < sb.MAX_FREE_DEPTH and \
+            sites * sb.FREE_STATES_PER_LEVEL * 2 ** (d + 1) <= sb.FREE_DEPTH_BUDGET:
+        d += 1
+    return d
+
+
+def deepest_accepted(fa, wrap, schema, upto=10) -> int:
+    """The deepest ``nested(k)`` accepted in the slot ``wrap`` puts it in; every accepted
+    instance validates."""
+    oracle = jsonschema.Draft202012Validator(schema)
+    best = -1
+    for k in range(upto + 1):
+        inst = wrap(nested(k))
+        assert oracle.is_valid(inst)
+        ok = accepts(fa, json.dumps(inst, separators=(",", ":")))
+        if ok:
+            assert best == k - 1, "accepted depths are a prefix"
+            best = k
+    return best
+
+
+@pytest.mark.parametrize("sites", [1, 2, 3, 4, 8, 16])
+def test_depth_follows_the_number_of_free_values(sites):
+    names = [f"p{i}" for i in range(sites)]
+    schema = {"type": "object", "properties": {n: {} for n in names}, "required": names,
+              "additionalProperties": False}
+    _, _, _, b = _auto_tree(schema, None, True, 2, False, "schema", {})
+    assert b.free_sites == sites
+    fa = compile_json_schema(schema, VOCAB, property_order="schema")
+    want = expected_depth(sites)
+    assert want >= sb.DEFAULT_FREE_DEPTH
+    for slot in (names[0], names[-1]):
+        def wrap(v, slot=slot):
+            return {n: (v if n == slot else 0) for n in names}
+        assert deepest_accepted(fa, wrap, schema) == want, (sites, slot)
+
+
+def test_a_free_document_is_deep():
+    """``{}`` and an object that only says ``additionalProperties: true``: one free-form
+    value, the deepest depth."""
+    assert deepest_accepted(compile_json_schema({}, VOCAB), lambda v: v, {}) == \
+        sb.MAX_FREE_DEPTH
+    schema = {"type": "object", "additionalProperties": True}
+    fa = compile_json_schema(schema, VOCAB)
+    # the document is the object: one level, its extra value the rest
+    assert deepest_accepted(fa, lambda v: {"a": v}, schema) == sb.MAX_FREE_DEPTH
+
+
+def test_inside_products_the_default_depth():
+    """A free-form value inside a oneOf branch keeps DEFAULT_FREE_DEPTH (the product's
+    operands are determinised within max_product_states); one outside it goes deeper."""
+    schema = {"type": "object", "properties": {
+        "inner": {"oneOf": [{"type": "object", "properties": {"v": {}}, "required": ["v"],
+                             "additionalProperties": False},
+                            {"type": "string"}]},
+        "outer": {}}, "required": ["inner", "outer"], "additionalProperties": False}
+    fa = compile_json_schema(schema, VOCAB, property_order="schema")
+    got_in = deepest_accepted(fa, lambda v: {"inner": {"v": v}, "outer": 0}, schema)
+    got_out = deepest_accepted(fa, lambda v: {"inner": "s", "outer": v}, schema)
+    assert got_in == sb.DEFAULT_FREE_DEPTH
+    assert got_out == expected_depth(1)
+
+
+def test_past_a_limit_the_default_depth():
+    """The deeper attempt passes max_dfa_states: the default depth is compiled instead
+    (not an error), and the error still comes where the default depth is over it too."""
+    schema = {"type": "array", "items": {}}
+    limits = CompileLimits(max_dfa_states=2000)
+    fa = compile_json_schema(schema, VOCAB, limits=limits)
+    assert fa.num_states < 2000
+    assert deepest_accepted(fa, lambda v: [v], schema) == sb.DEFAULT_FREE_DEPTH
+    from jaxcd.errors import AutomatonTooLargeError
+    with pytest.raises(AutomatonTooLargeError, match="max_dfa_states"):
+        compile_json_schema(schema, VOCAB, limits=CompileLimits(max_dfa_states=300))
+
+
+def test_recursion_error_is_a_clear_error():
+    """A build deeper than Python's stack raises AutomatonTooLargeError naming the limit
+    (a metaschema with dependencies inside recursive $refs hit it with strict=False)."""
+    import sys
+    from jaxcd.errors import AutomatonTooLargeError
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}, "b": {"$ref": "#"}},
+              "dependencies": {"a": ["b"], "b": {"required": ["a"]}}}
+    import inspect
+    old = sys.getrecursionlimit()
+    _auto_tree(schema, None, True, 2, False, "schema", {})     # fine with the default
+    sys.setrecursionlimit(len(inspect.stack()) + 60)
+    try:
+        with pytest.raises(AutomatonTooLargeError, match="recursion limit"):
+            _auto_tree(schema, None, True, 2, False, "schema", {})
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def test_last_resort_free_values_one_deep():
+    """Many open objects over max_nfa_states at the default depth: the builder tries
+    free-form values one container deep before refusing; the automaton accepts extra
+    properties holding flat containers, refuses nested ones, and every accepted
+    instance validates."""
+    from jaxcd.automata.schema_builder import SchemaBuilder
+    from jaxcd.errors import AutomatonTooLargeError
+    props = {f"o{i}": {"type": "object", "properties": {"x": {"type": "integer"}}}
+             for i in range(12)}
+    schema = {"type": "object", "properties": props, "additionalProperties": False}
+    default = SchemaBuilder(schema).build().size
+    flat = SchemaBuilder(schema, max_free_depth=1).build().size
+    assert flat < default
+    limit = (flat + default) // 2
+    b = SchemaBuilder(schema, max_nfa_states=limit)
+    b.build()
+    assert b.free_depth_used == 1
+    with pytest.raises(AutomatonTooLargeError, match="free-form values one container deep"):
+        SchemaBuilder(schema, max_nfa_states=flat - 1).build()
+    fa = compile_json_schema(schema, VOCAB, property_order="schema",
+                             limits=CompileLimits(max_nfa_states=limit))
+    got = deepest_accepted(fa, lambda v: {"o3": {"x": 1, "extra": v}}, schema)
+    assert got == 1
