@@ -578,9 +578,18 @@ def test_builder_state_limit_is_compile_limits():
         assert not dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
     assert dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
     vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)], eos_id=0)
+    # below the depth-1 size: free-form values one container deep, the last resort
+    # (session 16), then the error
+    flat = SchemaBuilder(tree, max_depth=1, max_free_depth=1).build().size
+    assert flat < sizes[1]
+    with use_limits(CompileLimits(max_nfa_states=sizes[1] - 1)):
+        b = SchemaBuilder(tree, max_depth=2)
+        b.build()
+        deep_flat = SchemaBuilder(tree, max_depth=2, max_free_depth=1).build().size
+        assert (b.depth_used, b.free_depth_used) == (2 if deep_flat < sizes[1] else 1, 1)
     with pytest.raises(AutomatonTooLargeError) as e:
-        compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=sizes[1] - 1))
-    assert e.value.limit == "max_nfa_states" and e.value.value == sizes[1] - 1
+        compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=flat - 1))
+    assert e.value.limit == "max_nfa_states" and e.value.value == flat - 1
     assert "max_nfa_states" in str(e.value) and "subschema at" in str(e.value)
 
 

@@ -158,3 +158,41 @@ def test_last_resort_free_values_one_deep():
                              limits=CompileLimits(max_nfa_states=limit))
     got = deepest_accepted(fa, lambda v: {"o3": {"x": 1, "extra": v}}, schema)
     assert got == 1
+
+
+@pytest.mark.parametrize("keyword", ["not", "oneOf", "if"])
+def test_subtracted_free_values_cover_any_depth(keyword):
+    """A free-form value inside a subtracted operand (not, another oneOf branch, the
+    condition of if/else) must contain values of any depth: the positive side can nest
+    deeper than the free-form depth. Found on MaskBench's Github_ultra---o65673 (with
+    raised product limits): ``not: {allOf: [{required: [site]}, {required: [app]}]}``
+    accepted an instance with both keys whose other values nested 4 deep."""
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}}}
+    base = {"type": "object", "properties": {"a": deep, "b": {"type": "integer"},
+                                             "c": {"type": "integer"}},
+            "additionalProperties": False}
+    both = {"required": ["b", "c"]}          # an object with any other values
+    if keyword == "not":
+        schema = dict(base, **{"not": both})
+    elif keyword == "oneOf":
+        schema = dict(base, oneOf=[{"required": ["a"]}, both])
+    else:
+        schema = dict(base, **{"if": both, "then": False})
+    oracle = jsonschema.Draft202012Validator(schema)
+    fa = compile_json_schema(schema, VOCAB, property_order="schema")
+    for k in range(6):
+        v = 1
+        for _ in range(k):
+            v = [v]
+        for inst in ({"a": v, "b": 1, "c": 2}, {"a": v, "b": 1}, {"a": v, "c": 2}):
+            if k < 5 and inst.keys() != {"a", "b", "c"} and keyword != "oneOf":
+                continue
+            text = json.dumps(inst, separators=(",", ":"))
+            if accepts(fa, text):
+                assert oracle.is_valid(inst), (keyword, text)
+    # the invalid deep instance itself
+    v = [[[[[1]]]]]
+    inst = {"a": v, "b": 1, "c": 2}
+    assert not oracle.is_valid(inst)
+    assert not accepts(fa, json.dumps(inst, separators=(",", ":")))

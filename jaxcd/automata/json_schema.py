@@ -28,7 +28,8 @@ from typing import Any
 
 from ..errors import SchemaError
 from .fsa import NFA
-from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FREE_DEPTH_BUDGET, FORMATS, NOT_ENFORCED,
+from . import schema_builder as _sb
+from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED,
                              PROPERTY_ORDERS, STRUCTURAL, Node,
                              UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
                              to_regex)
@@ -111,7 +112,7 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
         # size estimates to the early refusal's thresholds
         cap, extra = AUTO_DFA_CAP, 0
         if site_free_depth and b.free_sites:
-            cap += FREE_DEPTH_BUDGET
+            cap += _sb.FREE_DEPTH_BUDGET
             extra = b.free_sites * (b.any_value(site_free_depth).size
                                     - b.any_value(b.free_depth).size)
         node = Node("capped", (node, cap, extra), node.size)

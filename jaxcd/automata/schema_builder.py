@@ -84,6 +84,12 @@ STRING = f'"{STRING_CHAR}*"'
 INTEGER = r"(-)?(0|[1-9][0-9]*)"
 NUMBER = r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-][0-9]+)?"
 BOOLEAN = "(true|false)"
+# a regular superset of every JSON value, of any depth: a run of JSON's tokens (strings
+# with any escapes, number and literal characters, brackets, commas, colons, spaces).
+# A free-form value inside a subtracted operand (SchemaBuilder._neg) is this, not a
+# depth-bounded value: the operand must contain every value its schema accepts, however
+# deep (the positive side may nest deeper than max_free_depth)
+JSON_SOUP = r'(?:"(?:[^"\\]|\\["\\/bfnrtu])*"|[-+.0-9a-zA-Z\[\]{},: \t\n\r])+'
 NULL = "null"
 
 # code points a JSON string may contain raw, and the escapes (char -> escape letter)
@@ -521,6 +527,7 @@ class SchemaBuilder:
     # set by build(): free-form values built outside automaton products
     free_sites: int = 0
     _product_level: int = 0
+    _implicit_free: int = 0
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # automaton states built by products in one build (see _spend)
     max_product_work: int = MAX_PRODUCT_WORK
@@ -560,9 +567,15 @@ class SchemaBuilder:
         return max(self.max_depth, DEFAULT_FREE_DEPTH)
 
     def free_value(self) -> Node:
-        """Any JSON value: ``free_depth`` containers deep, or ``site_free_depth`` outside
-        automaton products (counted in ``free_sites``)."""
-        if self._product_level:
+        """Any JSON value: ``free_depth`` containers deep, or ``site_free_depth`` for the
+        free-form values the schema writes (``{}``, ``true``, ``additionalProperties:
+        true``, an object without members) outside automaton products, counted in
+        ``free_sites``. The extra properties of an object that declares members and says
+        nothing of them (the specification's open objects) keep ``free_depth``: every
+        such object has one, and deepening them all would multiply the automaton."""
+        if self._neg:
+            return rx(JSON_SOUP, 8)                  # a superset (see JSON_SOUP)
+        if self._product_level or self._implicit_free:
             return self.any_value(self.free_depth)
         self.free_sites += 1
         return self.any_value(max(self.free_depth, self.site_free_depth or 0))
@@ -755,7 +768,7 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return self.any_value(self.free_depth) if self._neg else EMPTY
+                return rx(JSON_SOUP, 8) if self._neg else EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -1645,6 +1658,9 @@ class SchemaBuilder:
                                        self.node(sub, f"{path}/required"), True))
         # which extra keys are allowed: the specification's open objects by default;
         # closed_objects=True (tool calls) closes objects that declare properties
+        # the specification's default for an object that declares members: its extra
+        # values are free-form values at the default depth (not deepened: see free_value)
+        implicit = False
         if addl is None:
             uneval = schema.get("unevaluatedProperties")
             if uneval is not None and uneval is not True:
@@ -1653,6 +1669,7 @@ class SchemaBuilder:
                 addl = not props and not pprops and not required
             else:
                 addl = True
+                implicit = bool(props or pprops or required)
         extras = []
         declared = list(props) + [r for r in required if r not in props]
         pat_keys = []
@@ -1684,7 +1701,12 @@ class SchemaBuilder:
                 d = self._product(_node_dfa(key), _node_dfa(pkey), path,
                                   "patternProperties", difference)
                 key = Node("dfa", (d,), d.num_states + 1)
-            value = self.node(True if addl is True else addl, f"{path}/additionalProperties")
+            self._implicit_free += implicit
+            try:
+                value = self.node(True if addl is True else addl,
+                                  f"{path}/additionalProperties")
+            finally:
+                self._implicit_free -= implicit
             extras.append((key, value))
         extra = None
         pairs = [seq(k, self.ws, lit(":"), self.ws, v) for k, v in extras]
