@@ -196,3 +196,21 @@ def test_subtracted_free_values_cover_any_depth(keyword):
     inst = {"a": v, "b": 1, "c": 2}
     assert not oracle.is_valid(inst)
     assert not accepts(fa, json.dumps(inst, separators=(",", ":")))
+
+
+@pytest.mark.parametrize("objects", [1, 2, 3])
+def test_open_objects_extras_one_level_deeper_when_few(objects):
+    """The extra properties of open objects (declared members, no word on others) go
+    IMPLICIT_FREE_DEPTH deep when the schema has at most IMPLICIT_FREE_BUDGET's worth of
+    free-form values, else the default depth."""
+    inner = {f"o{i}": {"type": "object", "properties": {"x": {"type": "integer"}}}
+             for i in range(objects - 1)}
+    schema = {"type": "object", "properties": dict(inner, x={"type": "integer"})}
+    fa = compile_json_schema(schema, VOCAB, property_order="schema")
+    n = objects
+    want = (sb.IMPLICIT_FREE_DEPTH if n * sb.FREE_STATES_PER_LEVEL * 2 ** sb.IMPLICIT_FREE_DEPTH
+            <= sb.IMPLICIT_FREE_BUDGET else sb.DEFAULT_FREE_DEPTH)
+    assert deepest_accepted(fa, lambda v: {"x": 1, "extra": v}, schema) == want
+    if objects > 1:
+        got = deepest_accepted(fa, lambda v: {"o0": {"extra": v}, "x": 1}, schema)
+        assert got == want

@@ -93,14 +93,15 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
                like=None):
     """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
     its attempts share ``string_memo`` (string nodes do not depend on the order).
-    ``site_free_depth``: the depth of free-form values outside products
-    (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an earlier builder of the same
+    ``site_free_depth``: the depths of free-form values outside products, written ones
+    and open objects' extras (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an earlier builder of the same
     order and depth whose product nodes are reused (products keep the default depth)."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b._string_memo = string_memo
     b._shared_products = string_memo.setdefault("shared products", {})
-    b.site_free_depth = site_free_depth
+    if site_free_depth is not None:
+        b.site_free_depth, b.implicit_free_depth = site_free_depth
     if like is not None:
         b._product_memo = {k: v for k, v in like._product_memo.items()
                            if not isinstance(v, Exception)}
@@ -111,10 +112,11 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
         # deeper free-form values may add up to FREE_DEPTH_BUDGET DFA states, and their
         # size estimates to the early refusal's thresholds
         cap, extra = AUTO_DFA_CAP, 0
-        if site_free_depth and b.free_sites:
-            cap += _sb.FREE_DEPTH_BUDGET
-            extra = b.free_sites * (b.any_value(site_free_depth).size
-                                    - b.any_value(b.free_depth).size)
+        if site_free_depth is not None:
+            cap += _sb.FREE_DEPTH_BUDGET + _sb.IMPLICIT_FREE_BUDGET
+            base = b.any_value(b.free_depth).size
+            extra = (b.free_sites * (b.any_value(site_free_depth[0]).size - base)
+                     + b.implicit_sites * (b.any_value(site_free_depth[1]).size - base))
         node = Node("capped", (node, cap, extra), node.size)
     return node, b.whitespace, text, b
 

@@ -59,6 +59,11 @@ DEFAULT_FREE_DEPTH = 3            # containers nested in a free-form value
 # of depth d has ~80 x 2^d states: it remembers whether each open container is an array
 # or an object). One such value: depth 7; two: 6; four: 5; eight: 4; more: the default.
 MAX_FREE_DEPTH = 7
+# ... and the extra properties of open objects (one per object that declares members and
+# says nothing of others) one level deeper, when the schema has at most two free-form
+# values in all: (free-form values) x FREE_STATES_PER_LEVEL x 2^4 <= IMPLICIT_FREE_BUDGET
+IMPLICIT_FREE_DEPTH = 4
+IMPLICIT_FREE_BUDGET = 2_560
 FREE_STATES_PER_LEVEL = 80
 FREE_DEPTH_BUDGET = 10_240
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
@@ -84,12 +89,14 @@ STRING = f'"{STRING_CHAR}*"'
 INTEGER = r"(-)?(0|[1-9][0-9]*)"
 NUMBER = r"((-)?(0|[1-9][0-9]*))(\.[0-9]+)?([eE][+-][0-9]+)?"
 BOOLEAN = "(true|false)"
-# a regular superset of every JSON value, of any depth: a run of JSON's tokens (strings
-# with any escapes, number and literal characters, brackets, commas, colons, spaces).
-# A free-form value inside a subtracted operand (SchemaBuilder._neg) is this, not a
-# depth-bounded value: the operand must contain every value its schema accepts, however
-# deep (the positive side may nest deeper than max_free_depth)
-JSON_SOUP = r'(?:"(?:[^"\\]|\\["\\/bfnrtu])*"|[-+.0-9a-zA-Z\[\]{},: \t\n\r])+'
+# a regular superset of every JSON value, of any depth, for free-form values inside a
+# subtracted operand (SchemaBuilder._neg): such an operand must contain every value its
+# schema accepts, however deep (the positive side may nest deeper than max_free_depth).
+# SchemaBuilder.soup_value(d) is exact for d nested containers, and below that level a
+# container is "[" or "{", any run of JSON tokens, then "]" or "}" (JSON_SOUP_BODY): a
+# superset that stays inside the value unless the text nests deeper than d
+_SOUP_TOKENS = r'(?:"(?:[^"\\]|\\["\\/bfnrtu])*"|[-+.0-9a-zA-Z\[\]{},: \t\n\r])*'
+JSON_SOUP_BODY = rf'[\[{{]{_SOUP_TOKENS}[\]}}]'
 NULL = "null"
 
 # code points a JSON string may contain raw, and the escapes (char -> escape letter)
@@ -227,6 +234,12 @@ _SUBSCHEMA_ONE = ("additionalProperties", "propertyNames", "not", "if", "then", 
 #: ``oneOf``/``not``/``if``: two operands are shown disjoint (no determinisation needed)
 #: by a search over at most this many pairs of their NFA states
 MAX_DISJOINT_PAIRS = 50_000
+# negated_meet: keywords of the positive side left out of the meet (they restrict values
+# without giving them structure)
+_MEET_DROPPED = {"required", "minProperties", "maxProperties", "minItems", "maxItems",
+                 "uniqueItems", "minLength", "maxLength", "pattern", "format", "not",
+                 "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                 "dependentRequired", "minContains", "maxContains"}
 # keywords enforced by automaton products (see _node)
 _PRODUCT_KW = ("__and", "oneOf", "not", "if")
 _TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
@@ -524,10 +537,18 @@ class SchemaBuilder:
     # the depth of free-form values outside automaton products (oneOf, not, if, merged
     # allOf, uniqueItems), when deeper than free_depth (see adaptive_free_depth)
     site_free_depth: int | None = None
-    # set by build(): free-form values built outside automaton products
+    # ... and of open objects' extra properties (IMPLICIT_FREE_DEPTH)
+    implicit_free_depth: int | None = None
+    # set by build(): free-form values built outside automaton products, written in the
+    # schema (free_sites) or the extra properties of open objects (implicit_sites)
     free_sites: int = 0
+    implicit_sites: int = 0
     _product_level: int = 0
     _implicit_free: int = 0
+    # building a subtracted operand that is not met with its positive side (see meet):
+    # its free-form values are soup_value, a superset of values of any depth
+    _soup_neg: bool = False
+    _meet_memo: dict = field(default_factory=dict)
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # automaton states built by products in one build (see _spend)
     max_product_work: int = MAX_PRODUCT_WORK
@@ -573,24 +594,33 @@ class SchemaBuilder:
         ``free_sites``. The extra properties of an object that declares members and says
         nothing of them (the specification's open objects) keep ``free_depth``: every
         such object has one, and deepening them all would multiply the automaton."""
-        if self._neg:
-            return rx(JSON_SOUP, 8)                  # a superset (see JSON_SOUP)
-        if self._product_level or self._implicit_free:
+        if self._neg and self._soup_neg:
+            return self.soup_value(self.free_depth)      # a superset (JSON_SOUP_BODY)
+        if self._product_level:
             return self.any_value(self.free_depth)
+        if self._implicit_free:
+            self.implicit_sites += 1
+            return self.any_value(max(self.free_depth, self.implicit_free_depth or 0))
         self.free_sites += 1
         return self.any_value(max(self.free_depth, self.site_free_depth or 0))
 
-    def adaptive_free_depth(self) -> int | None:
-        """The deeper free-form depth that the ``free_sites`` of the last build afford
-        (``FREE_DEPTH_BUDGET``), or None if it is not deeper than ``free_depth``."""
-        if self.max_free_depth is not None or not self.free_sites or \
+    def adaptive_free_depth(self) -> tuple[int, int] | None:
+        """``(depth of written free-form values, depth of open objects' extras)`` that
+        the free-form values of the last build afford (``FREE_DEPTH_BUDGET``,
+        ``IMPLICIT_FREE_BUDGET``), or None if neither is deeper than ``free_depth``."""
+        if self.max_free_depth is not None or \
                 getattr(self, "free_depth_used", self.free_depth) < self.free_depth:
             return None
         d = self.free_depth
-        while (d < MAX_FREE_DEPTH and self.free_sites * FREE_STATES_PER_LEVEL * 2 ** (d + 1)
-               <= FREE_DEPTH_BUDGET):
+        while (self.free_sites and d < MAX_FREE_DEPTH
+               and self.free_sites * FREE_STATES_PER_LEVEL * 2 ** (d + 1) <= FREE_DEPTH_BUDGET):
             d += 1
-        return d if d > self.free_depth else None
+        n = self.free_sites + self.implicit_sites
+        imp = self.free_depth
+        if self.implicit_sites and IMPLICIT_FREE_DEPTH > imp and \
+                n * FREE_STATES_PER_LEVEL * 2 ** IMPLICIT_FREE_DEPTH <= IMPLICIT_FREE_BUDGET:
+            imp = IMPLICIT_FREE_DEPTH
+        return (d, imp) if (d, imp) != (self.free_depth, self.free_depth) else None
 
     # -- errors ----------------------------------------------------------------------
     def unsupported(self, msg: str, path: str) -> None:
@@ -705,7 +735,7 @@ class SchemaBuilder:
                 self._any_cache.clear()
                 self._ref_stack.clear()
                 self.auto_spent = 0
-                self.free_sites = 0
+                self.free_sites = self.implicit_sites = 0
                 try:
                     n = self.node(self.root, "")
                 except _TooBig as e:
@@ -768,7 +798,7 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return rx(JSON_SOUP, 8) if self._neg else EMPTY
+                return self.soup_value(self.free_depth) if self._neg else EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -918,8 +948,10 @@ class SchemaBuilder:
             then_s = schema.get("then", True)
             else_s = schema.get("else", True)
             yes = self.node(self.merge([rest, cond, then_s], f"{path}/then"), path)
-            no = self.node(self.merge([rest, else_s], f"{path}/else"), path)
-            neg_cond = self.negated(cond, f"{path}/if") if no.kind != "empty" else EMPTY
+            no_s = self.merge([rest, else_s], f"{path}/else")
+            no = self.node(no_s, path)
+            neg_cond = (self.negated_meet(no_s, cond, f"{path}/if") if no.kind != "empty"
+                        else EMPTY)
             if no.kind != "empty" and not self.disjoint(no, neg_cond):
                 c = self.to_dfa(neg_cond, f"{path}/if", "if")
                 d = self._product(self.to_dfa(no, f"{path}/else", "else"), c, f"{path}/if",
@@ -928,7 +960,7 @@ class SchemaBuilder:
             return alt(yes, no)
         if "not" in schema:
             rest = {k: v for k, v in schema.items() if k != "not"}
-            neg = self.negated(schema["not"], f"{path}/not")
+            neg = self.negated_meet(rest, schema["not"], f"{path}/not")
             base = self.node(rest, path)
             if neg.kind == "empty" or base.kind == "empty" or self.disjoint(base, neg):
                 return base
@@ -953,7 +985,8 @@ class SchemaBuilder:
                     opts.append(self.node(sub, f"{path}/{key}/{i}"))
                 if key == "oneOf":
                     return self.exactly_one(
-                        opts, lambda i: self.negated(merged[i], f"{path}/oneOf/{i}"),
+                        opts, lambda i, j: self.negated_meet(merged[i], merged[j],
+                                                             f"{path}/oneOf/{j}"),
                         f"{path}/oneOf")
                 return alt(*opts)
         if "const" in schema:
@@ -976,6 +1009,40 @@ class SchemaBuilder:
             return self.node(schema, path)
         finally:
             self._neg = not self._neg
+
+    def negated_meet(self, positive: Any, schema: Any, path: str) -> Node:
+        """A superset of ``positive ∧ schema``, to subtract from ``positive``'s language
+        (``positive \\ schema = positive \\ (positive ∧ schema)``). Built from the merged
+        schema, a free-form value of ``schema`` lies where ``positive`` has its own value
+        (typed, or free-form at the same depth), so the depth-bounded free-form value is
+        a superset there; a depth-bounded one alone would miss the positive side's deeper
+        values and keep invalid instances. If the two do not merge, ``schema`` alone with
+        ``soup_value`` free-form values (any depth)."""
+        if isinstance(positive, dict):
+            # only positive's structure matters here: its presence, count and scalar
+            # restrictions are dropped (still a superset, and the meet's objects track
+            # no more required properties than schema's)
+            positive = {k: v for k, v in positive.items() if k not in _MEET_DROPPED}
+        try:
+            met = self.merge([positive, schema], path)
+        except (SchemaError, UnsupportedSchemaError):
+            met = None
+        if met is not None:
+            try:
+                key = (json.dumps(met, sort_keys=True), self._neg, self._soup_neg,
+                       self.property_order, self.max_depth, self.free_depth,
+                       tuple(self._ref_stack))
+            except (TypeError, ValueError):
+                return self.negated(met, path)
+            hit = self._meet_memo.get(key)
+            if hit is None:
+                hit = self._meet_memo[key] = self.negated(met, path)
+            return hit
+        soup, self._soup_neg = self._soup_neg, True
+        try:
+            return self.negated(schema, path)
+        finally:
+            self._soup_neg = soup
 
     def to_dfa(self, node: Node, path: str, keyword: str) -> DFA:
         """The minimal DFA of ``node``, with at most ``max_product_states`` states."""
@@ -1025,7 +1092,8 @@ class SchemaBuilder:
     def exactly_one(self, opts: list[Node], negated, path: str) -> Node:
         """``oneOf``: the strings in exactly one of the branches. Branches whose first
         bytes are pairwise disjoint (different JSON types) are a plain union; otherwise
-        each branch is determinised and the union of ``L_i \\ ∪_{j≠i} L_j`` is built."""
+        each branch is determinised and the union of ``L_i \\ ∪_{j≠i} (L_i ∧ L_j)`` is built
+        (``negated(i, j)``: a superset of the meet of branches i and j)."""
         if self._neg:                    # a superset is enough: the union
             return alt(*opts)
         live = [i for i, o in enumerate(opts) if o.kind != "empty"]
@@ -1045,14 +1113,16 @@ class SchemaBuilder:
                 out.append(opts[g[0]])
                 continue
             g = sorted(g)
-            negs = [negated(i) for i in g]
-            # branch i loses only the (superset) branches j it can share a value with:
-            # an NFA product search shows most pairs disjoint, and a branch disjoint
-            # from every other one is kept as it is, without determinising anything
+            # branch i loses a superset of its meet with each other branch j (negated:
+            # see negated_meet), only where they can share a value: an NFA product
+            # search shows most pairs disjoint, and a branch disjoint from every other
+            # one is kept as it is, without determinising anything
+            negs = {(i, j): negated(g[i], g[j]) for i in range(len(g))
+                    for j in range(len(g)) if i != j}
             meets = [[j for j in range(len(g)) if j != i
-                      and not self.disjoint(opts[g[i]], negs[j])] for i in range(len(g))]
+                      and not self.disjoint(opts[g[i]], negs[i, j])] for i in range(len(g))]
             pos: dict = {}
-            neg: dict = {}
+            dfas: dict = {}                  # by node: equal meets are one node
             for i in range(len(g)):
                 if not meets[i]:
                     out.append(opts[g[i]])
@@ -1063,9 +1133,10 @@ class SchemaBuilder:
                 for j in meets[i]:
                     if is_empty(x):
                         break
-                    if j not in neg:
-                        neg[j] = self.to_dfa(negs[j], path, "oneOf")
-                    x = self._product(x, neg[j], path, "oneOf", difference)
+                    n = negs[i, j]
+                    if id(n) not in dfas:
+                        dfas[id(n)] = (n, self.to_dfa(n, path, "oneOf"))
+                    x = self._product(x, dfas[id(n)][1], path, "oneOf", difference)
                 if not is_empty(x):
                     out.append(Node("dfa", (x,), x.num_states + 1))
         return alt(*out)
@@ -1138,6 +1209,7 @@ class SchemaBuilder:
         """One schema equivalent to ``allOf: subs`` (refs resolved), for the cases that
         reduce to one automaton: keyword-wise intersection."""
         out: dict = {}
+        parts: list = []
         for i, sub in enumerate(subs):
             where = f"{path}/{i}"
             if sub is True:
@@ -1163,6 +1235,7 @@ class SchemaBuilder:
                 parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
                          else list(sub["allOf"]) + [rest])
                 sub = self.merge(parts, where)
+            parts.append(sub)
             if "if" in sub and any(k in out for k in ("if", "then", "else")):
                 out.setdefault("__and", []).append(
                     {k: sub[k] for k in ("if", "then", "else") if k in sub})
@@ -1185,7 +1258,66 @@ class SchemaBuilder:
                         out["enum"] = []
                 else:
                     out[k] = self._merge_kw(k, out[k], v, where)
+        return self._merge_extras(out, parts, path)
+
+    def _merge_extras(self, out: dict, parts: list, path: str) -> dict:
+        """``allOf`` of objects: a property that one part declares is an extra property
+        of another part that does not, so that part's ``additionalProperties`` applies
+        to it too (unless one of its ``patternProperties`` matches the name, whose
+        schema then applies, as the merged ``patternProperties`` already do). Likewise
+        a key that one part's pattern matches gets another part's
+        ``additionalProperties`` when that part has no patterns (with patterns on both
+        sides the split is not built: an error in strict mode)."""
+        if len(parts) < 2 or not any(isinstance(p.get("additionalProperties"), (dict, bool))
+                                     and p.get("additionalProperties") is not True
+                                     for p in parts):
+            return out
+        props = out.get("properties")
+        pats = out.get("patternProperties")
+        new_props = dict(props) if isinstance(props, dict) else None
+        for p in parts:
+            addl = p.get("additionalProperties")
+            if addl is None or addl is True or not isinstance(addl, (dict, bool)):
+                continue
+            own = p.get("properties") or {}
+            own_pats = p.get("patternProperties") or {}
+            if new_props is not None:
+                for name in list(new_props):
+                    if name in own:
+                        continue
+                    content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
+                    if any(self._pattern_dfa(pt).accepts(content) for pt in own_pats):
+                        continue
+                    new_props[name] = {"allOf": [new_props[name], addl]}
+            if isinstance(pats, dict):
+                foreign = [pt for q in parts if q is not p
+                           for pt in (q.get("patternProperties") or {})]
+                if foreign:
+                    if own_pats:
+                        if self.strict:
+                            raise UnsupportedSchemaError(
+                                f"allOf at {path or '/'}: patternProperties of one part "
+                                "with patternProperties and additionalProperties of another "
+                                "are not combined into one automaton")
+                        continue
+                    pats = {pt: ({"allOf": [sch, addl]} if pt in foreign else sch)
+                            for pt, sch in pats.items()}
+        if new_props is not None:
+            out["properties"] = new_props
+        if isinstance(pats, dict):
+            out["patternProperties"] = pats
         return out
+
+    def _pattern_dfa(self, pat: str) -> DFA:
+        memo = self._string_memo.setdefault("pattern dfas", {})
+        hit = memo.get(pat)
+        if hit is None:
+            try:
+                hit = minimize(determinize(json_string_content_nfa(pat, search=True)))
+            except ValueError as e:
+                raise UnsupportedSchemaError(f"patternProperties {pat!r}: {e}") from None
+            memo[pat] = hit
+        return hit
 
     def _merge_kw(self, k, a, b, path):
         if a == b or k in NOT_ENFORCED:
@@ -1836,6 +1968,24 @@ class SchemaBuilder:
         return Node("dfa", (dfa,), dfa.num_states + 1)
 
     # -- free-form values --------------------------------------------------------------
+    def soup_value(self, depth: int) -> Node:
+        """A superset of all JSON values: exact ``depth`` containers deep, any deeper
+        container as a bracketed run of JSON tokens (``JSON_SOUP_BODY``)."""
+        key = ("soup", depth)
+        if key in self._any_cache:
+            return self._any_cache[key]
+        scalars = [rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null")]
+        if depth <= 0:
+            n = alt(*scalars, rx(JSON_SOUP_BODY, 8))
+        else:
+            inner = self.soup_value(depth - 1)
+            arr = self._list([], inner, 0, None, "[", "]", ",")
+            obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
+                       inner.size + 30)
+            n = alt(*scalars, arr, obj)
+        self._any_cache[key] = n
+        return n
+
     def any_value(self, depth: int) -> Node:
         if depth in self._any_cache:
             return self._any_cache[depth]
