@@ -214,3 +214,22 @@ def test_open_objects_extras_one_level_deeper_when_few(objects):
     if objects > 1:
         got = deepest_accepted(fa, lambda v: {"o0": {"extra": v}, "x": 1}, schema)
         assert got == want
+
+
+def test_subtracted_operand_that_does_not_merge():
+    """When the positive side and the subtracted schema do not merge (here: tuple
+    ``items`` against ``items`` as one schema), the subtracted schema alone is built
+    with soup_value free-form values, a superset of any depth: no invalid instance is
+    accepted (against jsonschema, draft 7 for the tuple form)."""
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}}}
+    schema = {"type": "array", "items": [{"type": "integer"}, deep],
+              "not": {"type": "array", "items": {"type": "integer"}, "minItems": 1}}
+    oracle = jsonschema.Draft7Validator(schema)
+    fa = compile_json_schema(schema, VOCAB)
+    cases = [[], [1], [1, [[[[[1]]]]]], [1, [[[[[]]]]]], [1, []], [1, [[1]]], ["a"]]
+    for inst in cases:
+        text = json.dumps(inst, separators=(",", ":"))
+        if accepts(fa, text):
+            assert oracle.is_valid(inst), text
+    assert not oracle.is_valid([1]) and not accepts(fa, "[1]")

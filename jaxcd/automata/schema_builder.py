@@ -1035,9 +1035,13 @@ class SchemaBuilder:
             except (TypeError, ValueError):
                 return self.negated(met, path)
             hit = self._meet_memo.get(key)
-            if hit is None:
+            if hit is not None:
+                return hit
+            try:
                 hit = self._meet_memo[key] = self.negated(met, path)
-            return hit
+                return hit
+            except (SchemaError, UnsupportedSchemaError):
+                pass            # keywords of the two sides that do not combine (inside)
         soup, self._soup_neg = self._soup_neg, True
         try:
             return self.negated(schema, path)
