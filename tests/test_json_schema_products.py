@@ -254,3 +254,17 @@ def test_allof_additional_properties_reach_other_parts_properties(i):
         assert ok == oracle.is_valid(v), (i, v)
         n_valid += ok
     assert n_valid >= 2
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"enum": [1]}, {"enum": [True]}]},
+    {"allOf": [{"const": [0]}, {"enum": [[False], [0]]}]},
+    {"allOf": [{"enum": [{"a": 1.0}]}, {"not": {"enum": [{"a": True}]}}]},
+])
+def test_allof_merge_tells_true_from_one(schema):
+    """allOf merging compared keyword values with Python's == (True == 1), so enum [1]
+    merged with enum [true] kept 1: every value of a small universe, against jsonschema."""
+    d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    for v in [1, 1.0, True, False, 0, [0], [False], {"a": 1.0}, {"a": True}, None]:
+        assert d.accepts(_texts(v).encode()) == oracle.is_valid(v), (schema, v)

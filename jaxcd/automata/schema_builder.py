@@ -549,6 +549,14 @@ class SchemaBuilder:
     # its free-form values are soup_value, a superset of values of any depth
     _soup_neg: bool = False
     _meet_memo: dict = field(default_factory=dict)
+    # free-form values built in subtracted operands, and their depth there (subtrahend)
+    _neg_free: int = 0
+    _neg_free_depth: int | None = None
+    _nesting_memo: dict = field(default_factory=dict)
+    _depth_here: int = 0
+    _neg_root: int = 0
+    _neg_least: int | None = None
+    _neg_stats: dict = field(default_factory=dict)
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # automaton states built by products in one build (see _spend)
     max_product_work: int = MAX_PRODUCT_WORK
@@ -594,8 +602,14 @@ class SchemaBuilder:
         ``free_sites``. The extra properties of an object that declares members and says
         nothing of them (the specification's open objects) keep ``free_depth``: every
         such object has one, and deepening them all would multiply the automaton."""
-        if self._neg and self._soup_neg:
-            return self.soup_value(self.free_depth)      # a superset (JSON_SOUP_BODY)
+        if self._neg:
+            # a subtracted operand (see subtrahend): r containers below its top
+            r = max(self._depth_here - self._neg_root, 0)
+            self._neg_free += 1
+            self._neg_least = r if self._neg_least is None else min(self._neg_least, r)
+            if self._soup_neg:
+                return self.soup_value(self.free_depth)      # a superset of any depth
+            return self.any_value(max(self.free_depth, (self._neg_free_depth or 0) - r))
         if self._product_level:
             return self.any_value(self.free_depth)
         if self._implicit_free:
@@ -798,7 +812,7 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return self.soup_value(self.free_depth) if self._neg else EMPTY
+                return self.free_value() if self._neg else EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -834,6 +848,7 @@ class SchemaBuilder:
             text = json.dumps(schema, sort_keys=True)
             reach = self._reachable_refs(schema, text)
             key = (text, self._neg, self.property_order, self.max_depth, self.free_depth,
+                   self._neg_free_depth, self._soup_neg,
                    frozenset((k, c) for k, c in Counter(self._ref_stack).items()
                              if k in reach),
                    any(x in path for x in _VALUE_PATHS))
@@ -950,23 +965,26 @@ class SchemaBuilder:
             yes = self.node(self.merge([rest, cond, then_s], f"{path}/then"), path)
             no_s = self.merge([rest, else_s], f"{path}/else")
             no = self.node(no_s, path)
-            neg_cond = (self.negated_meet(no_s, cond, f"{path}/if") if no.kind != "empty"
-                        else EMPTY)
+            free = self._neg_free
+            neg_cond = self.negated(cond, f"{path}/if") if no.kind != "empty" else EMPTY
+            free = self._neg_free > free
             if no.kind != "empty" and not self.disjoint(no, neg_cond):
-                c = self.to_dfa(neg_cond, f"{path}/if", "if")
-                d = self._product(self.to_dfa(no, f"{path}/else", "else"), c, f"{path}/if",
-                                  "if/else", difference)
+                no_d = self.to_dfa(no, f"{path}/else", "else")
+                c = self.subtrahend(cond, no_s, no_d, neg_cond, free, f"{path}/if", "if")
+                d = self._product(no_d, c, f"{path}/if", "if/else", difference)
                 no = Node("dfa", (d,), d.num_states + 1)
             return alt(yes, no)
         if "not" in schema:
             rest = {k: v for k, v in schema.items() if k != "not"}
-            neg = self.negated_meet(rest, schema["not"], f"{path}/not")
+            free = self._neg_free
+            neg = self.negated(schema["not"], f"{path}/not")
+            free = self._neg_free > free
             base = self.node(rest, path)
             if neg.kind == "empty" or base.kind == "empty" or self.disjoint(base, neg):
                 return base
-            d = self._product(self.to_dfa(base, path, "not"),
-                              self.to_dfa(neg, f"{path}/not", "not"), f"{path}/not", "not",
-                              difference)
+            bd = self.to_dfa(base, path, "not")
+            c = self.subtrahend(schema["not"], rest, bd, neg, free, f"{path}/not", "not")
+            d = self._product(bd, c, f"{path}/not", "not", difference)
             return Node("dfa", (d,), d.num_states + 1)
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -984,10 +1002,7 @@ class SchemaBuilder:
                     merged.append(sub)
                     opts.append(self.node(sub, f"{path}/{key}/{i}"))
                 if key == "oneOf":
-                    return self.exactly_one(
-                        opts, lambda i, j: self.negated_meet(merged[i], merged[j],
-                                                             f"{path}/oneOf/{j}"),
-                        f"{path}/oneOf")
+                    return self.exactly_one(opts, merged, f"{path}/oneOf")
                 return alt(*opts)
         if "const" in schema:
             values = [schema["const"]]
@@ -1002,13 +1017,30 @@ class SchemaBuilder:
         return alt(*(self.typed(t, schema, path) for t in types))
 
     # -- automaton products (oneOf, not, if/then/else) -------------------------------
-    def negated(self, schema: Any, path: str) -> Node:
-        """``schema``'s node with the polarity flipped (see ``_neg``)."""
-        self._neg = not self._neg
+    def value_node(self, schema: Any, path: str) -> Node:
+        """``node`` of a value nested one container deeper (an item, a member's value):
+        counted in ``_depth_here`` for the free-form values of subtracted operands."""
+        self._depth_here += 1
         try:
             return self.node(schema, path)
         finally:
+            self._depth_here -= 1
+
+    def negated(self, schema: Any, path: str) -> Node:
+        """``schema``'s node with the polarity flipped (see ``_neg``). Records, for
+        :meth:`subtrahend`, the least container depth (below the operand's top) of the
+        free-form values it built while subtracted (``_neg_stats``)."""
+        self._neg = not self._neg
+        root, least = self._neg_root, self._neg_least
+        self._neg_root, self._neg_least = self._depth_here, None
+        try:
+            n = self.node(schema, path)
+        finally:
             self._neg = not self._neg
+            found = self._neg_least
+            self._neg_root, self._neg_least = root, least
+        self._neg_stats[id(n)] = (n, found)
+        return n
 
     def negated_meet(self, positive: Any, schema: Any, path: str) -> Node:
         """A superset of ``positive ∧ schema``, to subtract from ``positive``'s language
@@ -1031,6 +1063,7 @@ class SchemaBuilder:
             try:
                 key = (json.dumps(met, sort_keys=True), self._neg, self._soup_neg,
                        self.property_order, self.max_depth, self.free_depth,
+                       self._neg_free_depth,
                        tuple(self._ref_stack))
             except (TypeError, ValueError):
                 return self.negated(met, path)
@@ -1093,11 +1126,11 @@ class SchemaBuilder:
             f"operand needs more than {size} {what} (limit max_product_states="
             f"{self.max_product_states}); raise it, or simplify the subschema")
 
-    def exactly_one(self, opts: list[Node], negated, path: str) -> Node:
+    def exactly_one(self, opts: list[Node], schemas: list, path: str) -> Node:
         """``oneOf``: the strings in exactly one of the branches. Branches whose first
         bytes are pairwise disjoint (different JSON types) are a plain union; otherwise
-        each branch is determinised and the union of ``L_i \\ ∪_{j≠i} (L_i ∧ L_j)`` is built
-        (``negated(i, j)``: a superset of the meet of branches i and j)."""
+        each branch is determinised and the union of ``L_i \\ ∪_{j≠i} L_j`` is built
+        (``L_j`` as a superset: see :meth:`subtrahend`)."""
         if self._neg:                    # a superset is enough: the union
             return alt(*opts)
         live = [i for i, o in enumerate(opts) if o.kind != "empty"]
@@ -1117,16 +1150,18 @@ class SchemaBuilder:
                 out.append(opts[g[0]])
                 continue
             g = sorted(g)
-            # branch i loses a superset of its meet with each other branch j (negated:
-            # see negated_meet), only where they can share a value: an NFA product
-            # search shows most pairs disjoint, and a branch disjoint from every other
-            # one is kept as it is, without determinising anything
-            negs = {(i, j): negated(g[i], g[j]) for i in range(len(g))
-                    for j in range(len(g)) if i != j}
+            negs, frees = [], []
+            for i in g:
+                c = self._neg_free
+                negs.append(self.negated(schemas[i], f"{path}/{i}"))
+                frees.append(self._neg_free > c)
+            # branch i loses only the (superset) branches j it can share a value with:
+            # an NFA product search shows most pairs disjoint, and a branch disjoint
+            # from every other one is kept as it is, without determinising anything
             meets = [[j for j in range(len(g)) if j != i
-                      and not self.disjoint(opts[g[i]], negs[i, j])] for i in range(len(g))]
+                      and not self.disjoint(opts[g[i]], negs[j])] for i in range(len(g))]
             pos: dict = {}
-            dfas: dict = {}                  # by node: equal meets are one node
+            neg: dict = {}
             for i in range(len(g)):
                 if not meets[i]:
                     out.append(opts[g[i]])
@@ -1137,13 +1172,51 @@ class SchemaBuilder:
                 for j in meets[i]:
                     if is_empty(x):
                         break
-                    n = negs[i, j]
-                    if id(n) not in dfas:
-                        dfas[id(n)] = (n, self.to_dfa(n, path, "oneOf"))
-                    x = self._product(x, dfas[id(n)][1], path, "oneOf", difference)
+                    # a subtrahend built at the default depth serves every branch; a
+                    # deeper one (or a meet) is the pair's own
+                    key = j if not frees[j] else (j, i)
+                    if key not in neg and frees[j]:
+                        neg[key] = self.subtrahend(schemas[g[j]], schemas[g[i]], pos[i],
+                                                   negs[j], True, f"{path}/{g[j]}", "oneOf")
+                    if key not in neg:
+                        neg[key] = self.to_dfa(negs[j], path, "oneOf")
+                    x = self._product(x, neg[key], path, "oneOf", difference)
                 if not is_empty(x):
                     out.append(Node("dfa", (x,), x.num_states + 1))
         return alt(*out)
+
+    def subtrahend(self, schema: Any, positive: Any, pos_dfa: DFA, node: Node, free: bool,
+                   path: str, keyword: str) -> DFA:
+        """The DFA of a superset of ``schema`` to subtract from ``pos_dfa`` (whose
+        schema is ``positive``); ``node``: ``schema`` negated at the default depth, which
+        built free-form values if ``free``. Those are depth-bounded, so they are a
+        superset only if the positive side nests no deeper: checked on ``pos_dfa``
+        (:func:`_nesting_bound`); if it does, ``schema`` is built again with free-form
+        values that deep, else from its meet with ``positive`` (:meth:`negated_meet`).
+        Before session 16 the default depth was used whatever the positive side's
+        depth, which kept invalid instances nested deeper than it."""
+        stat = self._neg_stats.get(id(node))
+        least = stat[1] if stat is not None and stat[0] is node else (0 if free else None)
+        if least is None:                      # no free-form value in the operand
+            return self.to_dfa(node, path, keyword)
+        hit = self._nesting_memo.get(id(pos_dfa))
+        if hit is None or hit[0] is not pos_dfa:
+            hit = self._nesting_memo[id(pos_dfa)] = (
+                pos_dfa, _nesting_bound(pos_dfa, self.free_depth, MAX_SUBTRAHEND_DEPTH + 3))
+        k = hit[1]
+        # a free-form value r containers below the operand's top covers the positive
+        # side's values there if free_depth >= k - r
+        if k is not None and k - least <= self.free_depth:
+            return self.to_dfa(node, path, keyword)
+        if k is not None and k - least <= MAX_SUBTRAHEND_DEPTH:
+            old, self._neg_free_depth = self._neg_free_depth, k
+            try:
+                return self.to_dfa(self.negated(schema, path), path, keyword)
+            except AutomatonTooLargeError:
+                pass
+            finally:
+                self._neg_free_depth = old
+        return self.to_dfa(self.negated_meet(positive, schema, path), path, keyword)
 
     def disjoint(self, a: Node, b: Node) -> bool:
         """True if no string is in both ``a`` and ``b`` (found by a search over pairs of
@@ -1213,7 +1286,7 @@ class SchemaBuilder:
         """One schema equivalent to ``allOf: subs`` (refs resolved), for the cases that
         reduce to one automaton: keyword-wise intersection."""
         out: dict = {}
-        parts: list = []
+        merged_parts: list = []          # the object parts, for _merge_extras
         for i, sub in enumerate(subs):
             where = f"{path}/{i}"
             if sub is True:
@@ -1239,7 +1312,7 @@ class SchemaBuilder:
                 parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
                          else list(sub["allOf"]) + [rest])
                 sub = self.merge(parts, where)
-            parts.append(sub)
+            merged_parts.append(sub)
             if "if" in sub and any(k in out for k in ("if", "then", "else")):
                 out.setdefault("__and", []).append(
                     {k: sub[k] for k in ("if", "then", "else") if k in sub})
@@ -1262,7 +1335,7 @@ class SchemaBuilder:
                         out["enum"] = []
                 else:
                     out[k] = self._merge_kw(k, out[k], v, where)
-        return self._merge_extras(out, parts, path)
+        return self._merge_extras(out, merged_parts, path)
 
     def _merge_extras(self, out: dict, parts: list, path: str) -> dict:
         """``allOf`` of objects: a property that one part declares is an extra property
@@ -1324,7 +1397,8 @@ class SchemaBuilder:
         return hit
 
     def _merge_kw(self, k, a, b, path):
-        if a == b or k in NOT_ENFORCED:
+        # (not a == b: Python's True == 1 would merge enum [1] with enum [true])
+        if k in NOT_ENFORCED or _json_eq(a, b):
             return a          # (a not-enforced keyword is reported by node())
         if k == "not":
             return {"anyOf": [a, b]}
@@ -1430,8 +1504,10 @@ class SchemaBuilder:
             opts.append(lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"))))
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")
                 and not is_annotation(k) and k not in ("$defs", "definitions")}
-        if rest and opts and not self._neg:
-            # the listed values must satisfy the other keywords too
+        if rest and opts:
+            # the listed values must satisfy the other keywords too (in a subtracted
+            # operand, those of their superset: still a superset, and the meets of
+            # negated_meet, whose positive side often is an enum, stay precise)
             try:
                 d = self.to_dfa(self.node(rest, path), path, "enum")
             except AutomatonTooLargeError:
@@ -1619,8 +1695,9 @@ class SchemaBuilder:
         prefix = prefix or []
         if items is None:
             items = True
-        item_nodes = [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(prefix)]
-        rest = self.node(items, f"{path}/items") if items is not False else EMPTY
+        item_nodes = [self.value_node(s, f"{path}/prefixItems/{i}")
+                      for i, s in enumerate(prefix)]
+        rest = self.value_node(items, f"{path}/items") if items is not False else EMPTY
         if unique:
             why = "it is enforced only without prefixItems" if item_nodes else \
                 self._unique_values(rest)
@@ -1781,7 +1858,7 @@ class SchemaBuilder:
 
         members = []
         for name, sub in props.items():
-            v = self.node(with_patterns(name, sub), f"{path}/properties/{name}")
+            v = self.value_node(with_patterns(name, sub), f"{path}/properties/{name}")
             members.append(_Member(lit(json.dumps(name, ensure_ascii=False)), v,
                                    name in required))
         for name in required:
@@ -1791,7 +1868,7 @@ class SchemaBuilder:
                 if sub is None:
                     sub = addl if isinstance(addl, dict) else True
                 members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
-                                       self.node(sub, f"{path}/required"), True))
+                                       self.value_node(sub, f"{path}/required"), True))
         # which extra keys are allowed: the specification's open objects by default;
         # closed_objects=True (tool calls) closes objects that declare properties
         # the specification's default for an object that declares members: its extra
@@ -1818,7 +1895,7 @@ class SchemaBuilder:
                 if key.kind == "dfa" and is_empty(key.args[0]):
                     continue
             sub = subs[0] if len(subs) == 1 else {"allOf": list(subs)}
-            extras.append((key, self.node(sub, where)))
+            extras.append((key, self.value_node(sub, where)))
         if addl is not False:
             if names is not None and names is not True:
                 if names is False:
@@ -1839,8 +1916,8 @@ class SchemaBuilder:
                 key = Node("dfa", (d,), d.num_states + 1)
             self._implicit_free += implicit
             try:
-                value = self.node(True if addl is True else addl,
-                                  f"{path}/additionalProperties")
+                value = self.value_node(True if addl is True else addl,
+                                        f"{path}/additionalProperties")
             finally:
                 self._implicit_free -= implicit
             extras.append((key, value))
@@ -2004,6 +2081,51 @@ class SchemaBuilder:
             n = alt(*scalars, arr, obj)
         self._any_cache[depth] = n
         return n
+
+
+#: subtrahend: the deepest free-form values built in a subtracted operand to cover a
+#: positive side that nests deeper than the default (past it: the meet)
+MAX_SUBTRAHEND_DEPTH = 6
+
+
+@functools.lru_cache(maxsize=32)
+def _nesting_dfa(k: int) -> DFA:
+    """Byte strings whose brackets outside JSON strings nest at most ``k`` deep (a
+    lexer: outside a string, inside one, after a backslash in one; every live state
+    accepting)."""
+    nfa = NFA()
+    st = {(lex, d): nfa.add_state(accepting=True) for lex in range(3) for d in range(k + 1)}
+
+    def other(src, dst, excluded):
+        lo = 0
+        for b in sorted(excluded) + [256]:
+            if lo <= b - 1:
+                nfa.add_byte_range(src, dst, lo, b - 1)
+            lo = b + 1
+    for d in range(k + 1):
+        out, instr, esc = st[0, d], st[1, d], st[2, d]
+        nfa.add_bytes(out, instr, b'"')
+        if d < k:
+            nfa.add_bytes(out, st[0, d + 1], b"[")
+            nfa.add_bytes(out, st[0, d + 1], b"{")
+        if d > 0:
+            nfa.add_bytes(out, st[0, d - 1], b"]")
+            nfa.add_bytes(out, st[0, d - 1], b"}")
+        other(out, out, {ord('"'), ord("["), ord("{"), ord("]"), ord("}")})
+        nfa.add_bytes(instr, out, b'"')
+        nfa.add_bytes(instr, esc, b"\\")
+        other(instr, instr, {ord('"'), ord("\\")})
+        other(esc, instr, set())
+    return minimize(determinize(nfa))
+
+
+def _nesting_bound(dfa: DFA, lo: int, hi: int) -> int | None:
+    """The least ``k`` in ``[lo, hi]`` such that no string of ``dfa`` nests brackets
+    (outside JSON strings) deeper than ``k``; None if none is."""
+    for k in range(lo, hi + 1):
+        if is_empty(difference(dfa, _nesting_dfa(k))):
+            return k
+    return None
 
 
 def _before(schema: dict, a: str, b: str) -> bool:
