@@ -966,7 +966,8 @@ class SchemaBuilder:
             no_s = self.merge([rest, else_s], f"{path}/else")
             no = self.node(no_s, path)
             free = self._neg_free
-            neg_cond = self.negated(cond, f"{path}/if") if no.kind != "empty" else EMPTY
+            neg_cond = (self.negated_or_meet(cond, no_s, f"{path}/if") if no.kind != "empty"
+                        else EMPTY)
             free = self._neg_free > free
             if no.kind != "empty" and not self.disjoint(no, neg_cond):
                 no_d = self.to_dfa(no, f"{path}/else", "else")
@@ -977,7 +978,7 @@ class SchemaBuilder:
         if "not" in schema:
             rest = {k: v for k, v in schema.items() if k != "not"}
             free = self._neg_free
-            neg = self.negated(schema["not"], f"{path}/not")
+            neg = self.negated_or_meet(schema["not"], rest, f"{path}/not")
             free = self._neg_free > free
             base = self.node(rest, path)
             if neg.kind == "empty" or base.kind == "empty" or self.disjoint(base, neg):
@@ -1072,14 +1073,26 @@ class SchemaBuilder:
                 return hit
             try:
                 hit = self._meet_memo[key] = self.negated(met, path)
+                self._neg_stats[id(hit)] = (hit, None)      # a superset as it is
                 return hit
             except (SchemaError, UnsupportedSchemaError):
                 pass            # keywords of the two sides that do not combine (inside)
         soup, self._soup_neg = self._soup_neg, True
         try:
-            return self.negated(schema, path)
+            n = self.negated(schema, path)
         finally:
             self._soup_neg = soup
+        self._neg_stats[id(n)] = (n, None)
+        return n
+
+    def negated_or_meet(self, schema: Any, positive: Any, path: str) -> Node:
+        """``negated(schema)``, or its meet with ``positive`` where that operand alone
+        passes a size limit (the meet's objects are often smaller: typed values for
+        free-form ones, no more required properties than ``schema``'s)."""
+        try:
+            return self.negated(schema, path)
+        except AutomatonTooLargeError:
+            return self.negated_meet(positive, schema, path)
 
     def to_dfa(self, node: Node, path: str, keyword: str) -> DFA:
         """The minimal DFA of ``node``, with at most ``max_product_states`` states."""
@@ -1153,7 +1166,10 @@ class SchemaBuilder:
             negs, frees = [], []
             for i in g:
                 c = self._neg_free
-                negs.append(self.negated(schemas[i], f"{path}/{i}"))
+                others = [schemas[j] for j in g if j != i]
+                negs.append(self.negated_or_meet(
+                    schemas[i], others[0] if len(others) == 1 else {"anyOf": others},
+                    f"{path}/{i}"))
                 frees.append(self._neg_free > c)
             # branch i loses only the (superset) branches j it can share a value with:
             # an NFA product search shows most pairs disjoint, and a branch disjoint
