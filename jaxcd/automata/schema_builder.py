@@ -2068,34 +2068,26 @@ class SchemaBuilder:
     def soup_value(self, depth: int) -> Node:
         """A superset of all JSON values: exact ``depth`` containers deep, any deeper
         container as a bracketed run of JSON tokens (``JSON_SOUP_BODY``)."""
-        key = ("soup", depth)
+        return self._free_node(depth, True)
+
+    def any_value(self, depth: int) -> Node:
+        """Any JSON value with at most ``depth`` containers nested."""
+        return self._free_node(depth, False)
+
+    def _free_node(self, depth: int, soup: bool) -> Node:
+        key = (soup, depth)
         if key in self._any_cache:
             return self._any_cache[key]
         scalars = [rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null")]
         if depth <= 0:
-            n = alt(*scalars, rx(JSON_SOUP_BODY, 8))
+            n = alt(*scalars, rx(JSON_SOUP_BODY, 8)) if soup else alt(*scalars)
         else:
-            inner = self.soup_value(depth - 1)
+            inner = self._free_node(depth - 1, soup)
             arr = self._list([], inner, 0, None, "[", "]", ",")
             obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
                        inner.size + 30)
             n = alt(*scalars, arr, obj)
         self._any_cache[key] = n
-        return n
-
-    def any_value(self, depth: int) -> Node:
-        if depth in self._any_cache:
-            return self._any_cache[depth]
-        scalars = [rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null")]
-        if depth <= 0:
-            n = alt(*scalars)
-        else:
-            inner = self.any_value(depth - 1)
-            arr = self._list([], inner, 0, None, "[", "]", ",")
-            obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
-                       inner.size + 30)
-            n = alt(*scalars, arr, obj)
-        self._any_cache[depth] = n
         return n
 
 
