@@ -233,3 +233,25 @@ def test_subtracted_operand_that_does_not_merge():
         if accepts(fa, text):
             assert oracle.is_valid(inst), text
     assert not oracle.is_valid([1]) and not accepts(fa, "[1]")
+
+
+def test_subtracted_operand_reused_from_the_memo():
+    """A subtracted operand whose product comes from the memo (the same `oneOf` under
+    two `not`s) may hold free-form values that were not built again: it is checked like
+    a new one (before, the second object accepted its invalid deep instance)."""
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {
+        "type": "array", "items": {"type": "array", "items": {"type": "integer"}}}}}}
+    x = {"oneOf": [{"required": ["b"]}, {"type": "string"}]}
+
+    def obj(name):
+        return {"type": "object", "properties": {name: deep, "b": {"type": "integer"}},
+                "not": x}
+    schema = {"type": "object", "properties": {"p": obj("a"), "q": obj("c")},
+              "additionalProperties": False}
+    oracle = jsonschema.Draft202012Validator(schema)
+    fa = compile_json_schema(schema, VOCAB, property_order="schema")
+    cases = [{"p": {"a": [[[[[1]]]]], "b": 1}}, {"q": {"c": [[[[[1]]]]], "b": 1}},
+             {"q": {"c": [[[[[1]]]]]}}, {"p": {"a": [[1]]}}, {"q": {"c": [[1]], "b": 1}}]
+    for inst in cases:
+        text = json.dumps(inst, separators=(",", ":"))
+        assert accepts(fa, text) == oracle.is_valid(inst), text

@@ -549,14 +549,15 @@ class SchemaBuilder:
     # its free-form values are soup_value, a superset of values of any depth
     _soup_neg: bool = False
     _meet_memo: dict = field(default_factory=dict)
-    # free-form values built in subtracted operands, and their depth there (subtrahend)
-    _neg_free: int = 0
+    # the depth of free-form values in subtracted operands (subtrahend)
     _neg_free_depth: int | None = None
     _nesting_memo: dict = field(default_factory=dict)
     _depth_here: int = 0
     _neg_root: int = 0
     _neg_least: int | None = None
-    _neg_stats: dict = field(default_factory=dict)
+    # set by negated()/negated_meet(): the least container depth (below the operand's
+    # top) of the depth-bounded free-form values the operand may hold, None if none
+    _last_least: int | None = None
     max_product_states: int = DEFAULT_MAX_PRODUCT_STATES
     # automaton states built by products in one build (see _spend)
     max_product_work: int = MAX_PRODUCT_WORK
@@ -604,9 +605,8 @@ class SchemaBuilder:
         such object has one, and deepening them all would multiply the automaton."""
         if self._neg:
             # a subtracted operand (see subtrahend): r containers below its top
+            self._note_neg_free()
             r = max(self._depth_here - self._neg_root, 0)
-            self._neg_free += 1
-            self._neg_least = r if self._neg_least is None else min(self._neg_least, r)
             if self._soup_neg:
                 return self.soup_value(self.free_depth)      # a superset of any depth
             return self.any_value(max(self.free_depth, (self._neg_free_depth or 0) - r))
@@ -617,6 +617,11 @@ class SchemaBuilder:
             return self.any_value(max(self.free_depth, self.implicit_free_depth or 0))
         self.free_sites += 1
         return self.any_value(max(self.free_depth, self.site_free_depth or 0))
+
+    def _note_neg_free(self) -> None:
+        """A subtracted operand gets (or reuses, from a memo) free-form values here."""
+        r = max(self._depth_here - self._neg_root, 0)
+        self._neg_least = r if self._neg_least is None else min(self._neg_least, r)
 
     def adaptive_free_depth(self) -> tuple[int, int] | None:
         """``(depth of written free-form values, depth of open objects' extras)`` that
@@ -849,12 +854,18 @@ class SchemaBuilder:
             reach = self._reachable_refs(schema, text)
             key = (text, self._neg, self.property_order, self.max_depth, self.free_depth,
                    self._neg_free_depth, self._soup_neg,
+                   # deeper subtracted free-form values depend on the offset below the
+                   # operand's top
+                   self._depth_here - self._neg_root if self._neg_free_depth else None,
                    frozenset((k, c) for k, c in Counter(self._ref_stack).items()
                              if k in reach),
                    any(x in path for x in _VALUE_PATHS))
         except (TypeError, ValueError, SchemaError):
             return self._product_node(schema, path)
         hit = self._product_memo.get(key)
+        if hit is not None and self._neg and not isinstance(hit, Exception):
+            # a node built before may hold free-form values at or below this depth
+            self._note_neg_free()
         if hit is not None:
             if isinstance(hit, Exception):
                 raise hit
@@ -862,6 +873,8 @@ class SchemaBuilder:
             return hit[0]
         shared = self._shared_products.get(key)
         if shared is not None:
+            if self._neg:
+                self._note_neg_free()
             # built by an earlier attempt of this compile (compile_json_schema's
             # schema-order retry after an order-free attempt): the same node
             # (not counted again in product_work: reusing it costs nothing)
@@ -965,26 +978,25 @@ class SchemaBuilder:
             yes = self.node(self.merge([rest, cond, then_s], f"{path}/then"), path)
             no_s = self.merge([rest, else_s], f"{path}/else")
             no = self.node(no_s, path)
-            free = self._neg_free
+            self._last_least = None
             neg_cond = (self.negated_or_meet(cond, no_s, f"{path}/if") if no.kind != "empty"
                         else EMPTY)
-            free = self._neg_free > free
+            least = self._last_least
             if no.kind != "empty" and not self.disjoint(no, neg_cond):
                 no_d = self.to_dfa(no, f"{path}/else", "else")
-                c = self.subtrahend(cond, no_s, no_d, neg_cond, free, f"{path}/if", "if")
+                c = self.subtrahend(cond, no_s, no_d, neg_cond, least, f"{path}/if", "if")
                 d = self._product(no_d, c, f"{path}/if", "if/else", difference)
                 no = Node("dfa", (d,), d.num_states + 1)
             return alt(yes, no)
         if "not" in schema:
             rest = {k: v for k, v in schema.items() if k != "not"}
-            free = self._neg_free
             neg = self.negated_or_meet(schema["not"], rest, f"{path}/not")
-            free = self._neg_free > free
+            least = self._last_least
             base = self.node(rest, path)
             if neg.kind == "empty" or base.kind == "empty" or self.disjoint(base, neg):
                 return base
             bd = self.to_dfa(base, path, "not")
-            c = self.subtrahend(schema["not"], rest, bd, neg, free, f"{path}/not", "not")
+            c = self.subtrahend(schema["not"], rest, bd, neg, least, f"{path}/not", "not")
             d = self._product(bd, c, f"{path}/not", "not", difference)
             return Node("dfa", (d,), d.num_states + 1)
         for key in ("anyOf", "oneOf"):
@@ -1030,7 +1042,7 @@ class SchemaBuilder:
     def negated(self, schema: Any, path: str) -> Node:
         """``schema``'s node with the polarity flipped (see ``_neg``). Records, for
         :meth:`subtrahend`, the least container depth (below the operand's top) of the
-        free-form values it built while subtracted (``_neg_stats``)."""
+        free-form values it built or reused while subtracted (``_last_least``)."""
         self._neg = not self._neg
         root, least = self._neg_root, self._neg_least
         self._neg_root, self._neg_least = self._depth_here, None
@@ -1040,7 +1052,7 @@ class SchemaBuilder:
             self._neg = not self._neg
             found = self._neg_least
             self._neg_root, self._neg_least = root, least
-        self._neg_stats[id(n)] = (n, found)
+        self._last_least = found
         return n
 
     def negated_meet(self, positive: Any, schema: Any, path: str) -> Node:
@@ -1067,13 +1079,16 @@ class SchemaBuilder:
                        self._neg_free_depth,
                        tuple(self._ref_stack))
             except (TypeError, ValueError):
-                return self.negated(met, path)
+                n = self.negated(met, path)
+                self._last_least = None
+                return n
             hit = self._meet_memo.get(key)
             if hit is not None:
+                self._last_least = None
                 return hit
             try:
                 hit = self._meet_memo[key] = self.negated(met, path)
-                self._neg_stats[id(hit)] = (hit, None)      # a superset as it is
+                self._last_least = None                     # a superset as it is
                 return hit
             except (SchemaError, UnsupportedSchemaError):
                 pass            # keywords of the two sides that do not combine (inside)
@@ -1082,7 +1097,7 @@ class SchemaBuilder:
             n = self.negated(schema, path)
         finally:
             self._soup_neg = soup
-        self._neg_stats[id(n)] = (n, None)
+        self._last_least = None
         return n
 
     def negated_or_meet(self, schema: Any, positive: Any, path: str) -> Node:
@@ -1163,14 +1178,13 @@ class SchemaBuilder:
                 out.append(opts[g[0]])
                 continue
             g = sorted(g)
-            negs, frees = [], []
+            negs, leasts = [], []
             for i in g:
-                c = self._neg_free
                 others = [schemas[j] for j in g if j != i]
                 negs.append(self.negated_or_meet(
                     schemas[i], others[0] if len(others) == 1 else {"anyOf": others},
                     f"{path}/{i}"))
-                frees.append(self._neg_free > c)
+                leasts.append(self._last_least)
             # branch i loses only the (superset) branches j it can share a value with:
             # an NFA product search shows most pairs disjoint, and a branch disjoint
             # from every other one is kept as it is, without determinising anything
@@ -1190,10 +1204,11 @@ class SchemaBuilder:
                         break
                     # a subtrahend built at the default depth serves every branch; a
                     # deeper one (or a meet) is the pair's own
-                    key = j if not frees[j] else (j, i)
-                    if key not in neg and frees[j]:
+                    key = j if leasts[j] is None else (j, i)
+                    if key not in neg and leasts[j] is not None:
                         neg[key] = self.subtrahend(schemas[g[j]], schemas[g[i]], pos[i],
-                                                   negs[j], True, f"{path}/{g[j]}", "oneOf")
+                                                   negs[j], leasts[j], f"{path}/{g[j]}",
+                                                   "oneOf")
                     if key not in neg:
                         neg[key] = self.to_dfa(negs[j], path, "oneOf")
                     x = self._product(x, neg[key], path, "oneOf", difference)
@@ -1201,24 +1216,24 @@ class SchemaBuilder:
                     out.append(Node("dfa", (x,), x.num_states + 1))
         return alt(*out)
 
-    def subtrahend(self, schema: Any, positive: Any, pos_dfa: DFA, node: Node, free: bool,
-                   path: str, keyword: str) -> DFA:
+    def subtrahend(self, schema: Any, positive: Any, pos_dfa: DFA, node: Node,
+                   least: int | None, path: str, keyword: str) -> DFA:
         """The DFA of a superset of ``schema`` to subtract from ``pos_dfa`` (whose
-        schema is ``positive``); ``node``: ``schema`` negated at the default depth, which
-        built free-form values if ``free``. Those are depth-bounded, so they are a
+        schema is ``positive``); ``node``: ``schema`` negated at the default depth, whose
+        depth-bounded free-form values lie ``least`` or more containers below its top
+        (None: it has none; see ``_last_least``). Those are a
         superset only if the positive side nests no deeper: checked on ``pos_dfa``
         (:func:`_nesting_bound`); if it does, ``schema`` is built again with free-form
         values that deep, else from its meet with ``positive`` (:meth:`negated_meet`).
         Before session 16 the default depth was used whatever the positive side's
         depth, which kept invalid instances nested deeper than it."""
-        stat = self._neg_stats.get(id(node))
-        least = stat[1] if stat is not None and stat[0] is node else (0 if free else None)
         if least is None:                      # no free-form value in the operand
             return self.to_dfa(node, path, keyword)
         hit = self._nesting_memo.get(id(pos_dfa))
         if hit is None or hit[0] is not pos_dfa:
             hit = self._nesting_memo[id(pos_dfa)] = (
-                pos_dfa, _nesting_bound(pos_dfa, self.free_depth, MAX_SUBTRAHEND_DEPTH + 3))
+                pos_dfa, _nesting_bound(pos_dfa, self.free_depth, MAX_SUBTRAHEND_DEPTH + 3,
+                                        self.max_product_states))
         k = hit[1]
         # a free-form value r containers below the operand's top covers the positive
         # side's values there if free_depth >= k - r
@@ -2127,12 +2142,16 @@ def _nesting_dfa(k: int) -> DFA:
     return minimize(determinize(nfa))
 
 
-def _nesting_bound(dfa: DFA, lo: int, hi: int) -> int | None:
+def _nesting_bound(dfa: DFA, lo: int, hi: int, max_states: int) -> int | None:
     """The least ``k`` in ``[lo, hi]`` such that no string of ``dfa`` nests brackets
-    (outside JSON strings) deeper than ``k``; None if none is."""
+    (outside JSON strings) deeper than ``k``; None if none is (or a product passes
+    ``max_states``)."""
     for k in range(lo, hi + 1):
-        if is_empty(difference(dfa, _nesting_dfa(k))):
-            return k
+        try:
+            if is_empty(difference(dfa, _nesting_dfa(k), max_states)):
+                return k
+        except AutomatonTooLargeError:
+            return None
     return None
 
 
