@@ -94,8 +94,9 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
     """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
     its attempts share ``string_memo`` (string nodes do not depend on the order).
     ``site_free_depth``: the depths of free-form values outside products, written ones
-    and open objects' extras (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an earlier builder of the same
-    order and depth whose product nodes are reused (products keep the default depth)."""
+    and open objects' extras (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an
+    earlier builder of the same order and depth whose product nodes are reused
+    (products keep the default depth)."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b._string_memo = string_memo

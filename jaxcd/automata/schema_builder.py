@@ -1394,7 +1394,13 @@ class SchemaBuilder:
                     if name in own:
                         continue
                     content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
-                    if any(self._pattern_dfa(pt).accepts(content) for pt in own_pats):
+                    try:
+                        matched = any(self._pattern_dfa(pt).accepts(content)
+                                      for pt in own_pats)
+                    except ValueError as e:
+                        raise UnsupportedSchemaError(
+                            f"allOf at {path or '/'}: patternProperties: {e}") from None
+                    if matched:
                         continue
                     new_props[name] = {"allOf": [new_props[name], addl]}
             if isinstance(pats, dict):
@@ -1417,14 +1423,13 @@ class SchemaBuilder:
         return out
 
     def _pattern_dfa(self, pat: str) -> DFA:
+        """The DFA of the key contents that a ``patternProperties`` regex matches
+        (search semantics), once per compile; ``ValueError`` for a pattern it cannot
+        build."""
         memo = self._string_memo.setdefault("pattern dfas", {})
         hit = memo.get(pat)
         if hit is None:
-            try:
-                hit = minimize(determinize(json_string_content_nfa(pat, search=True)))
-            except ValueError as e:
-                raise UnsupportedSchemaError(f"patternProperties {pat!r}: {e}") from None
-            memo[pat] = hit
+            hit = memo[pat] = minimize(determinize(json_string_content_nfa(pat, search=True)))
         return hit
 
     def _merge_kw(self, k, a, b, path):
@@ -1870,7 +1875,7 @@ class SchemaBuilder:
         pats = []
         for pat, sub in pprops.items():
             try:
-                kd = minimize(determinize(json_string_content_nfa(pat, search=True)))
+                kd = self._pattern_dfa(pat)
             except ValueError as e:
                 if self.strict:
                     raise UnsupportedSchemaError(
