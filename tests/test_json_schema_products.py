@@ -10,6 +10,8 @@ import random
 import jsonschema
 import pytest
 
+from jaxcd.errors import AutomatonTooLargeError
+
 from jaxcd.automata import determinize, intersect, minimize
 from jaxcd.automata.fsa import is_empty
 from jaxcd.automata.json_schema import schema_to_nfa
@@ -268,3 +270,145 @@ def test_allof_merge_tells_true_from_one(schema):
     oracle = jsonschema.Draft202012Validator(schema)
     for v in [1, 1.0, True, False, 0, [0], [False], {"a": 1.0}, {"a": True}, None]:
         assert d.accepts(_texts(v).encode()) == oracle.is_valid(v), (schema, v)
+
+
+# presence tests (SchemaBuilder._presence_split): not / oneOf / if whose operands only
+# test which keys are present become cases of present and absent keys, no product
+def _presence_formula(rng, depth=0):
+    r = rng.random()
+    if depth >= 2 or r < 0.4:
+        return {"required": rng.sample(["a", "b", "k"], rng.randint(1, 2))}
+    kw = rng.choice(["not", "allOf", "anyOf", "oneOf"])
+    if kw == "not":
+        return {"not": _presence_formula(rng, depth + 1)}
+    return {kw: [_presence_formula(rng, depth + 1) for _ in range(rng.randint(2, 3))]}
+
+
+def _presence_schemas(n=24, seed=0):
+    rng = random.Random(seed)
+    rests = [{}, {"type": "object"}, {"type": ["object", "string"]},
+             {"type": "object", "properties": {"a": {"type": "string"}, "b": {}},
+              "additionalProperties": False},
+             {"properties": {"k": {"type": "integer"}}, "required": ["k"]}]
+    out = []
+    for i in range(n):
+        rest = dict(rests[i % len(rests)])
+        kind = ("not", "oneOf", "if", "nested")[i % 4]
+        if kind == "not":
+            out.append({**rest, "not": _presence_formula(rng)})
+        elif kind == "oneOf":
+            out.append({**rest, "oneOf": [_presence_formula(rng) for _ in range(rng.randint(2, 3))]})
+        elif kind == "if":
+            out.append({**rest, "if": _presence_formula(rng),
+                        "then": rng.choice([{"required": ["b"]}, {"maxProperties": 1}, True]),
+                        "else": rng.choice([{"properties": {"a": {"type": "integer"}}},
+                                            {"type": "string"}, False])})
+        else:      # a presence test inside a subtracted operand
+            out.append({**rest, "not": {"type": "object",
+                                        "oneOf": [_presence_formula(rng), _presence_formula(rng)]}})
+    return out
+
+
+PRESENCE_SCHEMAS = _presence_schemas()
+
+
+@pytest.mark.parametrize("order", ["auto", "schema"])
+@pytest.mark.parametrize("i", range(len(PRESENCE_SCHEMAS)))
+def test_presence_tests_against_jsonschema_and_products(i, order, monkeypatch):
+    from jaxcd.automata.fsa import difference
+    from jaxcd.automata.schema_builder import SchemaBuilder
+    schema = PRESENCE_SCHEMAS[i]
+    d = minimize(determinize(schema_to_nfa(schema, "", max_depth=1, property_order=order)[0]))
+    oracle = jsonschema.validators.validator_for(schema)(schema)
+    for v in UNIVERSE:
+        ok = d.accepts(_texts(v).encode())
+        if ok:
+            assert oracle.is_valid(v), (schema, v)
+        elif not isinstance(v, dict) or len(v) < 2:
+            assert not oracle.is_valid(v), (schema, v)
+    # the same language as the automaton products build without the split (in any
+    # property order: in the schema's, the cases may order required keys differently)
+    if order != "auto":
+        return
+    monkeypatch.setattr(SchemaBuilder, "_presence_split", lambda self, s, p: None)
+    try:
+        ref = minimize(determinize(schema_to_nfa(schema, "", max_depth=1,
+                                                 property_order=order)[0]))
+    except AutomatonTooLargeError:
+        return          # free-form operands: the products pass their limits
+    # free-form values may nest deeper without the products (docs/json_schema.md,
+    # "Depth adapts"): compared on values nested at most as deep as {}'s
+    shallow = minimize(determinize(schema_to_nfa({}, "", max_depth=1)[0]))
+    d, ref = intersect(d, shallow), intersect(ref, shallow)
+    # texts accepted by one of the two only (one per state of the difference automaton
+    # it reaches) are valid; the split loses none, up to key order (extra keys before
+    # declared ones, docs/json_schema.md); the products may lose more (they subtract
+    # supersets)
+    for text in _bfs_texts(difference(d, ref), 64):
+        assert oracle.is_valid(json.loads(text)), (schema, text)
+    for text in _bfs_texts(difference(ref, d), 64):
+        v = json.loads(text)
+        assert oracle.is_valid(v), (schema, text)
+        assert isinstance(v, dict) and any(
+            d.accepts(_texts(dict(p)).encode())
+            for p in itertools.permutations(v.items())), (schema, text)
+
+
+def _bfs_texts(dfa, limit):
+    """Accepted texts of ``dfa``: the breadth-first path to each accepting state."""
+    if dfa.num_states == 0:
+        return []
+    reps = {}
+    for byte in range(256):
+        reps.setdefault(int(dfa.byte_class[byte]), byte)
+    seen, frontier, out = {0}, [(0, b"")], []
+    while frontier and len(out) < limit:
+        nxt = []
+        for q, text in frontier:
+            if dfa.accepting[q]:
+                out.append(text)
+            for c, byte in reps.items():
+                t = int(dfa.trans[q, c])
+                if t >= 0 and t not in seen:
+                    seen.add(t)
+                    nxt.append((t, text + bytes([byte])))
+        frontier = nxt
+    return out
+
+
+def test_presence_split_is_used_and_bounded():
+    from jaxcd.automata.json_schema import _builder
+    from jaxcd.automata.schema_builder import MAX_PRESENCE_CASES, SchemaBuilder
+    b = _builder({}, "", True, 3, False, "schema")
+    schema = {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    cases = b._presence_split(schema, "")
+    assert [c.get("required") for c in cases] == [["a"], ["b"]]
+    assert [c["properties"] for c in cases] == [{"b": False}, {"a": False}]
+    # oneOf of n single keys: n cases; past MAX_PRESENCE_CASES the product path is used
+    n = MAX_PRESENCE_CASES + 1
+    big = {"type": "object", "oneOf": [{"required": [f"p{i}"]} for i in range(n)]}
+    assert SchemaBuilder._presence_split(b, big, "") is None
+    # a branch that tests more than presence is not split
+    assert b._presence_split({"oneOf": [{"required": ["a"]}, {"type": "string"}]}, "") is None
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": False,
+     "required": ["k"]},
+    {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "string"},
+     "required": ["k"]},
+    {"type": "object", "properties": {"a": {}}, "unevaluatedProperties": False,
+     "required": ["a", "k"]},
+    {"type": "object", "patternProperties": {"^k": {"type": "integer"}},
+     "additionalProperties": False, "required": ["k"]},
+])
+def test_required_key_outside_properties_takes_additional_properties(schema):
+    # before session 17 a required key that properties does not declare took any value,
+    # even under additionalProperties: false
+    d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+    oracle = jsonschema.validators.validator_for(schema)(schema)
+    for v in UNIVERSE + [{"k": "x", "a": 1}, {"a": None, "k": 1}]:
+        if d.accepts(_texts(v).encode()):
+            assert oracle.is_valid(v), (schema, v)
+        elif not isinstance(v, dict) or len(v) < 2:
+            assert not oracle.is_valid(v), (schema, v)

@@ -193,6 +193,10 @@ MAX_PRODUCT_WORK = 1_000_000
 MAX_PATTERN_REGIONS = 64
 # dependentRequired / dependentSchemas / dependencies: each name doubles the cases
 MAX_DEPENDENCIES = 8
+# not / oneOf / if whose operands only test which keys are present (``required`` under
+# not/allOf/anyOf/oneOf): split into at most this many cases of present and absent keys
+# (the disjunctive normal form of the test; past it, an automaton product as for others)
+MAX_PRESENCE_CASES = 16
 PROPERTY_ORDERS = ("auto", "schema", "any")
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
@@ -970,6 +974,9 @@ class SchemaBuilder:
             present = self.merge([rest, {"required": [name]}, extra], path)
             absent = self.merge([rest, {"properties": {name: False}}], path)
             return alt(self.node(present, path), self.node(absent, path))
+        split = self._presence_split(schema, path)
+        if split is not None:
+            return alt(*(self.node(s, path) for s in split))
         if "if" in schema:
             cond = schema["if"]
             rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
@@ -1298,6 +1305,69 @@ class SchemaBuilder:
                 f"dependentSchemas/dependencies): each doubles the object's cases; the "
                 f"limit is {MAX_DEPENDENCIES}")
         return out
+
+    def _presence_split(self, schema: dict, path: str) -> list[dict] | None:
+        """``not``, ``oneOf`` or ``if`` whose operands only test which keys an object
+        has (``required`` under ``not``/``allOf``/``anyOf``/``oneOf``), as schemas whose
+        union is ``schema``: the rest of ``schema`` merged with each case of the test's
+        disjunctive normal form (``required`` for present keys, ``properties: {k:
+        false}`` for absent ones). Exact, and no automaton product (the product would
+        subtract an operand with free-form values at the positive side's depth). None
+        if no such keyword, or past ``MAX_PRESENCE_CASES``."""
+        if "not" in schema:
+            f = _presence_dnf(schema["not"])
+            if f is not None:
+                rest = {k: v for k, v in schema.items() if k != "not"}
+                g = _dnf_not(f)
+                return None if g is None else self._presence_cases(rest, g, not _dnf_all(f),
+                                                                    path)
+        if isinstance(schema.get("oneOf"), list) and schema["oneOf"]:
+            fs = [_presence_dnf(b) for b in schema["oneOf"]]
+            if all(f is not None for f in fs):
+                rest = {k: v for k, v in schema.items() if k != "oneOf"}
+                negs = [_dnf_not(f) for f in fs]
+                one: list | None = []
+                for i, f in enumerate(fs):
+                    t = f
+                    for j, n in enumerate(negs):
+                        if j != i and t is not None:
+                            t = None if n is None else _dnf_and(t, n)
+                    one = None if t is None or one is None else _dnf_or(one, t)
+                hits = sum(_dnf_all(f) for f in fs)
+                if one is not None:
+                    return self._presence_cases(rest, one, hits == 1, path)
+        if "if" in schema:
+            f = _presence_dnf(schema["if"])
+            g = None if f is None else _dnf_not(f)
+            if g is not None:
+                rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+                yes = self._presence_cases(rest, f, _dnf_all(f), f"{path}/then",
+                                           schema.get("then", True))
+                no = self._presence_cases(rest, g, not _dnf_all(f), f"{path}/else",
+                                          schema.get("else", True))
+                return None if yes is None or no is None else yes + no
+        return None
+
+    def _presence_cases(self, rest: dict, dnf: list[dict], non_objects: bool, path: str,
+                        extra: Any = True) -> list[dict] | None:
+        """``rest`` (and ``extra``) merged with each case of ``dnf`` (key -> present);
+        ``non_objects``: whether the test holds for values other than objects (where
+        every ``required`` holds)."""
+        if len(dnf) > MAX_PRESENCE_CASES:
+            return None
+        cases = []
+        for term in dnf:
+            c: dict = {}
+            if any(term.values()):
+                c["required"] = [k for k, v in term.items() if v]
+            if not all(term.values()):
+                c["properties"] = {k: False for k, v in term.items() if not v}
+            if not non_objects:
+                c["type"] = "object"
+            cases.append(c)
+        if not dnf and non_objects:
+            cases.append({"type": ["null", "boolean", "number", "string", "array"]})
+        return [self.merge([rest, c, extra], path) for c in cases]
 
     @staticmethod
     def _without_dependency(schema: dict, name: str) -> dict:
@@ -1899,10 +1969,12 @@ class SchemaBuilder:
                                    name in required))
         for name in required:
             if name not in props:
-                # additionalProperties applies to it unless a pattern matches it
+                # additionalProperties (or unevaluatedProperties) applies to it unless a
+                # pattern matches it; before session 17 a false one was read as true
                 sub = with_patterns(name, None)
                 if sub is None:
-                    sub = addl if isinstance(addl, dict) else True
+                    sub = addl if addl is not None else \
+                        schema.get("unevaluatedProperties", True)
                 members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
                                        self.value_node(sub, f"{path}/required"), True))
         # which extra keys are allowed: the specification's open objects by default;
@@ -2279,6 +2351,102 @@ def _node_nfa(node: Node, whitespace: str) -> NFA:
     nfa.start = st
     nfa.accepting = {_NFAEmitter(nfa, whitespace).emit(node, st)}
     return nfa
+
+
+# -- presence tests (SchemaBuilder._presence_split) ---------------------------------------
+# a test of which keys an object has, in disjunctive normal form: a list of cases, each a
+# dict key -> present (True) or absent (False); [] is false, [{}] true
+_PRESENCE_KW = {"required", "not", "allOf", "anyOf", "oneOf"}
+
+
+def _presence_dnf(s: Any, depth: int = 0) -> list[dict] | None:
+    """The presence test ``s`` (a schema with only ``required`` under
+    ``not``/``allOf``/``anyOf``/``oneOf``, on objects) in disjunctive normal form, or
+    None if ``s`` tests anything else or the form passes ``MAX_PRESENCE_CASES``."""
+    if s is True:
+        return [{}]
+    if s is False:
+        return []
+    if not isinstance(s, dict) or depth > 8:
+        return None
+    keys = [k for k in s if not is_annotation(k)]
+    if not set(keys) <= _PRESENCE_KW:
+        return None
+    out: list[dict] | None = [{}]
+    for k in keys:
+        v = s[k]
+        if k == "required":
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                return None
+            f = [{x: True for x in v}]
+        elif k == "not":
+            f = _presence_dnf(v, depth + 1)
+            f = None if f is None else _dnf_not(f)
+        else:
+            if not isinstance(v, list) or not v:
+                return None
+            fs = [_presence_dnf(b, depth + 1) for b in v]
+            if any(x is None for x in fs):
+                return None
+            if k == "allOf":
+                f = [{}]
+                for x in fs:
+                    f = None if f is None else _dnf_and(f, x)
+            elif k == "anyOf":
+                f = []
+                for x in fs:
+                    f = None if f is None else _dnf_or(f, x)
+            else:                                 # oneOf: one holds, the others not
+                f = []
+                negs = [_dnf_not(x) for x in fs]
+                for i, x in enumerate(fs):
+                    t = x
+                    for j, n in enumerate(negs):
+                        if j != i and t is not None:
+                            t = None if n is None else _dnf_and(t, n)
+                    f = None if t is None or f is None else _dnf_or(f, t)
+        if f is None:
+            return None
+        out = _dnf_and(out, f)
+        if out is None:
+            return None
+    return out
+
+
+def _dnf_simplify(cases: list[dict]) -> list[dict] | None:
+    """Without repeated and subsumed cases; None past ``MAX_PRESENCE_CASES``."""
+    kept: list[dict] = []
+    for c in sorted(cases, key=len):            # (keys in the order the test names them)
+        items = c.items()
+        if not any(k.items() <= items for k in kept):
+            kept.append(c)
+    if len(kept) > MAX_PRESENCE_CASES:
+        return None
+    return kept
+
+
+def _dnf_or(a: list[dict], b: list[dict]) -> list[dict] | None:
+    return _dnf_simplify(a + b)
+
+
+def _dnf_and(a: list[dict], b: list[dict]) -> list[dict] | None:
+    if len(a) * len(b) > MAX_PRESENCE_CASES ** 2:
+        return None
+    return _dnf_simplify([{**x, **y} for x in a for y in b
+                          if all(y.get(k, v) == v for k, v in x.items())])
+
+
+def _dnf_not(a: list[dict]) -> list[dict] | None:
+    out: list[dict] | None = [{}]
+    for term in a:
+        flipped = [{k: not v} for k, v in term.items()]
+        out = None if out is None else _dnf_and(out, flipped)
+    return out
+
+
+def _dnf_all(a: list[dict]) -> bool:
+    """The test's value when every key counts as present (values other than objects)."""
+    return any(all(t.values()) for t in a)
 
 
 def _nfa_disjoint(a: NFA, b: NFA, max_pairs: int) -> bool | None:
