@@ -20,7 +20,8 @@ from .automata.lifting import tensorize
 from .automata.pycall import tool_call_nfa
 from .automata.regex import regex_to_nfa
 from .automata.tensorized import TensorizedAutomaton, cache_key
-from .errors import AutomatonTooLargeError, BudgetTooSmallError, PrefixRejectedError
+from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageError,
+                     PrefixRejectedError)
 from .limits import CompileLimits, constraint_part, use_limits
 from .vocab import Vocabulary
 
@@ -120,7 +121,8 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         max_depth: int = DEFAULT_MAX_DEPTH,
                         limits: CompileLimits | None = None, *,
                         closed_objects: bool = False,
-                        property_order: str = "auto") -> TensorizedAutomaton:
+                        property_order: str = "auto",
+                        max_tokens: int | None = None) -> TensorizedAutomaton:
     """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
     (keywords and deliberate differences: ``docs/json_schema.md``).
 
@@ -134,7 +136,21 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     each at most once, where that fits a budget, else in the schema's order), ``"schema"``
     or ``"any"`` (docs/json_schema.md). With ``"auto"``, a schema whose automaton passes a
     compile limit is compiled again with ``"schema"`` before the error is raised.
+
+    ``max_tokens``: the automaton need only be exact for outputs of at most this many
+    tokens (a GCD budget, EOS included, or any generation that stops there): such an
+    output has at most ``max_tokens`` × (the vocabulary's longest token, in bytes)
+    characters, so a ``maxLength``/``maxItems``/``maxProperties`` at or past that count is
+    enforced without a counter (no output within the budget reaches it) and a
+    ``minLength``/``minItems``/``minProperties`` past it makes its value impossible.
+    Long bounds (``maxLength: 65535``) are then exact where a counter would pass the
+    compile limits (without ``max_tokens``, a ``maxLength`` above ``max_count`` is
+    tightened to 256 and a lower bound above it is refused). Decoding with a budget above
+    ``max_tokens`` can break such a bound.
     """
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    count_budget = None if max_tokens is None else max_tokens * _longest_token(vocab)
     src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
         memo: dict = {}
@@ -143,14 +159,27 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
             # the tree: an error here is final for "auto" (the builder already tried the
             # schema's order wherever an order-free object made a subschema too large)
             node, ws, text, b = _auto_tree(schema, whitespace_pattern, strict, max_depth,
-                                           closed_objects, order, memo, free, like)
+                                           closed_objects, order, memo, free, like,
+                                           count_budget)
             return b, text, lambda: minimize(determinize(to_nfa(node, ws)))
 
         def finish(order, text, make, free=None):
+            try:
+                return _finish(order, text, make, free)
+            except EmptyLanguageError as e:
+                if not b.budget_used:
+                    raise
+                raise EmptyLanguageError(
+                    f"{e}: no value of the schema fits in max_tokens={max_tokens} tokens (at "
+                    f"most {count_budget} characters; a minLength/minItems/minProperties "
+                    "asks for more)") from None
+
+        def _finish(order, text, make, free=None):
             return _cached("json_schema", text,
                            {"ws": whitespace_pattern, "strict": bool(strict),
                             "depth": int(max_depth), "closed": bool(closed_objects),
-                            "order": order, "free": free, "builder": 5},
+                            "order": order, "free": free, "builder": 6,
+                            "count_budget": count_budget if b.budget_used else None},
                            vocab, make, cache)
         b, text, make = build(property_order)
         used = b.auto_used
@@ -174,6 +203,12 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
             pass
         _, text, make = build("schema")
         return finish("schema", text, make)
+
+
+def _longest_token(vocab: Vocabulary) -> int:
+    """Bytes of the vocabulary's longest token (an output of ``n`` tokens has at most
+    ``n`` times this many bytes, so characters)."""
+    return max((len(vocab.token_bytes[int(i)]) for i in vocab.ordinary_ids), default=1)
 
 
 def compile_keywords(keywords: Sequence[str | Sequence[str]], vocab: Vocabulary,

@@ -99,11 +99,12 @@ def _on_data_axis(m: Model, *arrays):
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
                      whitespace_pattern: str | None = None, cache: bool = True,
                      strict: bool = True, closed_objects: bool = False,
-                     property_order: str = "schema"):
+                     property_order: str = "schema", max_tokens: int | None = None):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
     or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
-    ``strict``, ``closed_objects`` and ``property_order`` are
-    :func:`~jaxcd.compile_json_schema`'s (schemas only)."""
+    ``strict``, ``closed_objects``, ``property_order`` and ``max_tokens`` (the budget the
+    automaton will be used with) are :func:`~jaxcd.compile_json_schema`'s (schemas
+    only)."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
              if v is not None]
     if len(given) > 1:
@@ -111,7 +112,7 @@ def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=Non
     if schema is not None:
         return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern,
                                    strict=strict, cache=cache, closed_objects=closed_objects,
-                                   property_order=property_order)
+                                   property_order=property_order, max_tokens=max_tokens)
     if regex is not None:
         return compile_regex(regex, vocab, cache=cache)
     if keywords is not None:
@@ -364,9 +365,13 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
         t = time.perf_counter()
         ck = json.dumps(c, sort_keys=True, default=str)
         if ck not in built:                  # the same constraint twice: one automaton
+            # the budget bounds every output: long maxLength-like bounds are exact
+            # without a counter (compile_json_schema's max_tokens)
+            extra = {"max_tokens": budget} if "schema" in c else {}
             built[ck] = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern,
                                          strict=strict, closed_objects=closed_objects,
-                                         property_order=property_order, **c) if c else None
+                                         property_order=property_order, **extra,
+                                         **c) if c else None
         fas.append(built[ck])
         auto_s.append(time.perf_counter() - t)
     n_con = sum(fa is not None for fa in fas)

@@ -413,8 +413,10 @@ def test_recursion_depth_and_limits():
     d3 = dfa_of(tree, max_depth=3)
     assert d1.accepts(b"{}") and not d1.accepts(b'{"k":{}}')
     assert d3.accepts(b'{"k":{"k":{}}}') and not d3.accepts(b'{"k":{"k":{"k":{}}}}')
-    with pytest.raises(AutomatonTooLargeError, match=r"maxItems 5000 at /maxItems"):
-        dfa_of({"type": "array", "maxItems": 5000})
+    # strict: maxItems over max_count (1000) is tightened to it (then to the item budget)
+    d = dfa_of({"type": "array", "items": {"const": 0}, "maxItems": 5000})
+    assert d.accepts(b"[" + b",".join([b"0"] * 1000) + b"]")
+    assert not d.accepts(b"[" + b",".join([b"0"] * 1001) + b"]")
     with pytest.raises(AutomatonTooLargeError, match=r"minLength 5000 at /minLength"):
         dfa_of({"type": "string", "minLength": 5000})
     # strict: a maxLength over max_count (1000) is tightened to 256 characters

@@ -535,6 +535,10 @@ class SchemaBuilder:
     max_count: int = DEFAULT_MAX_COUNT
     closed_objects: bool = False
     property_order: str = "schema"
+    # compile_json_schema(max_tokens=n): n x the longest token's bytes, an upper bound on
+    # every count (characters, items, properties) in an output of at most n tokens;
+    # counting keywords past it are decided without a counter (see count_bounds)
+    count_budget: int | None = None
     # nesting depth of free-form values ({}, true, extra properties of open objects);
     # None: max(max_depth, DEFAULT_FREE_DEPTH)
     max_free_depth: int | None = None
@@ -578,6 +582,8 @@ class SchemaBuilder:
     auto_root: float = field(default_factory=lambda: AUTO_ORDER_ROOT)
     # set by build(): True if the tree has an order-free object (property_order="auto")
     auto_used: bool = False
+    # True if count_budget decided a counting keyword
+    budget_used: bool = False
     # strings are built the same way in every attempt of one compile (property order,
     # depth): their nodes by (schema text, polarity)
     _string_memo: dict = field(default_factory=dict)
@@ -655,8 +661,12 @@ class SchemaBuilder:
     def count_bounds(self, schema: dict, lo_key: str, hi_key: str, path: str):
         """``(lo, hi)`` of a counting keyword pair, checked. A lower bound above
         ``max_count`` raises; an upper one is tightened to ``TIGHT_MAX_LENGTH``
-        (``maxLength``, strict), raises (``maxItems``/``maxProperties``, strict) or is dropped
-        (strict=False, or inside a subtracted operand)."""
+        (``maxLength``, strict) or ``max_count`` (``maxItems``/``maxProperties``, strict;
+        before session 17 they raised), or dropped (strict=False, or inside a subtracted
+        operand). With ``count_budget`` (a token
+        budget), an upper bound at or past it is dropped and a lower one past it gives
+        ``hi = -1`` (no value within the budget): both exact for outputs within the
+        budget."""
         lo = schema.get(lo_key, 0)
         hi = schema.get(hi_key)
         for k, v in ((lo_key, lo), (hi_key, hi)):
@@ -670,6 +680,15 @@ class SchemaBuilder:
                 lo = v
             else:
                 hi = v
+        if self.count_budget is not None:
+            # no output within the token budget holds more than count_budget characters
+            # (so items, properties): a bound at or past it is exact without a counter
+            if hi is not None and hi >= self.count_budget:
+                hi = None
+                self.budget_used = True
+            if lo > self.count_budget:
+                self.budget_used = True
+                return lo, -1            # nothing within the budget: the caller's EMPTY
         if lo > self.max_count:
             raise AutomatonTooLargeError(
                 f"{lo_key} {lo} at {path}/{lo_key} needs one automaton state per counted "
@@ -677,16 +696,15 @@ class SchemaBuilder:
         if hi is not None and hi > self.max_count:
             if self._neg:
                 return lo, None          # a subtracted operand: a superset is enough
-            if self.strict and hi_key == "maxLength":
-                # a tighter bound: every string built is valid; valid strings longer than
-                # TIGHT_MAX_LENGTH characters are refused (an exact counter needs ~10 DFA
-                # states per character, which the token lifting cannot afford)
-                return lo, max(lo, min(self.max_count, TIGHT_MAX_LENGTH))
             if self.strict:
-                raise AutomatonTooLargeError(
-                    f"{hi_key} {hi} at {path}/{hi_key} needs one automaton state per counted "
-                    f"element, over the limit of {self.max_count} (raise max_count, or pass "
-                    "strict=False / --no-strict to drop this upper bound)")
+                # a tighter bound: every value built is valid; valid strings longer than
+                # TIGHT_MAX_LENGTH characters (arrays, objects: max_count items,
+                # properties) are refused (an exact counter needs ~10 DFA states per
+                # character, which the token lifting cannot afford; compile_json_schema's
+                # max_tokens makes such bounds exact within a token budget)
+                if hi_key == "maxLength":
+                    return lo, max(lo, min(self.max_count, TIGHT_MAX_LENGTH))
+                return lo, self.max_count
             hi = None
         return lo, hi
 
@@ -1749,6 +1767,8 @@ class SchemaBuilder:
 
     def _string(self, schema: dict, path: str) -> Node:
         lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
+        if hi is not None and lo > hi:
+            return EMPTY
         parts: list[NFA] = []
         fmt = schema.get("format")
         fmt_re = None
@@ -1791,6 +1811,8 @@ class SchemaBuilder:
     # -- arrays ----------------------------------------------------------------------
     def array(self, schema: dict, path: str) -> Node:
         lo, hi = self.count_bounds(schema, "minItems", "maxItems", path)
+        if hi is not None and lo > hi:
+            return EMPTY
         unique = schema.get("uniqueItems") is True and not (hi is not None and hi <= 1)
         prefix = schema.get("prefixItems")
         items = schema.get("items")
@@ -1941,6 +1963,8 @@ class SchemaBuilder:
         pprops = schema.get("patternProperties") or {}
         names = schema.get("propertyNames")
         lo, hi = self.count_bounds(schema, "minProperties", "maxProperties", path)
+        if hi is not None and lo > hi:
+            return EMPTY
         # patternProperties: (pattern, DFA of the key contents it matches, subschema)
         pats = []
         for pat, sub in pprops.items():
