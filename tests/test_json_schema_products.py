@@ -277,7 +277,10 @@ def test_allof_merge_tells_true_from_one(schema):
 def _presence_formula(rng, depth=0):
     r = rng.random()
     if depth >= 2 or r < 0.4:
-        return {"required": rng.sample(["a", "b", "k"], rng.randint(1, 2))}
+        leaf = {"required": rng.sample(["a", "b", "k"], rng.randint(1, 2))}
+        if rng.random() < 0.3:
+            leaf["type"] = "object"
+        return leaf
     kw = rng.choice(["not", "allOf", "anyOf", "oneOf"])
     if kw == "not":
         return {"not": _presence_formula(rng, depth + 1)}
@@ -303,8 +306,8 @@ def _presence_schemas(n=24, seed=0):
                         "then": rng.choice([{"required": ["b"]}, {"maxProperties": 1}, True]),
                         "else": rng.choice([{"properties": {"a": {"type": "integer"}}},
                                             {"type": "string"}, False])})
-        else:      # a presence test inside a subtracted operand
-            out.append({**rest, "not": {"type": "object",
+        else:      # a presence test inside a subtracted operand (a product)
+            out.append({**rest, "not": {"properties": {"a": {"type": "integer"}},
                                         "oneOf": [_presence_formula(rng), _presence_formula(rng)]}})
     return out
 

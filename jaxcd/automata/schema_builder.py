@@ -994,7 +994,11 @@ class SchemaBuilder:
             return alt(self.node(present, path), self.node(absent, path))
         split = self._presence_split(schema, path)
         if split is not None:
-            return alt(*(self.node(s, path) for s in split))
+            spent = self.auto_spent
+            try:
+                return alt(*(self.node(s, path) for s in split))
+            except AutomatonTooLargeError:
+                self.auto_spent = spent          # the cases passed a limit: a product
         if "if" in schema:
             cond = schema["if"]
             rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
@@ -1326,65 +1330,54 @@ class SchemaBuilder:
 
     def _presence_split(self, schema: dict, path: str) -> list[dict] | None:
         """``not``, ``oneOf`` or ``if`` whose operands only test which keys an object
-        has (``required`` under ``not``/``allOf``/``anyOf``/``oneOf``), as schemas whose
-        union is ``schema``: the rest of ``schema`` merged with each case of the test's
-        disjunctive normal form (``required`` for present keys, ``properties: {k:
-        false}`` for absent ones). Exact, and no automaton product (the product would
-        subtract an operand with free-form values at the positive side's depth). None
-        if no such keyword, or past ``MAX_PRESENCE_CASES``."""
+        has (``required``, and ``type: "object"``, under ``not``/``allOf``/``anyOf``/
+        ``oneOf``), as schemas whose union is ``schema``: the rest of ``schema`` merged
+        with each case of the test's disjunctive normal form (``required`` for present
+        keys, ``properties: {k: false}`` for absent ones). Exact, and no automaton
+        product (whose subtracted operand would carry free-form values at the positive
+        side's depth). None if no such keyword, or past ``MAX_PRESENCE_CASES``."""
         if "not" in schema:
             f = _presence_dnf(schema["not"])
-            if f is not None:
+            g = None if f is None else _dnf_not(f)
+            if g is not None:
                 rest = {k: v for k, v in schema.items() if k != "not"}
-                g = _dnf_not(f)
-                return None if g is None else self._presence_cases(rest, g, not _dnf_all(f),
-                                                                    path)
+                return self._presence_cases(rest, g, path)
         if isinstance(schema.get("oneOf"), list) and schema["oneOf"]:
-            fs = [_presence_dnf(b) for b in schema["oneOf"]]
-            if all(f is not None for f in fs):
+            one = _presence_dnf({"oneOf": schema["oneOf"]})
+            if one is not None:
                 rest = {k: v for k, v in schema.items() if k != "oneOf"}
-                negs = [_dnf_not(f) for f in fs]
-                one: list | None = []
-                for i, f in enumerate(fs):
-                    t = f
-                    for j, n in enumerate(negs):
-                        if j != i and t is not None:
-                            t = None if n is None else _dnf_and(t, n)
-                    one = None if t is None or one is None else _dnf_or(one, t)
-                hits = sum(_dnf_all(f) for f in fs)
-                if one is not None:
-                    return self._presence_cases(rest, one, hits == 1, path)
+                return self._presence_cases(rest, one, path)
         if "if" in schema:
             f = _presence_dnf(schema["if"])
             g = None if f is None else _dnf_not(f)
             if g is not None:
                 rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-                yes = self._presence_cases(rest, f, _dnf_all(f), f"{path}/then",
-                                           schema.get("then", True))
-                no = self._presence_cases(rest, g, not _dnf_all(f), f"{path}/else",
-                                          schema.get("else", True))
-                return None if yes is None or no is None else yes + no
+                return (self._presence_cases(rest, f, f"{path}/then", schema.get("then", True))
+                        + self._presence_cases(rest, g, f"{path}/else",
+                                               schema.get("else", True)))
         return None
 
-    def _presence_cases(self, rest: dict, dnf: list[dict], non_objects: bool, path: str,
-                        extra: Any = True) -> list[dict] | None:
-        """``rest`` (and ``extra``) merged with each case of ``dnf`` (key -> present);
-        ``non_objects``: whether the test holds for values other than objects (where
-        every ``required`` holds)."""
-        if len(dnf) > MAX_PRESENCE_CASES:
-            return None
+    def _presence_cases(self, rest: dict, dnf: list[dict], path: str,
+                        extra: Any = True) -> list[dict]:
+        """``rest`` (and ``extra``) merged with each case of ``dnf``. A case holds for a
+        value other than an object iff it has only "present" keys and no ``_OBJECT``
+        literal (``required`` holds for such values): the other cases get ``type:
+        "object"``, and a case "not an object" the other types."""
         cases = []
         for term in dnf:
+            obj = term.get(_OBJECT)
+            keys = {k: v for k, v in term.items() if k is not _OBJECT}
+            if obj is False:
+                if all(keys.values()):
+                    cases.append({"type": ["null", "boolean", "number", "string", "array"]})
+                continue                        # an absent key: no such value
             c: dict = {}
-            if any(term.values()):
-                c["required"] = [k for k, v in term.items() if v]
-            if not all(term.values()):
-                c["properties"] = {k: False for k, v in term.items() if not v}
-            if not non_objects:
+            if any(keys.values()):
+                c["required"] = [k for k, v in keys.items() if v]
+            if not all(keys.values()) or obj:
+                c["properties"] = {k: False for k, v in keys.items() if not v}
                 c["type"] = "object"
             cases.append(c)
-        if not dnf and non_objects:
-            cases.append({"type": ["null", "boolean", "number", "string", "array"]})
         return [self.merge([rest, c, extra], path) for c in cases]
 
     @staticmethod
@@ -2379,14 +2372,17 @@ def _node_nfa(node: Node, whitespace: str) -> NFA:
 
 # -- presence tests (SchemaBuilder._presence_split) ---------------------------------------
 # a test of which keys an object has, in disjunctive normal form: a list of cases, each a
-# dict key -> present (True) or absent (False); [] is false, [{}] true
-_PRESENCE_KW = {"required", "not", "allOf", "anyOf", "oneOf"}
+# dict key -> present (True) or absent (False), and _OBJECT -> whether the value is an
+# object; [] is false, [{}] true. On values other than objects every key counts as
+# present (``required`` holds for them).
+_OBJECT = ("type", "object")
+_PRESENCE_KW = {"required", "not", "allOf", "anyOf", "oneOf", "type"}
 
 
 def _presence_dnf(s: Any, depth: int = 0) -> list[dict] | None:
-    """The presence test ``s`` (a schema with only ``required`` under
-    ``not``/``allOf``/``anyOf``/``oneOf``, on objects) in disjunctive normal form, or
-    None if ``s`` tests anything else or the form passes ``MAX_PRESENCE_CASES``."""
+    """The presence test ``s`` (a schema with only ``required`` and ``type: "object"``
+    under ``not``/``allOf``/``anyOf``/``oneOf``) in disjunctive normal form, or None if
+    ``s`` tests anything else or the form passes ``MAX_PRESENCE_CASES``."""
     if s is True:
         return [{}]
     if s is False:
@@ -2399,7 +2395,11 @@ def _presence_dnf(s: Any, depth: int = 0) -> list[dict] | None:
     out: list[dict] | None = [{}]
     for k in keys:
         v = s[k]
-        if k == "required":
+        if k == "type":
+            if v not in ("object", ["object"]):
+                return None
+            f = [{_OBJECT: True}]
+        elif k == "required":
             if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
                 return None
             f = [{x: True for x in v}]
@@ -2412,16 +2412,14 @@ def _presence_dnf(s: Any, depth: int = 0) -> list[dict] | None:
             fs = [_presence_dnf(b, depth + 1) for b in v]
             if any(x is None for x in fs):
                 return None
+            f = [{}] if k == "allOf" else []
             if k == "allOf":
-                f = [{}]
                 for x in fs:
                     f = None if f is None else _dnf_and(f, x)
             elif k == "anyOf":
-                f = []
                 for x in fs:
                     f = None if f is None else _dnf_or(f, x)
             else:                                 # oneOf: one holds, the others not
-                f = []
                 negs = [_dnf_not(x) for x in fs]
                 for i, x in enumerate(fs):
                     t = x
@@ -2457,7 +2455,14 @@ def _dnf_and(a: list[dict], b: list[dict]) -> list[dict] | None:
     if len(a) * len(b) > MAX_PRESENCE_CASES ** 2:
         return None
     return _dnf_simplify([{**x, **y} for x in a for y in b
-                          if all(y.get(k, v) == v for k, v in x.items())])
+                          if all(y.get(k, v) == v for k, v in x.items())
+                          and not _contradicts({**x, **y})])
+
+
+def _contradicts(term: dict) -> bool:
+    """A case "not an object" with an absent key holds for no value."""
+    return term.get(_OBJECT) is False and not all(
+        v for k, v in term.items() if k is not _OBJECT)
 
 
 def _dnf_not(a: list[dict]) -> list[dict] | None:
@@ -2466,11 +2471,6 @@ def _dnf_not(a: list[dict]) -> list[dict] | None:
         flipped = [{k: not v} for k, v in term.items()]
         out = None if out is None else _dnf_and(out, flipped)
     return out
-
-
-def _dnf_all(a: list[dict]) -> bool:
-    """The test's value when every key counts as present (values other than objects)."""
-    return any(all(t.values()) for t in a)
 
 
 def _nfa_disjoint(a: NFA, b: NFA, max_pairs: int) -> bool | None:
