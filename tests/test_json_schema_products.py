@@ -415,3 +415,49 @@ def test_required_key_outside_properties_takes_additional_properties(schema):
             assert oracle.is_valid(v), (schema, v)
         elif not isinstance(v, dict) or len(v) < 2:
             assert not oracle.is_valid(v), (schema, v)
+
+
+# contains / minContains / maxContains: every array of up to 4 items over a few values
+_ITEMS = [0, 1, 5, "x", None, [1], {"a": 1}]
+_ARRAYS = [list(t) for n in range(5) for t in itertools.product(_ITEMS, repeat=n)
+           if n < 4 or len(set(map(json.dumps, t))) <= 2]
+CONTAINS_SCHEMAS = [
+    {"type": "array", "contains": {"const": 1}},
+    {"contains": {"type": "string"}},                                  # arrays only
+    {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 1}},
+    {"type": "array", "contains": {"type": "integer"}, "minContains": 2},
+    {"type": "array", "contains": {"type": "integer"}, "minContains": 0, "maxContains": 1},
+    {"type": "array", "items": {"type": ["integer", "null"]}, "contains": {"const": 1},
+     "minContains": 1, "maxContains": 2},
+    {"type": "array", "contains": {"const": 5}, "maxItems": 2},        # a product with counts
+    {"type": "array", "contains": {"const": 1}, "minItems": 3},
+    {"type": "array", "prefixItems": [{"type": "string"}], "contains": {"const": 0}},
+    {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "integer"},
+     "contains": {"const": 1}, "maxContains": 1},
+    {"type": "array", "items": {"enum": [0, 1, 5]}, "uniqueItems": True,
+     "contains": {"const": 5}},
+    {"type": "array", "contains": {"const": 1}, "maxContains": 0},     # minContains 1: none
+    {"type": "array", "allOf": [{"contains": {"const": 1}}, {"contains": {"const": 5}}]},
+    {"type": "array", "not": {"contains": {"const": 1}}},              # a subtracted operand
+    {"type": "array", "contains": {"type": "array", "contains": {"const": 1}}},
+]
+
+
+@pytest.mark.parametrize("i", range(len(CONTAINS_SCHEMAS)))
+def test_contains_against_jsonschema(i):
+    schema = CONTAINS_SCHEMAS[i]
+    d = minimize(determinize(schema_to_nfa(schema, "", max_depth=2)[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    n_valid = 0
+    for v in _ARRAYS + _SCALARS:
+        ok = d.accepts(_texts(v).encode())
+        assert ok == oracle.is_valid(v), (schema, v)
+        n_valid += ok
+    assert n_valid > 0 or schema.get("maxContains") == 0
+
+
+def test_contains_limit():
+    from jaxcd.automata.schema_builder import MAX_CONTAINS
+    with pytest.raises(AutomatonTooLargeError, match="MAX_CONTAINS"):
+        schema_to_nfa({"type": "array", "contains": {"const": 1},
+                       "minContains": MAX_CONTAINS + 1}, "")

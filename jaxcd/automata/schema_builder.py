@@ -177,10 +177,11 @@ STRUCTURAL = {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
     "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-    "dependencies", "unevaluatedProperties", "__and",
+    "dependencies", "unevaluatedProperties", "contains", "minContains", "maxContains",
+    "__and",
 }
 # keywords whose value is not a subschema but which a strict=False build ignores
-NOT_ENFORCED = {"contains", "minContains", "maxContains", "unevaluatedItems", "$dynamicRef",
+NOT_ENFORCED = {"unevaluatedItems", "$dynamicRef",
                 "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy"}
 # keywords enforced by automaton products (``oneOf``, ``not``, ``if``/``then``/``else``):
 # each operand is determinised with at most this many states, and the product too
@@ -193,6 +194,8 @@ MAX_PRODUCT_WORK = 1_000_000
 MAX_PATTERN_REGIONS = 64
 # dependentRequired / dependentSchemas / dependencies: each name doubles the cases
 MAX_DEPENDENCIES = 8
+# contains with minContains/maxContains: one copy of the item per counted match
+MAX_CONTAINS = 8
 # not / oneOf / if whose operands only test which keys are present (``required`` under
 # not/allOf/anyOf/oneOf): split into at most this many cases of present and absent keys
 # (the disjunctive normal form of the test; past it, an automaton product as for others)
@@ -241,6 +244,7 @@ MAX_DISJOINT_PAIRS = 50_000
 # negated_meet: keywords of the positive side left out of the meet (they restrict values
 # without giving them structure)
 _MEET_DROPPED = {"required", "minProperties", "maxProperties", "minItems", "maxItems",
+                 "contains",
                  "uniqueItems", "minLength", "maxLength", "pattern", "format", "not",
                  "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                  "dependentRequired", "minContains", "maxContains"}
@@ -249,7 +253,8 @@ _PRODUCT_KW = ("__and", "oneOf", "not", "if")
 _TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 _OBJECT_KW = {"properties", "required", "additionalProperties", "minProperties",
               "maxProperties", "patternProperties", "propertyNames"}
-_ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems"}
+_ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains",
+             "minContains", "maxContains"}
 _STRING_KW = {"minLength", "maxLength", "pattern"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 
@@ -1425,6 +1430,12 @@ class SchemaBuilder:
                          else list(sub["allOf"]) + [rest])
                 sub = self.merge(parts, where)
             merged_parts.append(sub)
+            cont = ("contains", "minContains", "maxContains")
+            if "contains" in sub and "contains" in out and not all(
+                    _json_eq(out.get(k), sub.get(k)) for k in cont):
+                # two contains: both must hold, each with its own counts
+                out.setdefault("__and", []).append({k: sub[k] for k in cont if k in sub})
+                sub = {k: v for k, v in sub.items() if k not in cont}
             if "if" in sub and any(k in out for k in ("if", "then", "else")):
                 out.setdefault("__and", []).append(
                     {k: sub[k] for k in ("if", "then", "else") if k in sub})
@@ -1824,9 +1835,71 @@ class SchemaBuilder:
                 self._unique_values(rest)
             if isinstance(why, str):
                 self.unsupported(f"keyword 'uniqueItems' ({why})", f"{path}/uniqueItems")
+                node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
             else:
-                return self._unique_list(why, lo, hi, path)
-        return self._list(item_nodes, rest, lo, hi, "[", "]", ",")
+                node = self._unique_list(why, lo, hi, path)
+        else:
+            node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
+        if "contains" in schema:
+            # with prefixItems the product with node gives each item its schema: the
+            # contains automaton then takes any value between its matches
+            node = self._contains(schema, node, True if item_nodes else items,
+                                  self.value_node(True, f"{path}/items") if item_nodes
+                                  else rest, bool(item_nodes) or unique or lo > 0
+                                  or hi is not None, path)
+        return node
+
+    def _contains(self, schema: dict, node: Node, items: Any, rest: Node, counted: bool,
+                  path: str) -> Node:
+        """``contains`` (with ``minContains``/``maxContains``) on the array ``node`` whose
+        items take ``items`` (node ``rest``): arrays of ``rest`` items with the number of
+        items matching ``contains`` in range, an NFA that places each counted match
+        (``items ∧ contains``) between runs of other items (``rest``, or ``items ∧ ¬
+        contains`` under ``maxContains``); intersected with ``node`` (an automaton
+        product) when ``counted`` (``prefixItems``, ``uniqueItems``, item counts), except
+        in a subtracted operand (a superset is enough there)."""
+        c = schema["contains"]
+        lo, hi = schema.get("minContains", 1), schema.get("maxContains")
+        for k, v in (("minContains", lo), ("maxContains", hi)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
+        if node.kind == "empty" or (lo == 0 and hi is None):
+            return node
+        if hi is not None and lo > hi:
+            return EMPTY
+        if max(lo, hi or 0) > MAX_CONTAINS:
+            if self._neg:
+                return node       # a subtracted operand: a superset is enough
+            raise AutomatonTooLargeError(
+                f"contains at {path or '/'}: minContains/maxContains {max(lo, hi or 0)} "
+                f"needs one copy of the item per counted match; the limit is {MAX_CONTAINS} "
+                "(MAX_CONTAINS)")
+        item = True if items is None else items
+        if rest.kind == "empty":
+            item = False
+        hit = self.value_node(self.merge([item, c], f"{path}/contains"), f"{path}/contains")
+        miss = rest if hi is None else self.value_node(
+            {"allOf": [item, {"not": c}]}, f"{path}/contains")
+        ws = self.ws
+        sep = seq(lit(","), ws)
+
+        def run(x: Node) -> Node:            # x (sep x)*, at least one
+            return Node("list", (x, sep, 1, None), 2 * x.size + 4) if x.kind != "empty" \
+                else EMPTY
+        before = alt(EPS, seq(run(miss), sep))   # (miss sep)*
+        after = alt(EPS, seq(sep, run(miss)))    # (sep miss)*
+        options = [alt(EPS, run(miss))] if lo == 0 else []
+        body = seq(before, hit)
+        for k in range(1, (lo if hi is None else hi) + 1):
+            if k >= max(lo, 1):
+                options.append(seq(body, after))
+            body = seq(body, after, sep, hit)
+        k_node = seq(lit("["), ws, alt(*options), ws, lit("]"))
+        if not counted or self._neg or k_node.kind == "empty":
+            return k_node         # (in a subtracted operand, without node's counts)
+        d = self._product(self.to_dfa(node, path, "contains"),
+                          self.to_dfa(k_node, path, "contains"), path, "contains", intersect)
+        return Node("dfa", (d,), d.num_states + 1)
 
     def _unique_values(self, item: Node):
         """The item language as ``[node per distinct JSON value]`` (each node: the
