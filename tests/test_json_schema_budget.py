@@ -120,3 +120,30 @@ def _accepts_smol(fa, ids, vocab):
         if s == fa.dead_state:
             return False
     return s == fa.final_state
+
+
+@pytest.mark.parametrize("bound", [{"minimum": 0}, {"exclusiveMinimum": 0}, {"maximum": 0},
+                                   {"exclusiveMaximum": 0}, {"minimum": 0.0},
+                                   {"minimum": 0, "exclusiveMinimum": True}])
+def test_sign_only_bounds_keep_exponents(bound):
+    # a number whose only bound is 0 keeps its exponent (1e-06 >= 0), exactly: against
+    # decimal arithmetic on every spelling of a small universe (-0 equals 0)
+    from decimal import Decimal
+
+    from jaxcd.automata import determinize, minimize
+    from jaxcd.automata.json_schema import schema_to_nfa
+    schema = {"type": "number", **bound}
+    d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+    v = jsonschema.Draft4Validator if bound.get("exclusiveMinimum") is True else \
+        jsonschema.Draft202012Validator
+    oracle = v(schema)
+    mantissas = ["0", "0.0", "0.00", "1", "10", "0.5", "0.05", "1.0", "12.34", "0.000"]
+    exponents = ["", "e+0", "e-6", "E+2", "e-400", "e+400", "E-01"]
+    n_in = 0
+    for sign, m, e in itertools.product(["", "-"], mantissas, exponents):
+        text = sign + m + e
+        want = oracle.is_valid(json.loads(text, parse_float=Decimal))
+        assert d.accepts(text.encode()) == want, (bound, text)
+        n_in += want
+    assert 0 < n_in < 2 * len(mantissas) * len(exponents)
+    assert not d.accepts(b"1e5")          # (the exponent's sign is written, as in NUMBER)

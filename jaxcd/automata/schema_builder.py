@@ -1741,6 +1741,9 @@ class SchemaBuilder:
                 return Node("dfa", (dfa,), dfa.num_states + 1)
         if lo is None and hi is None:
             return rx(NUMBER, 12)
+        signed = _sign_only_regex(lo, hi, lo_x, hi_x)
+        if signed is not None:
+            return rx(signed, 40)
         r = decimal_range_regex(lo, hi, not lo_x, not hi_x)
         if r is None:
             return EMPTY
@@ -2441,6 +2444,24 @@ def _node_nfa(node: Node, whitespace: str) -> NFA:
     nfa.start = st
     nfa.accepting = {_NFAEmitter(nfa, whitespace).emit(node, st)}
     return nfa
+
+
+# numbers whose only bound is 0 keep the exponent (exact: the sign and whether the
+# mantissa has a nonzero digit decide; -0 equals 0)
+_ZERO_MANTISSA = r"0(?:\.0+)?"
+_NONZERO_MANTISSA = r"(?:0\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?)"
+_EXPONENT = r"(?:[eE][+-][0-9]+)?"          # NUMBER's exponent
+
+
+def _sign_only_regex(lo, hi, lo_x: bool, hi_x: bool) -> str | None:
+    """The numbers ``>= 0``, ``> 0``, ``<= 0`` or ``< 0`` (exponents included) when the
+    only bound is 0, else None."""
+    if (lo is None) == (hi is None) or (lo if hi is None else hi) != 0:
+        return None
+    z, n, e = _ZERO_MANTISSA, _NONZERO_MANTISSA, _EXPONENT
+    if hi is None:                            # minimum / exclusiveMinimum 0
+        return f"{n}{e}" if lo_x else f"(?:{n}|{z}|-{z}){e}"
+    return f"-{n}{e}" if hi_x else f"(?:-{n}|-{z}|{z}){e}"
 
 
 # -- presence tests (SchemaBuilder._presence_split) ---------------------------------------
