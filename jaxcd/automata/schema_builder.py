@@ -1379,8 +1379,9 @@ class SchemaBuilder:
             c: dict = {}
             if any(keys.values()):
                 c["required"] = [k for k, v in keys.items() if v]
-            if not all(keys.values()) or obj:
+            if not all(keys.values()):
                 c["properties"] = {k: False for k, v in keys.items() if not v}
+            if not all(keys.values()) or obj:
                 c["type"] = "object"
             cases.append(c)
         return [self.merge([rest, c, extra], path) for c in cases]
