@@ -461,3 +461,25 @@ def test_contains_limit():
     with pytest.raises(AutomatonTooLargeError, match="MAX_CONTAINS"):
         schema_to_nfa({"type": "array", "contains": {"const": 1},
                        "minContains": MAX_CONTAINS + 1}, "")
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {}, "k": {"type": "string"}},
+     "propertyNames": {"pattern": "^[ab]$"}},
+    {"type": "object", "properties": {"k": {}}, "required": ["k"],
+     "propertyNames": {"enum": ["a", "b"]}},
+    {"type": "object", "patternProperties": {"^[ak]": {"type": "integer"}},
+     "additionalProperties": False, "propertyNames": {"pattern": "^[bk]"}},
+    {"type": "object", "properties": {"a": {}}, "propertyNames": False},
+    {"properties": {"b": {}}, "required": ["a"], "propertyNames": {"const": "b"}},
+])
+def test_property_names_apply_to_declared_and_pattern_keys(schema):
+    # before session 17 propertyNames applied only to the keys additionalProperties
+    # takes: a declared or pattern key that broke it was accepted
+    d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+    oracle = jsonschema.validators.validator_for(schema)(schema)
+    for v in UNIVERSE:
+        if d.accepts(_texts(v).encode()):
+            assert oracle.is_valid(v), (schema, v)
+        elif not isinstance(v, dict) or len(v) < 2:
+            assert not oracle.is_valid(v), (schema, v)

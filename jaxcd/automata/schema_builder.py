@@ -2056,13 +2056,30 @@ class SchemaBuilder:
                 return sub
             return {"allOf": ([] if sub is None else [sub]) + more}
 
+        # propertyNames applies to every key: declared names and pattern keys too
+        # (before session 17, only to the keys additionalProperties takes)
+        names_key = names_dfa = None
+        if names is not None and names is not True:
+            names_key = EMPTY if names is False else \
+                self.key_node(names, f"{path}/propertyNames")
+            if names_key.kind != "empty":
+                names_dfa = _node_dfa(names_key)
+
+        def name_ok(name: str) -> bool:
+            return names_key is None or (names_dfa is not None and names_dfa.accepts(
+                json.dumps(name, ensure_ascii=False).encode()))
+
         members = []
         for name, sub in props.items():
-            v = self.value_node(with_patterns(name, sub), f"{path}/properties/{name}")
+            v = self.value_node(with_patterns(name, sub), f"{path}/properties/{name}") \
+                if name_ok(name) else EMPTY
             members.append(_Member(lit(json.dumps(name, ensure_ascii=False)), v,
                                    name in required))
         for name in required:
-            if name not in props:
+            if name not in props and not name_ok(name):
+                members.append(_Member(lit(json.dumps(name, ensure_ascii=False)), EMPTY,
+                                       True))
+            elif name not in props:
                 # additionalProperties (or unevaluatedProperties) applies to it unless a
                 # pattern matches it; before session 17 a false one was read as true
                 sub = with_patterns(name, None)
@@ -2091,6 +2108,14 @@ class SchemaBuilder:
         for kd, subs, where in self._pattern_regions(pats, path):
             key = seq(lit('"'), Node("dfa", (kd,), kd.num_states + 2), lit('"'))
             pat_keys.append(key)
+            if names_key is not None:
+                if names_dfa is None:
+                    continue
+                d = self._product(_node_dfa(key), names_dfa, path, "propertyNames",
+                                  intersect)
+                if is_empty(d):
+                    continue
+                key = Node("dfa", (d,), d.num_states + 1)
             if declared:
                 # declared names are members (their values also satisfy the patterns)
                 key = self.exclude_keys(key, declared)
@@ -2099,13 +2124,7 @@ class SchemaBuilder:
             sub = subs[0] if len(subs) == 1 else {"allOf": list(subs)}
             extras.append((key, self.value_node(sub, where)))
         if addl is not False:
-            if names is not None and names is not True:
-                if names is False:
-                    key = EMPTY
-                else:
-                    key = self.key_node(names, f"{path}/propertyNames")
-            else:
-                key = rx(STRING, 8)
+            key = rx(STRING, 8) if names_key is None else names_key
             if declared:
                 key = self.exclude_keys(key, declared)
             # additionalProperties applies only to keys that match no patternProperties
