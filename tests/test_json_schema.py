@@ -712,3 +712,64 @@ def test_unique_items_limits(items, limit):
     with pytest.raises(UnsupportedSchemaError, match=rf"uniqueItems.*{limit}.*at /uniqueItems"):
         schema_to_nfa(schema)
     schema_to_nfa(schema, strict=False)                   # ignored knowingly
+
+
+def _keys():
+    return st.sampled_from(["a", "b", "k"])
+
+
+def _combinator_schema():
+    """Object and array keywords with the product ones (not, oneOf, if/then/else),
+    presence tests, dependencies, propertyNames, patternProperties and contains."""
+    leaf = st.one_of(
+        _leaf(),
+        st.lists(_keys(), min_size=1, max_size=2, unique=True).map(
+            lambda r: {"required": r}),
+        st.just({}),
+    )
+
+    def grow(inner):
+        return st.one_of(
+            st.builds(lambda props, req, addl, names: {
+                "type": "object", "properties": props, "required": req,
+                **({"additionalProperties": addl} if addl is not None else {}),
+                **({"propertyNames": names} if names is not None else {})},
+                st.dictionaries(_keys(), inner, max_size=2),
+                st.lists(_keys(), max_size=2, unique=True),
+                st.one_of(st.none(), st.just(False), st.just({"type": "integer"})),
+                st.one_of(st.none(), st.just({"pattern": "^[ab]$"}),
+                          st.just({"enum": ["a", "k"]}))),
+            st.builds(lambda pat, sub, n: {"type": "object", "patternProperties": {pat: sub},
+                                           "additionalProperties": False,
+                                           "minProperties": n},
+                      st.sampled_from(["^a", "^[bk]$", "b"]), inner, st.integers(0, 1)),
+            st.builds(lambda it, c, lo, hi: {"type": "array", "items": it, "contains": c,
+                                             "minContains": lo,
+                                             **({"maxContains": hi} if hi is not None else {})},
+                      inner, inner, st.integers(0, 2), st.one_of(st.none(), st.integers(1, 2))),
+            st.builds(lambda x: {"not": x}, inner),
+            st.lists(inner, min_size=2, max_size=3).map(lambda xs: {"oneOf": xs}),
+            st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, inner, inner, inner),
+            st.builds(lambda k, r: {"type": "object", "dependentRequired": {k: r}},
+                      _keys(), st.lists(_keys(), min_size=1, max_size=2, unique=True)),
+            st.lists(inner, min_size=1, max_size=2).map(lambda xs: {"allOf": xs}),
+        )
+    return st.recursive(leaf, grow, max_leaves=4)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          derandomize=True)
+@given(_combinator_schema())
+def test_fuzz_combinator_schemas(schema):
+    # soundness of the products, presence tests, contains and propertyNames (session 17):
+    # every sampled string of the automaton validates
+    try:
+        d = dfa_of(schema, max_depth=2)
+    except JaxcdError as e:
+        assert str(e)
+        return
+    if d.num_states == 0:
+        return
+    rng = np.random.default_rng(0)
+    for s in sample_strings(d, rng, 8):
+        assert validates(schema, s.decode("utf-8")), (schema, s)

@@ -23,6 +23,7 @@ given), so regexes for plain schemas are the ones outlines-core prints.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections import Counter
 import re
@@ -196,6 +197,8 @@ MAX_PATTERN_REGIONS = 64
 MAX_DEPENDENCIES = 8
 # contains with minContains/maxContains: one copy of the item per counted match
 MAX_CONTAINS = 8
+# enum/const object values inside a subtracted operand: every key order is spelled
+MAX_NEG_ENUM_KEYS = 4
 # not / oneOf / if whose operands only test which keys are present (``required`` under
 # not/allOf/anyOf/oneOf): split into at most this many cases of present and absent keys
 # (the disjunctive normal form of the test; past it, an automaton product as for others)
@@ -1630,7 +1633,7 @@ class SchemaBuilder:
             if types is not None and _json_type(v) not in types and not (
                     _json_type(v) == "integer" and "number" in types):
                 continue
-            opts.append(lit(json.dumps(v, ensure_ascii=False, separators=(",", ":"))))
+            opts.append((json.dumps(v, ensure_ascii=False, separators=(",", ":")), v))
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")
                 and not is_annotation(k) and k not in ("$defs", "definitions")}
         if rest and opts:
@@ -1642,8 +1645,53 @@ class SchemaBuilder:
             except AutomatonTooLargeError:
                 d = None
             if d is not None:
-                opts = [o for o in opts if d.accepts(o.args[0].encode())]
-        return alt(*opts)
+                opts = [o for o in opts if d.accepts(o[0].encode())]
+        if self._neg:
+            # a subtracted operand holds every spelling of its values (1.0 and 1e0 equal
+            # 1, "\/" is "/", object keys in any order, whitespace), else the difference
+            # keeps an invalid spelling (before session 17 only the compact one was there)
+            return alt(*(self._spellings(v, path) for _, v in opts))
+        return alt(*(lit(t) for t, _ in opts))
+
+    def _spellings(self, v: Any, path: str) -> Node:
+        """A superset of the spellings of the JSON value ``v`` (in a subtracted operand)."""
+        ws = self.ws
+        if v is None or isinstance(v, bool):
+            return lit(json.dumps(v))
+        if isinstance(v, (int, float, Decimal)):
+            r = decimal_range_regex(to_decimal(v), to_decimal(v), True, True)
+            return alt(rx(r, 4 * len(r) // 3 + 4), rx(_EXPONENT_NUMBER, 30))
+        if isinstance(v, str):
+            parts = json.dumps(v, ensure_ascii=False).split("/")
+            out = lit(parts[0])
+            for p in parts[1:]:                  # "/" may be written "\/"
+                out = seq(out, alt(lit("/"), lit("\\/")), lit(p))
+            return out
+        if isinstance(v, list):
+            if not v:
+                return seq(lit("["), ws, lit("]"))
+            body = self._spellings(v[0], path)
+            for x in v[1:]:
+                body = seq(body, ws, lit(","), ws, self._spellings(x, path))
+            return seq(lit("["), ws, body, ws, lit("]"))
+        if isinstance(v, dict):
+            if not v:
+                return seq(lit("{"), ws, lit("}"))
+            if len(v) > MAX_NEG_ENUM_KEYS:
+                raise AutomatonTooLargeError(
+                    f"enum/const at {path or '/'}: an object value of {len(v)} keys inside a "
+                    f"subtracted operand (not, oneOf, if) needs every key order; the limit "
+                    f"is {MAX_NEG_ENUM_KEYS} keys (MAX_NEG_ENUM_KEYS)")
+            members = [seq(self._spellings(k, path), ws, lit(":"), ws,
+                           self._spellings(x, path)) for k, x in v.items()]
+            orders = []
+            for perm in itertools.permutations(members):
+                body = perm[0]
+                for m in perm[1:]:
+                    body = seq(body, ws, lit(","), ws, m)
+                orders.append(body)
+            return seq(lit("{"), ws, alt(*orders), ws, lit("}"))
+        raise SchemaError(f"enum/const at {path or '/'}: not a JSON value: {v!r}")
 
     # -- scalars ---------------------------------------------------------------------
     def _bounds(self, schema: dict, path: str):
@@ -1677,6 +1725,14 @@ class SchemaBuilder:
             raise SchemaError(f"{where} must be a number, got {v!r}") from None
 
     def integer(self, schema: dict, path: str) -> Node:
+        node = self._integer(schema, path)
+        if self._neg and node.kind != "empty":
+            # a subtracted operand is a superset: the integers spelled as 1.0 or 1e2,
+            # which the integer grammar leaves out, are added (all of them)
+            node = alt(node, rx(_NONCANONICAL_INTEGER, 30))
+        return node
+
+    def _integer(self, schema: dict, path: str) -> Node:
         lo, hi, lo_x, hi_x = self._bounds(schema, path)
         ilo = None if lo is None else ceil_int(lo, lo_x)
         ihi = None if hi is None else floor_int(hi, hi_x)
@@ -1714,6 +1770,14 @@ class SchemaBuilder:
         return base
 
     def number(self, schema: dict, path: str) -> Node:
+        node = self._number(schema, path)
+        if self._neg and node.kind != "empty" and any(k in schema for k in _NUMBER_KW):
+            # a subtracted operand is a superset: numbers under bounds or a decimal
+            # multipleOf are built without exponent, so every number with one is added
+            node = alt(node, rx(_EXPONENT_NUMBER, 30))
+        return node
+
+    def _number(self, schema: dict, path: str) -> Node:
         fmt = schema.get("format")
         if fmt is not None and fmt not in INT_FORMAT_BOUNDS:
             self._check_format(fmt, "number", path)
@@ -2471,6 +2535,12 @@ def _node_nfa(node: Node, whitespace: str) -> NFA:
 _ZERO_MANTISSA = r"0(?:\.0+)?"
 _NONZERO_MANTISSA = r"(?:0\.[0-9]*[1-9][0-9]*|[1-9][0-9]*(?:\.[0-9]+)?)"
 _EXPONENT = r"(?:[eE][+-][0-9]+)?"          # NUMBER's exponent
+
+
+# supersets for subtracted operands (SchemaBuilder.integer / number): the spellings the
+# bounded grammars leave out
+_EXPONENT_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?[eE][+-][0-9]+"
+_NONCANONICAL_INTEGER = r"-?(?:0|[1-9][0-9]*)(?:\.0+|(?:\.[0-9]+)?[eE][+-][0-9]+)|-0"
 
 
 def _sign_only_regex(lo, hi, lo_x: bool, hi_x: bool) -> str | None:
