@@ -254,11 +254,7 @@ _MEET_DROPPED = {"required", "minProperties", "maxProperties", "minItems", "maxI
 # keywords enforced by automaton products (see _node)
 _PRODUCT_KW = ("__and", "oneOf", "not", "if")
 _TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
-_OBJECT_KW = {"properties", "required", "additionalProperties", "minProperties",
-              "maxProperties", "patternProperties", "propertyNames"}
-_ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "contains",
-             "minContains", "maxContains"}
-_STRING_KW = {"minLength", "maxLength", "pattern"}
+# numeric keywords (SchemaBuilder.number: bounded numbers are built without exponent)
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 
 
