@@ -505,3 +505,37 @@ def test_subtracted_operands_hold_every_spelling(schema, texts):
     for t in texts:
         if d.accepts(t.encode()):
             assert oracle.is_valid(json.loads(t)), (schema, t)
+
+
+_IF = {"type": ["string", "null"]}
+
+
+@pytest.mark.parametrize("schema", [
+    # Buildkite's notify items: closed objects sharing an optional key
+    {"oneOf": [{"type": "object", "properties": {"a": {}, "k": _IF}, "additionalProperties": False},
+               {"type": "object", "properties": {"b": {}, "k": _IF}, "additionalProperties": False},
+               {"enum": ["x"]}]},
+    # required keys, one branch's keys inside another's, a branch with no keys
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "k": {}},
+                "required": ["k"], "additionalProperties": False},
+               {"type": "object", "properties": {"k": {}}, "additionalProperties": False},
+               {"type": "object", "properties": {"b": {}, "k": {}}, "required": ["b"],
+                "additionalProperties": False}]},
+    {"oneOf": [{"type": "object", "additionalProperties": False},
+               {"type": "object", "properties": {"a": {}}, "additionalProperties": False}]},
+    # a shared key with different schemas: the automaton product as before
+    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+                "additionalProperties": False},
+               {"type": "object", "properties": {"a": {"type": "string"}, "b": {}},
+                "additionalProperties": False}]},
+])
+@pytest.mark.parametrize("order", ["auto", "schema"])
+def test_oneof_of_closed_objects_by_key_presence(schema, order):
+    d = minimize(determinize(schema_to_nfa(schema, "", property_order=order)[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    for v in UNIVERSE:
+        ok = d.accepts(_texts(v).encode())
+        if ok:
+            assert oracle.is_valid(v), (schema, v)
+        elif not isinstance(v, dict) or len(v) < 2 or order == "auto":
+            assert not oracle.is_valid(v), (schema, v)

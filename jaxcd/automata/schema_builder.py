@@ -1211,6 +1211,10 @@ class SchemaBuilder:
                 out.append(opts[g[0]])
                 continue
             g = sorted(g)
+            closed = self._closed_object_cases([schemas[i] for i in g], path)
+            if closed is not None:
+                out.extend(closed)
+                continue
             negs, leasts = [], []
             for i in g:
                 others = [schemas[j] for j in g if j != i]
@@ -1248,6 +1252,46 @@ class SchemaBuilder:
                 if not is_empty(x):
                     out.append(Node("dfa", (x,), x.num_states + 1))
         return alt(*out)
+
+    def _closed_object_cases(self, branches: list, path: str) -> list[Node] | None:
+        """``oneOf`` branches that are closed objects (``type: object``,
+        ``additionalProperties: false``, only ``properties``/``required``) giving every
+        key they share the same schema: an object of branch ``i`` is in branch ``j`` iff
+        it has no key ``j`` lacks and every key ``j`` requires, a presence test. So
+        branch ``i`` minus the others is branch ``i`` with, for each ``j``, a key of
+        ``i`` outside ``j`` or a key ``j`` requires absent: cases of present and absent
+        keys (:meth:`_presence_cases`), no product. None if the branches are not of that
+        form or the cases pass ``MAX_PRESENCE_CASES``."""
+        shapes = []
+        for b in branches:
+            if not isinstance(b, dict) or b.get("type") not in ("object", ["object"]) or \
+                    b.get("additionalProperties") is not False:
+                return None
+            if any(k not in ("type", "properties", "required", "additionalProperties")
+                   and not is_annotation(k) for k in b):
+                return None
+            props, req = b.get("properties") or {}, b.get("required") or []
+            if not isinstance(props, dict) or not isinstance(req, list) or \
+                    not all(isinstance(r, str) for r in req):
+                return None
+            shapes.append((props, req))
+        for i, (pi, _) in enumerate(shapes):
+            for pj, _ in shapes[i + 1:]:
+                if any(not _json_eq(pi[k], pj[k]) for k in pi if k in pj):
+                    return None
+        out = []
+        for i, (pi, _) in enumerate(shapes):
+            f: list[dict] | None = [{}]
+            for j, (pj, rj) in enumerate(shapes):
+                if j == i or f is None:
+                    continue
+                # not (no key of i outside j, and every key j requires)
+                f = _dnf_and(f, [{k: True} for k in pi if k not in pj]
+                             + [{k: False} for k in rj])
+            if f is None:
+                return None
+            out.extend(self.node(c, path) for c in self._presence_cases(branches[i], f, path))
+        return out
 
     def subtrahend(self, schema: Any, positive: Any, pos_dfa: DFA, node: Node,
                    least: int | None, path: str, keyword: str) -> DFA:
