@@ -82,6 +82,7 @@ def test_budget_makes_long_bounds_compile(smol_vocab):
               "required": ["key"]}
     with pytest.raises(AutomatonTooLargeError, match="minLength 50000"):
         compile_json_schema(schema, smol_vocab)
+    assert _longest_token(smol_vocab) == 81   # (the figure docs/json_schema.md quotes)
     n = 256                                # 256 x 81 bytes = 20,736 < 50,000 and 65,535
     fa = compile_json_schema(schema, smol_vocab, max_tokens=n)
     text = json.dumps({"key": "x" * 700})   # longer than the 256 a tightened bound keeps

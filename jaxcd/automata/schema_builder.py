@@ -1895,8 +1895,6 @@ class SchemaBuilder:
         if pat is not None and not isinstance(pat, str):
             raise SchemaError(f"{path}/pattern must be a string")
         if pat is None and fmt_re is None:
-            if hi is not None and lo > hi:
-                return EMPTY
             if lo == 0 and hi is None:
                 return rx(STRING, 8)
             q = f"{{{lo},{'' if hi is None else hi}}}" if (lo, hi) != (lo, lo) else f"{{{lo}}}"
@@ -2079,8 +2077,6 @@ class SchemaBuilder:
               open_: str, close: str, sep: str) -> Node:
         ws = self.ws
         sep_node = seq(lit(sep), ws)
-        if hi is not None and lo > hi:
-            return EMPTY
         # elements: head[0], head[1], ..., then rest*
         # counts: n elements, lo <= n <= hi
         n_head = len(head)
@@ -2255,8 +2251,6 @@ class SchemaBuilder:
         if any(m.required and m.value.kind == "empty" for m in members):
             return EMPTY
         members = [m for m in members if m.value.kind != "empty"]
-        if hi is not None and lo > hi:
-            return EMPTY
         size = sum(m.value.size + m.key.size + 6 for m in members) + (extra.size if extra else 0)
         if lo or hi is not None:
             cap = max(lo, hi if hi is not None else 0) + 1
