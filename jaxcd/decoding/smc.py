@@ -73,9 +73,7 @@ and the pooled estimate gave it 0.0002 instead of 0.014 (TV 0.02 at K = 64; 0.00
 this rule). ``ess`` still reports the ESS of all ``K`` weights. A prompt whose weights
 are all 0 is never resampled and gets ``log_Z = −inf``; nor is a prompt whose particles
 have all emitted EOS (its ensemble is final), even while other prompts of the batch are
-still decoding — the same rule as :func:`jaxcd.decoding.smc_blackbox.run_blackbox`
-(which, unlike this function, still resamples finished and unfinished particles
-together while some are unfinished).
+still decoding — the same rules as :func:`jaxcd.decoding.smc_blackbox.run_blackbox`.
 
 When several devices are visible, the particle axis is sharded across them
 (``B·K`` must be divisible by the device count; otherwise it runs on one device).

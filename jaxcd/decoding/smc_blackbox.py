@@ -29,13 +29,16 @@ weight ``-inf`` and finishes the particle; a particle still unfinished after ``n
 steps gets weight ``-inf`` (cannot happen with the last-step rule above, kept as a
 guard).
 
-Resampling per prompt (:mod:`jaxcd.decoding.resampling`) when ``ESS < ess_threshold · K``
-(never with ``ess_threshold = 0``: plain importance sampling), not after the last step,
-not when every weight is 0 and not when every particle of the prompt has finished
-(that would only add noise); after it all that prompt's weights become their
-log-mean-exp, so ``log_Z`` = log-mean-exp of the final weights is unbiased for
-``Z = p_T(x ∈ L_n | prompt)``. The LM state (KV cache) is gathered only on steps
-where some prompt resamples.
+Resampling per prompt (:mod:`jaxcd.decoding.resampling`) concerns the particles that have
+not finished with a valid output (the rule of :func:`jaxcd.decoding.smc.run`): when their
+``ESS < ess_threshold · K_u`` (``K_u`` of them; never with ``ess_threshold = 0``: plain
+importance sampling), they are resampled among themselves (dead particles, of weight 0,
+are only replaced) and share their total weight equally; finished particles keep their
+places and weights. Not after the last step, not when every such weight is 0 and not
+when every particle of the prompt has finished. The sum of the weights is preserved in
+expectation, so ``log_Z`` = log-mean-exp of the final weights is unbiased for
+``Z = p_T(x ∈ L_n | prompt)``. ``ess`` reports the ESS of all ``K`` weights. The LM
+state (KV cache) is gathered only on steps where some prompt resamples.
 
 Predicate calls are cached per ``(prefix, final)`` across particles and steps;
 ``num_checks[b, k]`` counts the real calls made on behalf of particle slot ``(b, k)``
@@ -273,14 +276,31 @@ def run_blackbox(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, *,
         if done.all():
             ess_out[:, t + 1:] = ess_out[:, t:t + 1]     # weights no longer change
             break
-        need = ((ess_out[:, t] < float(ess_threshold) * K) & np.isfinite(lwb).any(1)
-                & ~done.reshape(B, K).all(1) & (not last))
+        # resampling concerns the particles that have not finished with a valid output:
+        # the unfinished ones (among themselves) and dead ones (weight 0, only replaced).
+        # A finished particle's weight is final (its EOS probability paid), an
+        # unfinished one's is not yet, so resampling across the two would kill finished
+        # outputs of small weight that later EOS factors would have restored
+        # (:mod:`jaxcd.decoding.smc`, "Resampling")
+        run_ = ~valid.reshape(B, K)
+        lw_run = np.where(run_, lwb, -np.inf)
+        n_run = run_.sum(1)
+        need = ((_np_ess(lw_run) < float(ess_threshold) * n_run) & np.isfinite(lw_run).any(1)
+                & (n_run > 0) & (not last))
         if need.any():
-            anc = np.asarray(resampler(key, np.int32(t), lwb))
-            anc = np.where(need[:, None], anc, np.arange(K)[None])
+            anc = np.asarray(resampler(key, np.int32(t), lw_run))
+            # the j-th resampled slot takes a uniformly chosen one of the K draws
+            # (exchangeable, so each is distributed as w/Σw over the unfinished particles)
+            perm = np.stack([rng.permutation(K) for _ in range(B)])
+            rank = np.maximum(np.cumsum(run_, axis=1) - 1, 0)
+            pick = np.take_along_axis(anc, np.take_along_axis(perm, rank, axis=1), axis=1)
+            anc = np.where(need[:, None] & run_, pick, np.arange(K)[None])
             idx = (anc + (np.arange(B) * K)[:, None]).reshape(N)
-            lme = _np_log_mean_exp(lwb)
-            log_w = np.where(need[:, None], lme[:, None], lwb).reshape(N)
+            # they share their total weight equally (the sum of all weights, and so the
+            # evidence estimate, is unchanged in expectation)
+            with np.errstate(divide="ignore"):
+                lme = _np_log_mean_exp(lw_run) + np.log(K / np.maximum(n_run, 1))
+            log_w = np.where(need[:, None] & run_, lme[:, None], lwb).reshape(N)
             tokens, done, valid = tokens[idx], done[idx], valid[idx]
             prefixes = [prefixes[j] for j in idx]
             state = gather(state, jnp.asarray(idx, jnp.int32))
