@@ -616,7 +616,19 @@ def recipe() -> list[str]:
             "(`--partial` merges what finished and records what is missing). The shards are "
             "independent processes, so JAX's multi-process runtime (`jax.distributed`) is not needed; "
             "on one machine with several accelerators, run one shard per device "
-            "(`CUDA_VISIBLE_DEVICES=I-1`).", ""]
+            "(`CUDA_VISIBLE_DEVICES=I-1`). On a small CPU, run one shard per core, each pinned to "
+            "its core with XLA single-threaded (on decode batches of K ≤ 16 rows XLA:CPU's thread "
+            "pool does not keep two cores busy; the outputs are the same):", "",
+            "```bash",
+            "for I in 1 2; do   # one queue per core: shards I, I+2, I+4, I+6 of 8",
+            "  ( for S in $I $((I+2)) $((I+4)) $((I+6)); do",
+            "      XLA_FLAGS='--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1' \\",
+            "      taskset -c $((I-1)) python -m experiments.studies satisfaction --limit 200 \\",
+            "        --categories simple_python,multiple,live_simple --budget auto-max --shared-shapes \\",
+            "        --shard $S/8 --resume --out experiments/results/satisfaction/shards/${S}of8",
+            "    done ) &",
+            "done; wait",
+            "```", ""]
 
 
 def paper_gap(t3: dict) -> float:
