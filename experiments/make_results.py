@@ -225,6 +225,9 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     if paired:
         out += [paired_md(paired, "constraint satisfaction" if name == "satisfaction"
                           else "accuracy")]
+    if res.get("parse_check"):
+        from experiments.studies import parse_check_text
+        out += [parse_check_text(res["parse_check"]).strip(), ""]
     if res.get("cost"):
         out += [cost_text(res["cost"]).strip(), ""]
     out += fig_link(rel, res, TITLES[name])

@@ -832,6 +832,36 @@ def write_study(out: Path, name: str, res: dict, md_body: str) -> None:
 # ---------------------------------------------------------------------------------------
 # the studies
 # ---------------------------------------------------------------------------------------
+def parse_check(rows: list[dict]) -> dict:
+    """Constraint satisfaction against an independent reference: BFCL's own output parser
+    (:func:`experiments.bfcl.parse_output`: ``json.loads`` / Python's ``ast``, not the
+    automaton) on every output, per format: how many outputs counted satisfied parse as a
+    call list, and how many counted unsatisfied do not."""
+    from .bfcl import parse_output
+    out: dict = {}
+    for r in rows:
+        d = out.setdefault(r["format"], {"satisfied_parsed": 0, "satisfied_unparsable": 0,
+                                         "unsatisfied_parsed": 0, "unsatisfied_unparsable": 0})
+        try:
+            parse_output(r["output"], r["format"])
+            parsed = "parsed"
+        except ValueError:
+            parsed = "unparsable"
+        d[("satisfied_" if r["valid"] else "unsatisfied_") + parsed] += 1
+    return out
+
+
+def parse_check_text(check: dict) -> str:
+    if not check:
+        return ""
+    return ("Independent check (BFCL's own parser, `json` / Python `ast`, on every output of every "
+            "method and k): " + "; ".join(
+                f"{f}: {d['satisfied_parsed']} of {d['satisfied_parsed'] + d['satisfied_unparsable']} "
+                f"outputs counted satisfied parse as a call list, {d['unsatisfied_unparsable']} of "
+                f"{d['unsatisfied_parsed'] + d['unsatisfied_unparsable']} counted unsatisfied do not"
+                for f, d in check.items()) + ".\n")
+
+
 def study_satisfaction(out, mode, st, seed, log, model=None):
     data, ans, subset = bfcl_subset(out / "data", st["limit"], seed, st.get("categories", MAIN_CATEGORIES))
     hmm = resolve_hmm(st["hmm"], out, log, model)
@@ -842,6 +872,7 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
                     "Constraint satisfaction (BFCL subset, SmolLM2-135M)", "constraint satisfied % (95% CI)")
     paired = paired_tests(rows, "valid", seed)
     cost = cost_per_example(rows, out / "run")
+    check = parse_check(rows)
     body = (f"BFCL subset: {subset_text(subset)} (seed {seed}); "
             f"HMM: {st['hmm']}; budget: {st.get('budget', 'auto')}; intervals: percentile bootstrap "
             f"over examples ({BOOTSTRAP} resamples).\n\n"
@@ -849,9 +880,11 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
                              ("constraint satisfied % [95% CI]", "valid"),
                              ("accuracy % [95% CI]", "accuracy")])
             + "\n" + paired_md(paired, "constraint satisfaction")
+            + "\n" + parse_check_text(check) + "\n"
             + ("\n![constraint satisfaction](satisfaction.png)\n" if fig else "")
             + "\n" + cost_text(cost))
     return {"subset": subset, "calls": calls, "table": tab, "paired": paired, "cost": cost,
+            "parse_check": check,
             "figure": "satisfaction.png" if fig else None,
             "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
 
