@@ -257,22 +257,10 @@ def test_finished_particles_are_not_resampled_against_unfinished_ones():
     the unfinished particles leaves the pooled estimate within 4× the noise floor of R
     exact samples and Ẑ unbiased.
     (``tests/test_smc_defensive.py`` checks the same for :func:`jaxcd.smc.run`.)"""
+    from test_smc_defensive import finish_early_lm
+
     pattern = r"b|a-"
-
-    def fn(prefix):
-        p = np.full(V, 1e-3)
-        if prefix == ():
-            p[1], p[2] = 0.15, 0.45               # "a", "b"
-        elif prefix == (2,):
-            p[:] = 1.0
-            p[EOS] = 1e-4                         # "b" then EOS: rarely
-        elif prefix == (1,):
-            p[5] = 0.99                           # "a" then "-"
-        elif prefix == (1, 5):
-            p[:] = 1.0
-            p[EOS] = 1e-3
-        return p / p.sum()
-
+    fn = finish_early_lm(V, EOS)
     lm = TableLM.from_function(fn, V, N_BUDGET, eos_token_id=EOS)
     post = {(2, EOS): fn(())[2] * fn((2,))[EOS],
             (1, 5, EOS): fn(())[1] * fn((1,))[5] * fn((1, 5))[EOS]}

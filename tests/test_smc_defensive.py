@@ -201,15 +201,11 @@ def test_defensive_one_is_gcd_and_bad_values_are_errors(problem):
         run(lm, fa, hmm, 1, "lookahead", 1.5, seed=0)
 
 
-def test_finished_particles_are_not_resampled_against_unfinished_ones():
-    """``b·EOS`` finishes at step 2 with its small EOS probability (1e-4) paid, while ``a``
-    is still waiting for ``-`` and its own EOS factor (1e-3): at step 2 the finished
-    particles' weights are ~1e-4 of the unfinished ones', though the posterior gives ``b``
-    0.23. Resampling across the two (the old rule: ESS ≈ the unfinished count ≈ K/4 < K/2)
-    kept ``b`` in almost no run (TV 0.2); resampling
-    only the unfinished particles leaves the pooled estimate within 4× the noise floor of
-    R exact samples, and Ẑ unbiased. (Study 6b's ``ocean`` with the GCD proposal.)"""
-    from jaxcd.lm.interface import TableLM
+def finish_early_lm(V, EOS):
+    """Next-token probabilities (token 1 = "a", 2 = "b", 5 = "-") under which ``b·EOS``
+    finishes early with a small EOS factor (1e-4) while ``a·-`` pays its own (1e-3) later:
+    the problem of the two "finished particles are not resampled" tests (also
+    ``test_smc_blackbox.py``)."""
 
     def fn(prefix):
         p = np.full(V, 1e-3)
@@ -225,6 +221,20 @@ def test_finished_particles_are_not_resampled_against_unfinished_ones():
             p[EOS] = 1e-3
         return p / p.sum()
 
+    return fn
+
+
+def test_finished_particles_are_not_resampled_against_unfinished_ones():
+    """``b·EOS`` finishes at step 2 with its small EOS probability (1e-4) paid, while ``a``
+    is still waiting for ``-`` and its own EOS factor (1e-3): at step 2 the finished
+    particles' weights are ~1e-4 of the unfinished ones', though the posterior gives ``b``
+    0.23. Resampling across the two (the old rule: ESS ≈ the unfinished count ≈ K/4 < K/2)
+    kept ``b`` in almost no run (TV 0.2); resampling
+    only the unfinished particles leaves the pooled estimate within 4× the noise floor of
+    R exact samples, and Ẑ unbiased. (Study 6b's ``ocean`` with the GCD proposal.)"""
+    from jaxcd.lm.interface import TableLM
+
+    fn = finish_early_lm(V, EOS)
     lm = TableLM.from_function(fn, V, N, EOS)
     fa = compile_regex(r"b|a-", VOCAB)
     post, Z = exact_posterior(lm, r"b|a-")
