@@ -224,6 +224,19 @@ def finish_early_lm(V, EOS):
     return fn
 
 
+def assert_near_posterior(estimate, post, log_Z, Z):
+    """The pooled estimate of ``R = len(log_Z)`` runs is within 4× the noise floor of R exact
+    posterior samples (TV), and the mean of the runs' Ẑ within 4 standard errors of ``Z``."""
+    R = len(log_Z)
+    rng = np.random.default_rng(0)
+    p = np.array(list(post.values()))
+    floor = np.mean([0.5 * np.abs(rng.multinomial(R, p) / R - p).sum() for _ in range(200)])
+    d = tv(estimate, post)
+    assert d < 4 * floor, (d, floor, estimate, post)
+    zhat = np.exp(np.asarray(log_Z, np.float64))
+    assert abs(zhat.mean() - Z) < 4 * zhat.std(ddof=1) / np.sqrt(R) + 1e-12
+
+
 def test_finished_particles_are_not_resampled_against_unfinished_ones():
     """``b·EOS`` finishes at step 2 with its small EOS probability (1e-4) paid, while ``a``
     is still waiting for ``-`` and its own EOS factor (1e-3): at step 2 the finished
@@ -242,10 +255,4 @@ def test_finished_particles_are_not_resampled_against_unfinished_ones():
     ids, lens = jnp.zeros((R, 1), jnp.int32), jnp.ones((R,), jnp.int32)
     res = smc.run(jax.random.key(2), lm, lm.params, ids, lens, fa, budget=N, num_particles=32,
                   proposal="gcd")
-    rng = np.random.default_rng(0)
-    p = np.array(list(post.values()))
-    floor = np.mean([0.5 * np.abs(rng.multinomial(R, p) / R - p).sum() for _ in range(200)])
-    d = tv(pooled(res), post)
-    assert d < 4 * floor, (d, floor, pooled(res), post)
-    zhat = np.exp(np.asarray(res.log_Z, np.float64))
-    assert abs(zhat.mean() - Z) < 4 * zhat.std(ddof=1) / np.sqrt(R) + 1e-12
+    assert_near_posterior(pooled(res), post, res.log_Z, Z)
