@@ -73,6 +73,7 @@ class Shapes:
     min_states: int = 128          #: automaton states: a power of two, at least this
     min_edges: int = 512           #: edges: a power of two, at least this
     min_degree: int = 16           #: out-degree (columns of ``out_dst``): power of two
+    min_mask_rows: int = 1         #: rows of ``cum_masks``: a power of two, at least this
 
     def prompt_width(self, n: int) -> int:
         m = self.prompt_multiple
@@ -122,10 +123,13 @@ def build_constraint(nfa, vocab, shapes: Shapes = Shapes(), key: str = "") -> Co
     dfa = minimize(determinize(nfa))
     fa = tensorize(dfa, vocab, key=key)
     S, E, D = fa.num_states, fa.num_edges, int(fa.out_dst.shape[1])
+    R = int(fa.cum_masks.shape[0])
     pfa, _ = pad_automaton(fa, _pow2(S + 1, shapes.min_states), _pow2(E, shapes.min_edges),
-                           _pow2(D, shapes.min_degree))
+                           _pow2(D, shapes.min_degree), _pow2(R, shapes.min_mask_rows))
     info = {"byte_states": dfa.num_states, "states": S, "edges": E, "max_out_degree": D,
-            "padded": [pfa.num_states, pfa.num_edges, int(pfa.out_dst.shape[1])],
+            "mask_rows": R,
+            "padded": [pfa.num_states, pfa.num_edges, int(pfa.out_dst.shape[1]),
+                       int(pfa.cum_masks.shape[0])],
             "min_budget": fa.min_budget, "build_s": round(time.perf_counter() - t0, 4)}
     return Constraint(pfa, dfa, info)
 

@@ -167,8 +167,12 @@ SETTINGS = {
                      formats=["json", "python"], hmm="default")},
     "second_model": {
         "smoke": dict(_SMOKE, methods=["smc-gcd"], hmm="none"),
-        "default": dict(limit=8, particles=[1, 4, 16], methods=["smc-lcd", "smc-gcd"],
-                        formats=["json"], hmm="none"),
+        # issue 23 item 3: the second model on BFCL simple_python + multiple + live_simple,
+        # JSON, LCD / GCD / P-GCD lookahead (its own default HMM, distilled for that model
+        # from the built-in tool-call prompts), k = 1, 4, 16 with paired seeds
+        "default": dict(limit=8, particles=[1, 4, 16], methods=["smc-lcd", "smc-gcd", "smc-lookahead"],
+                        formats=["json"], hmm="default",
+                        categories=["simple_python", "multiple", "live_simple"]),
         "full": dict(limit=200, particles=[1, 2, 4, 8, 16],
                      methods=["smc-lcd", "smc-gcd", "smc-lookahead", "smc-product"],
                      formats=["json", "python"], hmm="default")},

@@ -264,30 +264,31 @@ def run(a) -> dict:
             nfa, info = bfcl.constraint_nfa(ex, fmt)
             c = build_constraint(nfa, vocab, Shapes(min_states=1, min_edges=1, min_degree=1))
             sizes.append((c.info["states"], c.info["edges"], c.info["max_out_degree"],
-                          c.min_budget))
+                          c.min_budget, c.info["mask_rows"]))
             built.append((nfa, info, bfcl.prompt_ids(ex, tok, fmt)))
         S = pow2(max(x[0] for x in sizes) + 1)
         E = pow2(max(x[1] for x in sizes))
         D = pow2(max(x[2] for x in sizes))
+        R = pow2(max(x[4] for x in sizes))
         widths: dict[str, int] = {}
         for ex, (_, _, ids) in zip(exs, built):
             widths[ex.category] = max(widths.get(ex.category, 0), prompt_width(len(ids)))
         if a.width == "run":
             widths = dict.fromkeys(widths, max(widths.values()))
         mins = [x[3] for x in sizes]
-        plan[fmt] = {"S": S, "E": E, "D": D, "built": built, "widths": widths,
+        plan[fmt] = {"S": S, "E": E, "D": D, "R": R, "built": built, "widths": widths,
                      "budget": max(auto_budget(a, ex, mb) for ex, mb in zip(exs, mins))}
         log(f"[{fmt}] {len(exs)} examples; automata padded to {S} states, {E} edges, "
-            f"out-degree {D}; prompt widths {widths}")
+            f"out-degree {D}, {R} mask rows; prompt widths {widths}")
     if a.pad == "run":          # one shape, width and auto-max budget for all formats
-        top = {k: max(P[k] for P in plan.values()) for k in ("S", "E", "D", "budget")}
+        top = {k: max(P[k] for P in plan.values()) for k in ("S", "E", "D", "R", "budget")}
         wid = max(w for P in plan.values() for w in P["widths"].values())
         for P in plan.values():
             P.update(top)
             if a.width == "run":
                 P["widths"] = dict.fromkeys(P["widths"], wid)
         log(f"--pad run: every format padded to {top['S']} states, {top['E']} edges, out-degree "
-            f"{top['D']}" + (f", prompt width {wid}" if a.width == "run" else "")
+            f"{top['D']}, {top['R']} mask rows" + (f", prompt width {wid}" if a.width == "run" else "")
             + (f", budget {top['budget']}" if a.budget == "auto-max" else ""))
     log(f"pass 1: {time.perf_counter() - t0:.1f} s")
 
@@ -345,7 +346,7 @@ def run(a) -> dict:
             P = plan[fmt]
             nfa, info, ids = P["built"][i]
             runner.shapes = Shapes(prompt_multiple=P["widths"][ex.category], min_states=P["S"],
-                                   min_edges=P["E"], min_degree=P["D"])
+                                   min_edges=P["E"], min_degree=P["D"], min_mask_rows=P["R"])
             c = runner.constraint(nfa, key="")
             budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else \
                 P["budget"] if a.budget == "auto-max" else int(a.budget)

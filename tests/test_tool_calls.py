@@ -269,7 +269,7 @@ def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
     from jaxcd import gcd
     from jaxcd.automata.lifting import tensorize
     from jaxcd.automata.tensorized import pad_automaton
-    shapes = Shapes(min_states=1024, min_edges=4096, min_degree=64)
+    shapes = Shapes(min_states=1024, min_edges=4096, min_degree=64, min_mask_rows=512)
     rng = np.random.default_rng(0)
     e0 = main_examples[0]
     dfa = minimize(determinize(bfcl.constraint_nfa(e0, "json")[0]))
@@ -292,6 +292,9 @@ def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
     for e in main_examples[:4]:
         c = build_constraint(bfcl.constraint_nfa(e, "python")[0], vocab, shapes)
         assert c.fa.num_states == 1024 and c.fa.key == "padded"
+        # mask rows padded too (smc gathers from cum_masks: its shape is part of the program)
+        assert c.fa.cum_masks.shape[0] == 512 and c.info["mask_rows"] < 512
+        assert c.info["padded"] == [1024, 4096, 64, 512]
         jax.block_until_ready(gcd.backward(c.device, 48))
     assert gcd._backward._cache_size() == n0 + 1
 
