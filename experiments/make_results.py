@@ -11,8 +11,7 @@ not been run is listed with the command that runs it.
 
 Nothing about our runs is typed in here: the model (file name, parameter count), the
 machine (CPU, cores, load), the example counts, costs and every figure come from the
-run records (``STUDY.json``, the tool_calls ``summary.json`` beside it, and
-``results/accuracy_sizing/`` for the sizing of the accuracy study). Absolute paths of the
+run records (``STUDY.json`` and the tool_calls ``summary.json`` beside it). Absolute paths of the
 machine that ran a study (output folders, the cache) are written relative to the
 repository or as ``<cache>/...`` / ``<tmp>/...`` (:func:`scrub_paths`).
 """
@@ -35,7 +34,6 @@ from experiments.studies import (LABELS, STUDIES, TITLES, cost_text, keywords_ta
 
 RESULTS = ROOT / "experiments" / "results"
 PAPER = ROOT / "experiments" / "paper_numbers.json"
-SIZING = "accuracy_sizing"
 
 #: an absolute path: a "/" not preceded by a word character, ".", ":" or "/" (so not
 #: "1/2", "ms/step", "https://", "../x"), followed by at least one "name/" component
@@ -212,7 +210,8 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
             out += [f"- `{k}`: {v}" for k, v in s.get("found_but_unusable", {}).items()]
             out += ["", f"Debian: {s.get('debian', '')}", ""]
         else:
-            out += [f"Model: `{res.get('model')}`", "", md_table(res.get("table", []), table_cols("accuracy"))]
+            out += [f"Model: `{res.get('model')}`", ""] + hmm_lines(res.get("hmm_info")) \
+                + [md_table(res.get("table", []), table_cols("accuracy"))]
     else:
         out += [md_table(res.get("table", []), table_cols(name))]
     paired = res.get("paired")
@@ -228,10 +227,27 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     if res.get("parse_check"):
         from experiments.studies import parse_check_text
         out += [parse_check_text(res["parse_check"]).strip(), ""]
+    if res.get("diagnostics"):
+        from experiments.studies import diagnostics_md
+        out += [diagnostics_md(res["diagnostics"])]
     if res.get("cost"):
         out += [cost_text(res["cost"]).strip(), ""]
     out += fig_link(rel, res, TITLES[name])
     return out
+
+
+def hmm_lines(hi: dict | None) -> list[str]:
+    """The default HMM a study used, as its builder recorded it (for the model it was built for)."""
+    if not hi or hi.get("spec") != "default" or not hi.get("hidden_size"):
+        return []
+    h = hi.get("heldout") or {}
+    return [f"HMM: the default HMM of `{hi.get('model') or 'the default model'}` (H={hi['hidden_size']}, "
+            f"distilled from {hi.get('num_seqs')} continuations of ≤ {hi.get('max_length')} tokens of the "
+            f"built-in task prompts sampled from that model; EM stopped at iteration {hi.get('best_epoch')} "
+            f"of {hi.get('epochs_run')}); held-out nats/token: HMM {_f(h.get('heldout_ll'), 3)}, LM "
+            f"{_f(h.get('lm_heldout_ll'), 3)}, unigram {_f(h.get('unigram_heldout_ll'), 3)} (gap share "
+            f"{_f(h.get('gap_share'), 3)}); built in {_f(hi.get('build_wall_seconds_total'), 0)} s wall / "
+            f"{_f(hi.get('build_cpu_seconds_total'), 0)} CPU s.", ""]
 
 
 def hmm_source(h: dict) -> str:
@@ -537,19 +553,10 @@ def sizing(results: Path, studies: dict, n: int = 200) -> list[str]:
     if acc and acc.get("cost"):
         cases.append(("Study 2 as run (accuracy against k)", acc, acc["cost"], acc.get("settings", {}),
                       model_info(acc, results), results / "accuracy" / "run"))
-    sz = _cost_from_run(results / SIZING / "run")
-    if sz:
-        cost, meta, rows = sz
-        a = meta.get("args", {})
-        st = {"methods": a.get("method_list"), "particles": a.get("ks"), "formats": a.get("formats"),
-              "hmm": a.get("hmm"), "budget": a.get("budget")}
-        res = {"provenance": {"command": meta.get("command"), "date_utc": meta.get("machine", {}).get("date"),
-                              "machine": {"cpu": meta.get("machine", {}).get("cpu_model")
-                                          or meta.get("machine", {}).get("cpu"),
-                                          "cpu_count": meta.get("machine", {}).get("cpu_count", "?"),
-                                          "jax_backend": meta.get("machine", {}).get("backend")}}}
-        cases.append(("Accuracy at n ≥ 200 (issue 23 item 3: the second model)", res, cost, st,
-                      {"file": meta.get("model")}, results / SIZING / "run"))
+    sm = studies.get("second_model")
+    if sm and sm.get("ran") and sm.get("cost"):
+        cases.append(("Study 8 (issue 23 item 3: accuracy with the second model)", sm, sm["cost"],
+                      sm.get("settings", {}), model_info(sm, results), results / "second_model" / "run"))
     if not cases:
         return out + ["No run with a recorded per-example cost yet.", ""]
     for title, res, cost, st, mi, run in cases:
@@ -574,10 +581,7 @@ def sizing(results: Path, studies: dict, n: int = 200) -> list[str]:
                 f"{cost['examples']} examples ({', '.join(f'{k} {v}' for k, v in cats.items()) or '–'}); "
                 f"methods {', '.join(LABELS.get(m, m) for m in st.get('methods') or [])} at k ∈ {st.get('particles')}, "
                 f"formats {st.get('formats')}: {runs} SMC runs per example"
-                + (f"; HMM `{Path(hmm).name}`" + (" (a random HMM over the model's vocabulary: P-GCD's "
-                                                    "cost depends on H and V, not on the HMM's values; "
-                                                    "the task-distilled HMM is not built yet)"
-                                                    if "random_h" in hmm else "") if hmm not in ("", "none") else "")
+                + (f"; HMM `{Path(hmm).name}`" if hmm not in ("", "none") else "")
                 + ".", "",
                 f"- per example: **{per:.0f} CPU s** with compiles (median {cost['cpu_s_median']:.0f}), "
                 + (f"**{warm:.0f} CPU s** without them" if warm is not None else "–")

@@ -378,16 +378,17 @@ def smoke_hmm(out: Path, hidden: int = 4, seed: int = 0, model: str | None = Non
     return str(path)
 
 
-def hmm_info(spec: str | None) -> dict | None:
+def hmm_info(spec: str | None, model: str | None = None) -> dict | None:
     """What the results record about the HMM used: the default HMM's recipe and held-out
-    scores (its info.json), or a checkpoint's hidden size."""
+    scores (its info.json; ``model``'s default HMM, None = the default model's), or a
+    checkpoint's hidden size."""
     if spec in (None, "none"):
         return None
     if spec == "default":
         from hmm_distill.default import default_hmm_dir
-        p = default_hmm_dir(None) / "info.json"
+        p = default_hmm_dir(model) / "info.json"
         if not p.exists():
-            return {"spec": "default"}
+            return {"spec": "default", "model": model}
         info = json.loads(p.read_text())
         st = info.get("settings", {})
         # the builder's own record of the build (wall / CPU seconds per phase, load average)
@@ -395,7 +396,8 @@ def hmm_info(spec: str | None) -> dict | None:
                                           "build_cpu_seconds_total", "build_machine", "eos_fraction",
                                           "epochs_run", "best_epoch", "sampling_tokens_per_s", "version")
                  if info.get(k) is not None}
-        return {"spec": "default", "hidden_size": info.get("hidden_size"), "num_seqs": st.get("num_seqs"),
+        return {"spec": "default", "model": Path(info["model"]).name if info.get("model") else model,
+                "hidden_size": info.get("hidden_size"), "num_seqs": st.get("num_seqs"),
                 "max_length": st.get("max_length"), "epochs": st.get("epochs"), "heldout": info.get("heldout"),
                 **build}
     from hmm_distill.checkpoint import load_checkpoint
@@ -528,6 +530,52 @@ def paired_md(tab: list[dict], metric_label: str) -> str:
                      f"{e['diff_pct']:+.1f} [{e['diff_ci'][0]:+.1f}, {e['diff_ci'][1]:+.1f}] | "
                      f"{e['a_only']} | {e['b_only']} | {e['p_mcnemar']:.3g} | {e['p_bonferroni']:.3g} | "
                      f"{verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
+    """Per (format, method, k): the output's mean length in tokens (EOS included) and the
+    median over examples of ``log Ẑ − log Ẑ_ref``, ``ref`` = ``ref`` at its largest k on the
+    same example. ``Ẑ`` is unbiased for ``Z = p_LM(constraint)`` under every proposal, so a
+    median far below 0 says the proposal's particles carry little of the posterior's mass
+    (weights degenerate), and a shorter mean output says where the proposal steers."""
+    by_ex: dict = {}
+    for r in rows:
+        by_ex.setdefault((r.get("format", ""), r["id"]), []).append(r)
+    groups: dict = {}
+    for (fmt, _), rs in by_ex.items():
+        refs = [r for r in rs if r["method"] == ref and r.get("log_Z") is not None]
+        z0 = max(refs, key=lambda r: r["particles"])["log_Z"] if refs else None
+        for r in rs:
+            g = groups.setdefault((fmt, r["method"], int(r["particles"])), {"tokens": [], "dz": []})
+            if r.get("tokens") is not None:
+                g["tokens"].append(r["tokens"])
+            z = r.get("log_Z")
+            if z0 is not None and z is not None and np.isfinite(z0) and np.isfinite(z):
+                g["dz"].append(z - z0)
+    out = []
+    for (fmt, m, k), g in sorted(groups.items()):
+        out.append({"format": fmt, "method": m, "particles": k, "ref": ref,
+                    "tokens_mean": float(np.mean(g["tokens"])) if g["tokens"] else None,
+                    "log_Z_vs_ref_median": float(np.median(g["dz"])) if g["dz"] else None,
+                    "n_log_Z": len(g["dz"])})
+    return out
+
+
+def diagnostics_md(tab: list[dict]) -> str:
+    if not tab:
+        return ""
+    ref = LABELS.get(tab[0]["ref"], tab[0]["ref"])
+    kmax = max(e["particles"] for e in tab if e["method"] == tab[0]["ref"]) if any(
+        e["method"] == tab[0]["ref"] for e in tab) else "?"
+    lines = [f"Where the proposals go: mean output length, and the median over examples of "
+             f"log Ẑ − log Ẑ of {ref} at k = {kmax} on the same example (Ẑ, SMC's estimate of the "
+             "constraint's probability under the model, is unbiased under every proposal: a median "
+             "far below 0 means the particles carry little of the posterior's mass):", "",
+             "| format | method | k | mean tokens | median log Ẑ − ref | examples |", "|---|---|---|---|---|---|"]
+    for e in tab:
+        lines.append(f"| {e['format']} | {LABELS.get(e['method'], e['method'])} | {e['particles']} | "
+                     f"{_f(e['tokens_mean'])} | {_f(e['log_Z_vs_ref_median'], 2)} | {e['n_log_Z']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -890,7 +938,7 @@ def study_satisfaction(out, mode, st, seed, log, model=None):
     return {"subset": subset, "calls": calls, "table": tab, "paired": paired, "cost": cost,
             "parse_check": check,
             "figure": "satisfaction.png" if fig else None,
-            "hmm": hmm, "hmm_info": hmm_info(hmm)}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm, model)}, body
 
 
 def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
@@ -911,9 +959,13 @@ def study_accuracy(out, mode, st, seed, log, model=None, name="accuracy"):
             + (f"\n![accuracy against k]({name}.png)\n" if fig else ""))
     cost = cost_per_example(rows, out / "run")
     paired = paired_tests(rows, "correct", seed)
-    body += "\n" + paired_md(paired, "accuracy") + "\n" + cost_text(cost)
+    check = parse_check(rows)
+    diag = proposal_diagnostics(rows)
+    body += ("\n" + paired_md(paired, "accuracy") + "\n" + parse_check_text(check) + "\n"
+             + diagnostics_md(diag) + "\n" + cost_text(cost))
     return {"subset": subset, "calls": calls, "table": tab, "figure": f"{name}.png" if fig else None,
-            "hmm": hmm, "hmm_info": hmm_info(hmm), "cost": cost, "paired": paired}, body
+            "hmm": hmm, "hmm_info": hmm_info(hmm, model), "cost": cost, "paired": paired,
+            "parse_check": check, "diagnostics": diag}, body
 
 
 def study_runtime(out, mode, st, seed, log, model=None):

@@ -49,12 +49,11 @@ already known from step 2. SMC therefore runs against a table LM
   ``V``), so equality there is distributional, and it is also checked statistically
   (pooled estimates of the full and the reduced table against each other).
 
-P-GCD's HMM: for SmolLM2 the package's cached ``jaxcd demo`` HMM (H=32, distilled from
-the model's own samples); the second model has no HMM here (none is cached and
-distilling one did not fit this CPU's time), so it runs the ``gcd`` proposal only.
+P-GCD's HMM: the model's own ``jaxcd demo`` HMM (H=32, distilled from the model's own
+samples of the built-in prompts; :func:`load_hmm_for`), for SmolLM2 and the second model alike.
 
     python -m experiments.study_bias_real                       # SmolLM2, all constraints
-    python -m experiments.study_bias_real --model qwen2.5-coder-0.5b --proposals gcd
+    python -m experiments.study_bias_real --model qwen2.5-coder-0.5b
     python -m experiments.study_bias_real --smoke               # seconds (3 constraints)
 
 Writes ``bias_real.json``, ``bias_real.md`` and ``bias_real.png`` into ``--out``
@@ -869,11 +868,13 @@ def load_study_model(name):
 
 
 def load_hmm_for(model_name):
-    if model_name is None:
-        from hmm_distill.default import demo_hmm
-        hmm, info = demo_hmm(None, progress=False)
-        return hmm, f"the cached `jaxcd demo` HMM for SmolLM2 (H={info.get('hidden_size')})"
-    return None, "none for this model (gcd proposal only)"
+    """P-GCD's HMM: the model's ``jaxcd demo`` HMM (H=32, distilled from 64 of the model's own
+    continuations of the built-in prompts; built on first use — a few minutes — then cached)."""
+    from hmm_distill.default import demo_hmm
+    from jaxcd.model_files import resolve_gguf
+    hmm, info = demo_hmm(resolve_gguf(model_name) if model_name else None, progress=False)
+    return hmm, (f"the cached `jaxcd demo` HMM for {model_name or 'SmolLM2'} "
+                 f"(H={info.get('hidden_size')})")
 
 
 SETTINGS = {"default": dict(ks=list(KS), seeds=4, runs=1000),
