@@ -534,11 +534,12 @@ def paired_md(tab: list[dict], metric_label: str) -> str:
 
 
 def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
-    """Per (format, method, k): the output's mean length in tokens (EOS included) and the
-    median over examples of ``log Ẑ − log Ẑ_ref``, ``ref`` = ``ref`` at its largest k on the
+    """Per (format, method, k): the output's mean length in tokens (EOS included), its mean
+    number of arguments (over all calls; outputs BFCL's parser reads) and the median over examples of ``log Ẑ − log Ẑ_ref``, ``ref`` = ``ref`` at its largest k on the
     same example. ``Ẑ`` is unbiased for ``Z = p_LM(constraint)`` under every proposal, so a
     median far below 0 says the proposal's particles carry little of the posterior's mass
     (weights degenerate), and a shorter mean output says where the proposal steers."""
+    from .bfcl import parse_output
     by_ex: dict = {}
     for r in rows:
         by_ex.setdefault((r.get("format", ""), r["id"]), []).append(r)
@@ -547,9 +548,14 @@ def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
         refs = [r for r in rs if r["method"] == ref and r.get("log_Z") is not None]
         z0 = max(refs, key=lambda r: r["particles"])["log_Z"] if refs else None
         for r in rs:
-            g = groups.setdefault((fmt, r["method"], int(r["particles"])), {"tokens": [], "dz": []})
+            g = groups.setdefault((fmt, r["method"], int(r["particles"])),
+                                  {"tokens": [], "dz": [], "args": []})
             if r.get("tokens") is not None:
                 g["tokens"].append(r["tokens"])
+            try:
+                g["args"].append(sum(len(a) for c in parse_output(r["output"], fmt) for a in c.values()))
+            except (ValueError, KeyError, TypeError):
+                pass
             z = r.get("log_Z")
             if z0 is not None and z is not None and np.isfinite(z0) and np.isfinite(z):
                 g["dz"].append(z - z0)
@@ -557,6 +563,7 @@ def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
     for (fmt, m, k), g in sorted(groups.items()):
         out.append({"format": fmt, "method": m, "particles": k, "ref": ref,
                     "tokens_mean": float(np.mean(g["tokens"])) if g["tokens"] else None,
+                    "arguments_mean": float(np.mean(g["args"])) if g["args"] else None,
                     "log_Z_vs_ref_median": float(np.median(g["dz"])) if g["dz"] else None,
                     "n_log_Z": len(g["dz"])})
     return out
@@ -568,14 +575,16 @@ def diagnostics_md(tab: list[dict]) -> str:
     ref = LABELS.get(tab[0]["ref"], tab[0]["ref"])
     kmax = max(e["particles"] for e in tab if e["method"] == tab[0]["ref"]) if any(
         e["method"] == tab[0]["ref"] for e in tab) else "?"
-    lines = [f"Where the proposals go: mean output length, and the median over examples of "
+    lines = [f"Where the proposals go: mean output length, mean arguments per output, and the median over examples of "
              f"log Ẑ − log Ẑ of {ref} at k = {kmax} on the same example (Ẑ, SMC's estimate of the "
              "constraint's probability under the model, is unbiased under every proposal: a median "
              "far below 0 means the particles carry little of the posterior's mass):", "",
-             "| format | method | k | mean tokens | median log Ẑ − ref | examples |", "|---|---|---|---|---|---|"]
+             "| format | method | k | mean tokens | mean arguments | median log Ẑ − ref | examples |",
+             "|---|---|---|---|---|---|---|"]
     for e in tab:
         lines.append(f"| {e['format']} | {LABELS.get(e['method'], e['method'])} | {e['particles']} | "
-                     f"{_f(e['tokens_mean'])} | {_f(e['log_Z_vs_ref_median'], 2)} | {e['n_log_Z']} |")
+                     f"{_f(e['tokens_mean'])} | {_f(e.get('arguments_mean'), 2)} | "
+                     f"{_f(e['log_Z_vs_ref_median'], 2)} | {e['n_log_Z']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -32,18 +32,23 @@ def test_proposal_diagnostics_against_hand_computed_medians():
 
     from experiments.studies import diagnostics_md, proposal_diagnostics
 
-    def row(ex, m, k, z, t):
-        return {"format": "json", "id": ex, "method": m, "particles": k, "log_Z": z, "tokens": t}
+    def row(ex, m, k, z, t, n=2):
+        args = ", ".join(f'"a{i}": {i}' for i in range(n))
+        return {"format": "json", "id": ex, "method": m, "particles": k, "log_Z": z, "tokens": t,
+                "output": '[{"name": "f", "arguments": {' + args + '}}]'}
     rows = [row("a", "smc-gcd", 1, -9.0, 40), row("a", "smc-gcd", 4, -10.0, 42),
-            row("a", "smc-lookahead", 4, -16.0, 30),
+            row("a", "smc-lookahead", 4, -16.0, 30, n=0),
             row("b", "smc-gcd", 1, -4.0, 20), row("b", "smc-gcd", 4, -2.0, 22),
             row("b", "smc-lookahead", 4, -3.0, 10),
-            row("c", "smc-gcd", 4, -5.0, 30), row("c", "smc-lookahead", 4, -math.inf, 12)]
+            row("c", "smc-gcd", 4, -5.0, 30), row("c", "smc-lookahead", 4, -math.inf, 12, n=1)]
+    rows[-1]["output"] += "x"                                  # unparsable: no argument count
     d = {(e["method"], e["particles"]): e for e in proposal_diagnostics(rows)}
     assert d[("smc-gcd", 1)]["log_Z_vs_ref_median"] == -0.5          # +1 and -2 against k = 4
     assert d[("smc-gcd", 4)]["log_Z_vs_ref_median"] == 0.0
     assert d[("smc-lookahead", 4)]["log_Z_vs_ref_median"] == -3.5    # -6 and -1; c: -inf left out
     assert d[("smc-lookahead", 4)]["n_log_Z"] == 2
     assert d[("smc-lookahead", 4)]["tokens_mean"] == (30 + 10 + 12) / 3
+    assert d[("smc-lookahead", 4)]["arguments_mean"] == 1.0            # 0 and 2; c unparsable
+    assert d[("smc-gcd", 4)]["arguments_mean"] == 2.0
     md = diagnostics_md(list(d.values()))
-    assert "SMC-GCD at k = 4" in md and "| json | P-GCD lookahead (SMC) | 4 | 17.3 | -3.50 | 2 |" in md
+    assert "SMC-GCD at k = 4" in md and "| json | P-GCD lookahead (SMC) | 4 | 17.3 | 1.00 | -3.50 | 2 |" in md
