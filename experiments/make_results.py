@@ -227,9 +227,10 @@ def section(results: Path, name: str, res: dict | None, out_dir: Path) -> list[s
     if res.get("parse_check"):
         from experiments.studies import parse_check_text
         out += [parse_check_text(res["parse_check"]).strip(), ""]
-    if res.get("diagnostics"):
+    diag = diagnostics_of(results, name, res)
+    if diag:
         from experiments.studies import diagnostics_md
-        out += [diagnostics_md(res["diagnostics"])]
+        out += [diagnostics_md(diag)]
     if res.get("cost"):
         out += [cost_text(res["cost"]).strip(), ""]
     out += fig_link(rel, res, TITLES[name])
@@ -335,14 +336,20 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
     out.append("| paper LCD (xLAM) | " + " | ".join(f"{x:.1f}" for x in t3["lcd"]) + " |")
     out.append("| paper P-GCD H=1024 | " + " | ".join(f"{x:.1f}" for x in t3["pgcd_h1024"]) + " |")
     out.append("| paper P-GCD H=16384 | " + " | ".join(f"{x:.1f}" for x in t3["pgcd_h16384"]) + " |")
-    if acc:
-        for m in dict.fromkeys(e["method"] for e in acc["table"] if e["format"] == "json"):
+    sm = studies.get("second_model")
+    for res in (acc, sm if sm and sm.get("ran") else None):
+        if not res:
+            continue
+        mi = model_info(res, results) or {}
+        who = f"BFCL, {mi['file'].split('.gguf')[0]}, n={res.get('subset', {}).get('examples', '?')}" \
+            if mi.get("file") else "BFCL"
+        for m in dict.fromkeys(e["method"] for e in res["table"] if e["format"] == "json"):
             cells = []
             for k in t3["k"]:
-                e = _entry(acc["table"], "json", m, k)
+                e = _entry(res["table"], "json", m, k)
                 cells.append("–" if e is None or e.get("accuracy_pct") is None else
                              f"{e['accuracy_pct']:.1f} [{e['accuracy_ci'][0]:.0f}, {e['accuracy_ci'][1]:.0f}]")
-            out.append(f"| ours {LABELS.get(m, m)} (BFCL) | " + " | ".join(cells) + " |")
+            out.append(f"| ours {LABELS.get(m, m)} ({who}) | " + " | ".join(cells) + " |")
     out.append("")
     # Table 2
     rt = studies.get("runtime")
@@ -447,11 +454,10 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
                f"{paper['distillation_samples']:,} samples on an H100; ours: "
                + (f"H ∈ {hs} from {studies['hmm_size']['hmms'].get('num_seqs')} continuations of "
                   + hmm_source(studies["hmm_size"]["hmms"]) + " (study 4); " if hs else "")
-               + (f"the default HMM (H={dflt['hidden_size']}, distilled from {dflt.get('num_seqs')} "
-                  f"continuations of ≤ {dflt.get('max_length')} tokens of the built-in task prompts) in "
-                  f"{', '.join(used)}. " if dflt else "no distilled HMM in the studies run so far. ")
-               + "A weak look-ahead makes P-GCD's proposal closer to GCD's, and the guidance the paper "
-               "measures at small k shrinks.")
+               + (f"each model's default HMM (H={dflt['hidden_size']}, distilled from {dflt.get('num_seqs')} "
+                  f"of that model's continuations of ≤ {dflt.get('max_length')} tokens of the built-in task "
+                  f"prompts) in {', '.join(used)}. " if dflt else "no distilled HMM in the studies run so far. ")
+               + weak_lookahead_text(studies, results))
     ns = {k: v["subset"]["examples"] for k, v in studies.items() if v and v.get("subset")}
     widths = []
     if acc:
@@ -636,6 +642,42 @@ def recipe() -> list[str]:
             "    done ) &",
             "done; wait",
             "```", ""]
+
+
+def diagnostics_of(results: Path, name: str, res: dict | None) -> list[dict]:
+    """A BFCL study's proposal diagnostics: recorded, or (a run older than them) computed here
+    from its predictions."""
+    if not res:
+        return []
+    if res.get("diagnostics"):
+        return res["diagnostics"]
+    pred = results / name / "run" / "predictions.jsonl"
+    if name not in ("satisfaction", "accuracy", "second_model") or not pred.exists():
+        return []
+    from experiments.studies import proposal_diagnostics, read_predictions
+    return proposal_diagnostics(read_predictions(pred))
+
+
+def weak_lookahead_text(studies: dict, results: Path = RESULTS) -> str:
+    """What a weak look-ahead did in the BFCL studies, from their proposal diagnostics."""
+    for name in ("second_model", "satisfaction", "accuracy"):
+        res = studies.get(name) or {}
+        d = {(e["method"], e["particles"]): e for e in diagnostics_of(results, name, res)
+             if e["format"] == "json"}
+        ks = sorted(k for m, k in d if m == "smc-lookahead")
+        if not ks or ("smc-gcd", ks[-1]) not in d:
+            continue
+        la, g = d[("smc-lookahead", ks[-1])], d[("smc-gcd", ks[-1])]
+        gh = (res.get("hmm_info") or {}).get("heldout") or {}
+        return (f"A weak look-ahead does not fall back to GCD's proposal: in study {STUDIES[name]} "
+                f"(JSON, k = {ks[-1]}; HMM gap share {_f(gh.get('gap_share'), 2)}) P-GCD lookahead's outputs "
+                f"have {_f(la.get('arguments_mean'), 2)} arguments on average against SMC-GCD's "
+                f"{_f(g.get('arguments_mean'), 2)} ({_f(la['tokens_mean'])} tokens against "
+                f"{_f(g['tokens_mean'])}), and its log Ẑ is {_f(-la['log_Z_vs_ref_median'], 1)} nats below "
+                "SMC-GCD's (median over examples): the look-ahead steers particles to short calls the model "
+                "gives little probability, and the weights, though exact, leave few effective particles.")
+    return ("A weak look-ahead makes P-GCD's proposal less informed, and the guidance the paper measures "
+            "at small k shrinks.")
 
 
 def paper_gap(t3: dict) -> float:
