@@ -17,8 +17,11 @@ NAME               #    what
 ``bias``           6    TV distance to an enumerated posterior against k (:mod:`study_bias`)
 ``awrs``           7    AWRS-SMC with a black-box checker against P-GCD: accuracy, constraint
                         checks, time
-``second_model``   8    study 2 at small scale with a second Llama/Qwen2 GGUF (``--model``), or
-                        the record of the search for one
+``second_model``   8    BFCL accuracy with a second model (``--model``, e.g. qwen2.5-coder-0.5b):
+                        SMC with the LCD, GCD and P-GCD lookahead proposals (that model's
+                        default HMM) at k ∈ {1, 4, 16}, JSON, simple_python + multiple +
+                        live_simple (issue 23 item 3); without ``--model``, the record of the
+                        search for one
 =================  ===  =====================================================================
 
 Modes: the default is a small CPU run (the examples are a seeded, category-balanced subset
