@@ -538,8 +538,8 @@ def paired_md(tab: list[dict], metric_label: str) -> str:
 
 def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
     """Per (format, method, k): the output's mean length in tokens (EOS included), its mean
-    number of arguments (over all calls; outputs BFCL's parser reads) and the median over examples of ``log Ẑ − log Ẑ_ref``, ``ref`` = ``ref`` at its largest k on the
-    same example. ``Ẑ`` is unbiased for ``Z = p_LM(constraint)`` under every proposal, so a
+    number of arguments (over all calls; outputs BFCL's parser reads) and the median over
+    examples of ``log Ẑ − log Ẑ_ref``, ``ref`` = ``ref`` at its largest k on the same example. ``Ẑ`` is unbiased for ``Z = p_LM(constraint)`` under every proposal, so a
     median far below 0 says the proposal's particles carry little of the posterior's mass
     (weights degenerate), and a shorter mean output says where the proposal steers."""
     from .bfcl import parse_output
@@ -557,7 +557,7 @@ def proposal_diagnostics(rows: list[dict], ref: str = "smc-gcd") -> list[dict]:
                 g["tokens"].append(r["tokens"])
             try:
                 g["args"].append(sum(len(a) for c in parse_output(r["output"], fmt) for a in c.values()))
-            except (ValueError, KeyError, TypeError):
+            except ValueError:
                 pass
             z = r.get("log_Z")
             if z0 is not None and z is not None and np.isfinite(z0) and np.isfinite(z):
@@ -576,19 +576,15 @@ def diagnostics_md(tab: list[dict]) -> str:
     if not tab:
         return ""
     ref = LABELS.get(tab[0]["ref"], tab[0]["ref"])
-    kmax = max(e["particles"] for e in tab if e["method"] == tab[0]["ref"]) if any(
-        e["method"] == tab[0]["ref"] for e in tab) else "?"
-    lines = [f"Where the proposals go: mean output length, mean arguments per output, and the median over examples of "
-             f"log Ẑ − log Ẑ of {ref} at k = {kmax} on the same example (Ẑ, SMC's estimate of the "
-             "constraint's probability under the model, is unbiased under every proposal: a median "
-             "far below 0 means the particles carry little of the posterior's mass):", "",
-             "| format | method | k | mean tokens | mean arguments | median log Ẑ − ref | examples |",
-             "|---|---|---|---|---|---|---|"]
-    for e in tab:
-        lines.append(f"| {e['format']} | {LABELS.get(e['method'], e['method'])} | {e['particles']} | "
-                     f"{_f(e['tokens_mean'])} | {_f(e.get('arguments_mean'), 2)} | "
-                     f"{_f(e['log_Z_vs_ref_median'], 2)} | {e['n_log_Z']} |")
-    return "\n".join(lines) + "\n"
+    kmax = max((e["particles"] for e in tab if e["method"] == e["ref"]), default="?")
+    return "\n".join([
+        f"Where the proposals go: mean output length, mean arguments per output, and the median "
+        f"over examples of log Ẑ − log Ẑ of {ref} at k = {kmax} on the same example (Ẑ, SMC's estimate of the "
+        "constraint's probability under the model, is unbiased under every proposal: a median "
+        "far below 0 means the particles carry little of the posterior's mass):", "",
+        md_table(tab, [("format", "format"), ("method", "method"), ("k", "particles"),
+                       ("mean tokens", "tokens_mean"), ("mean arguments", "arguments_mean"),
+                       ("median log Ẑ − ref", "log_Z_vs_ref_median"), ("examples", "n_log_Z")])])
 
 
 def _f(x, nd=1):

@@ -51,4 +51,4 @@ def test_proposal_diagnostics_against_hand_computed_medians():
     assert d[("smc-lookahead", 4)]["arguments_mean"] == 1.0            # 0 and 2; c unparsable
     assert d[("smc-gcd", 4)]["arguments_mean"] == 2.0
     md = diagnostics_md(list(d.values()))
-    assert "SMC-GCD at k = 4" in md and "| json | P-GCD lookahead (SMC) | 4 | 17.3 | 1.00 | -3.50 | 2 |" in md
+    assert "SMC-GCD at k = 4" in md and "| json | P-GCD lookahead (SMC) | 4 | 17.33 | 1.00 | -3.50 | 2 |" in md
