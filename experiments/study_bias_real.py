@@ -64,6 +64,7 @@ Writes ``bias_real.json``, ``bias_real.md`` and ``bias_real.png`` into ``--out``
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -374,7 +375,12 @@ def check_jaxcd_masks(model, spec: Spec, trie: Trie, gcd_masks) -> dict:
 # ---------------------------------------------------------------------------------------
 # the cached (table) LM
 # ---------------------------------------------------------------------------------------
+@functools.cache
 def _table_lm_class():
+    """One class for the process: ``jit`` keys a static argument by its type as well as
+    its value, so a class made anew per constraint recompiled every SMC program per
+    constraint (and each program holds ~200 memory maps of its JIT code, until the
+    process's map limit — 65,530 — ended the 23-constraint run at the sixth)."""
     from jaxcd.lm.interface import TableLM
 
     class CachedLM(TableLM):

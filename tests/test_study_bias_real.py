@@ -164,3 +164,24 @@ def test_markdown_shows_each_runs_settings():
     from jaxcd.decoding import smc
     assert S._defensive_value() == smc.DEFENSIVE
     assert S._defensive_value(0.2) == 0.2
+
+
+def test_one_smc_program_serves_every_constraint(smol):
+    """The SMC program compiled for the first constraint serves the next: the table LM is
+    a static argument of ``smc._run``, and ``jit`` keys it by its type as well as its
+    value. A table-LM class made anew per constraint recompiled every program per
+    constraint, and their JIT code exhausted the process's memory maps at the sixth
+    constraint of the second model's run ("LLVM compilation error: Cannot allocate
+    memory", then a segfault)."""
+    from jaxcd.decoding import smc
+
+    specs = {s.name: s for s in S.SPECS}
+    two = [specs[n] for n in NAMES]
+    bucket = S._common_bucket(two, smol)
+    sizes = []
+    for spec in two:
+        S.study_constraint(smol, spec, None, [2], 1, 8, ["gcd"], 0, log=lambda *a: None,
+                           bucket=bucket)
+        sizes.append(smc._run._cache_size())
+    assert sizes[1] == sizes[0], sizes
+    assert S._table_lm_class() is S._table_lm_class()
