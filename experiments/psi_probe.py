@@ -95,7 +95,27 @@ def _lse(x):
     return float(m + np.log(np.sum(np.exp(x - m))))
 
 
-def probe(model, hmm, ex, output: str, budget: int, fmt: str = "json") -> list[dict]:
+def variant(hmm, prompt_ids, prompt_mix: float = 0.0, token_bonus: float = 0.0):
+    """Two changes of ψ tried against the early closing (each keeps SMC exact: ψ is only
+    the twist): ``prompt_mix`` ``w`` mixes every state's emissions with the prompt's token
+    frequencies, ``B' = (1 − w)·B + w·u_prompt`` (a copy component: the argument names and
+    values the prompt holds become likely); ``token_bonus`` ``g`` multiplies every emission
+    by ``e^g`` (a completion of ``L`` tokens gains ``e^(g·L)``: ``g`` = the HMM's held-out
+    gap to the LM in nats per token would make lengths comparable)."""
+    from jaxcd.hmm import HMMParams
+    if not (prompt_mix or token_bonus):
+        return hmm
+    B = np.asarray(hmm.B)
+    if prompt_mix:
+        u = np.bincount(np.asarray(prompt_ids), minlength=B.shape[1]) / len(prompt_ids)
+        B = (1 - prompt_mix) * B + (prompt_mix * u)[None, :].astype(B.dtype)
+    if token_bonus:
+        B = B * np.float32(np.exp(token_bonus))
+    return HMMParams(hmm.pi, hmm.A, B.astype(np.asarray(hmm.B).dtype))
+
+
+def probe(model, hmm, ex, output: str, budget: int, fmt: str = "json",
+          prompt_mix: float = 0.0, token_bonus: float = 0.0) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
@@ -107,9 +127,10 @@ def probe(model, hmm, ex, output: str, budget: int, fmt: str = "json") -> list[d
     tok, vocab = model.tokenizer, model.vocab
     nfa, _ = bfcl.constraint_nfa(ex, fmt)
     fa = build_constraint(nfa, vocab).device
+    prompt = bfcl.prompt_ids(ex, tok, fmt)
+    hmm = variant(hmm, prompt, prompt_mix, token_bonus)
     gt = gcd.backward(fa, budget)
     pt = pgcd.backward(fa, hmm, budget)
-    prompt = bfcl.prompt_ids(ex, tok, fmt)
     lm, params = model.lm, model.params
     rows = []
     bounds = arg_boundaries(output)
@@ -185,6 +206,11 @@ def main(argv=None):
     ap.add_argument("--particles", type=int, default=16)
     ap.add_argument("--format", default="json")
     ap.add_argument("--limit", type=int, default=40, help="correct outputs probed")
+    ap.add_argument("--prompt-mix", type=float, default=0.0,
+                    help="w of jaxcd.hmm.prompt_mix: the HMM's emissions mixed with the prompt's "
+                         "token frequencies (0: the HMM as distilled)")
+    ap.add_argument("--token-bonus", type=float, default=0.0,
+                    help="g: every HMM emission times e^g (ψ of a completion of L tokens times e^(gL))")
     ap.add_argument("--out", default=None, help="default: <run>/psi_probe.json")
     a = ap.parse_args(argv)
     from experiments import bfcl
@@ -202,14 +228,15 @@ def main(argv=None):
     t0 = time.perf_counter()
     rows = []
     for n, r in enumerate(sel):
-        got = probe(model, hmm, exs[r["id"]], r["output"], r["budget"], a.format)
+        got = probe(model, hmm, exs[r["id"]], r["output"], r["budget"], a.format,
+                    a.prompt_mix, a.token_bonus)
         rows += got
         print(f"{n + 1}/{len(sel)} {r['id']}: " + ", ".join(
             f"{x['next']} shift {x['shift']:+.1f} (gcd {x['gcd_logodds']:+.1f})" if x["choice"]
             else f"{x['next']} forced" for x in got),
             flush=True)
     res = {"command": "python -m experiments.psi_probe " + " ".join(argv or []),
-           "model": Path(model.path).name, "hmm": a.hmm, "source": f"{a.method} K={a.particles} "
+           "model": Path(model.path).name, "hmm": a.hmm, "prompt_mix": a.prompt_mix, "token_bonus": a.token_bonus, "source": f"{a.method} K={a.particles} "
            "correct outputs", "outputs": len(sel), "seconds": time.perf_counter() - t0,
            "summary": summarize(rows), "rows": rows}
     out = Path(a.out) if a.out else run / "psi_probe.json"

@@ -109,3 +109,21 @@ def test_probe_against_cache_free_forward_and_token_psi(smol):
     np.testing.assert_allclose(r["gcd_logodds"], logodds(lp[allowed]), atol=2e-3)
     np.testing.assert_allclose(r["look_logodds"], logodds(lp[allowed] + lpsi), atol=2e-2)
     np.testing.assert_allclose(r["shift"], r["look_logodds"] - r["gcd_logodds"], atol=1e-9)
+
+
+def test_variants():
+    """prompt_mix keeps every emission row a distribution and gives each prompt token at
+    least w × its prompt share; token_bonus scales B by e^g; neither changes π or A."""
+    from hmm_distill import HMMParams
+    rng = np.random.default_rng(0)
+    H, V = 3, 11
+    hmm = HMMParams(rng.dirichlet(np.ones(H)), rng.dirichlet(np.ones(H), H),
+                    rng.dirichlet(np.ones(V), H).astype(np.float32))
+    assert P.variant(hmm, [1, 2]) is hmm
+    m = P.variant(hmm, [4, 4, 7, 4], prompt_mix=0.25)
+    np.testing.assert_allclose(np.asarray(m.B).sum(1), 1, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(m.B)[:, 4], 0.75 * hmm.B[:, 4] + 0.25 * 0.75, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(m.B)[:, 0], 0.75 * hmm.B[:, 0], rtol=1e-6)
+    b = P.variant(hmm, [4], token_bonus=2.0)
+    np.testing.assert_allclose(np.asarray(b.B), hmm.B * np.exp(2.0), rtol=1e-6)
+    assert b.pi is hmm.pi and b.A is hmm.A and m.A is hmm.A
