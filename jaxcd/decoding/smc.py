@@ -19,13 +19,16 @@ proposal       ``q(v) ∝``                                 potential ``φ``
 ``lcd``        ``p_lm(v)·m^LCD(v)``                        ``1{x can still reach ⊥}`` (dead ends and
                                                           budget overruns get weight 0)
 ``gcd``        ``p_lm(v)·m^GCD(v)``                        GCD mask ``β_t(s_t)`` (always 1)
-``lookahead``  ``p_lm(v)·ψ(x_{<t} v)``                     ``ψ`` (P-GCD, :mod:`jaxcd.decoding.pgcd`)
-``product``    ``p_lm(v)·p_prod(v | x_{<t})``              ``ψ``
+``lookahead``  ``p_lm(v)·ψ(x_{<t} v)``                     ``ψ`` (P-GCD, :mod:`jaxcd.decoding.pgcd`;
+                                                          with ``defensive=λ > 0``, the
+                                                          defensive potential below)
+``product``    ``p_lm(v)·p_prod(v | x_{<t})``              as ``lookahead``
 =============  =========================================  ===================================
 
 so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and (with ``defensive=0``) ``lookahead`` adds
-``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``; particles start at
-``log w_0 = log φ(∅)`` (``log ψ(∅)`` for the P-GCD proposals, 0 otherwise).
+``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``. Potentials are relative to the start
+(``φ(∅) = 1``; ψ is divided by ``ψ(∅)``, one constant per prompt), so particles start at
+``log w_0 = 0``.
 
 **Defensive mixture** (``lookahead`` and ``product``). The P-GCD proposal ``q_P`` above is
 mixed with the GCD proposal::
@@ -45,12 +48,30 @@ runs (study 6b's ``shape``: TV 0.35 at K = 64 with ``λ = 0``, 0.007 with ``λ =
 The mixture bounds every step's proposal from below by ``λ·q_GCD``, so the support of
 ``q`` is the GCD support and no step's weight exceeds ``1/λ`` times GCD's; the price,
 where ``q_P`` is already good, is a factor of at most ``(1 − λ)^{-1}`` per step on the
-weights (so an LM that *is* the HMM no longer gets zero-variance weights). The potential
-stays ``ψ``; where ``ψ(x_{<t} v) = 0`` at a token GCD allows (an HMM zero, or
-underflow) ``φ`` keeps the prefix's value (``φ(x_{<t} v) = φ(x_{<t})``: the twist makes
-no claim there), and ``ψ(∅) = 0`` starts at ``φ = 1``; the final potential
-``φ(x·EOS)`` is set to ``1{x ∈ L}`` exactly (not ψ's rounding of it), so a particle's final
-weight is ``p_lm(x)/q(x)`` exactly, whatever ``φ`` is in between.
+weights (so an LM that *is* the HMM no longer gets zero-variance weights).
+
+**Defensive potential** (``lookahead`` and ``product``, ``λ > 0``). Resampling selects
+particles by their twisted weights ``p·φ/q``, so a potential that underrates a prefix
+starves it whatever the proposal: the particles the mixture draws there are killed at the
+next resampling step. Study 6b's ``mode`` on Qwen2.5-Coder: the demo HMM rates "b" (of
+b·icy·cling, posterior 0.215) e^−12.7 below the start and "walking" e^13.9 above it; with
+``φ = ψ``, "bicycling" survived resampling in almost no run (TV 0.085 at K = 64, 0.15 at
+K = 128, ``Ẑ/Z`` 0.89 ± 0.015: unbiased in theory, but the mass sits in runs too rare to
+see), while without resampling TV was 0.014. So for ``λ > 0`` the potential is built step
+by step::
+
+    φ(x_{<t} v) = φ(x_{<t})·r(v),   r(v) = (1 − λ)·ρ(v)/E_{q_GCD}[ρ] + λ,   ρ(v) = ψ(x_{<t} v)/ψ(x_{<t})
+
+``r`` ranks the tokens as ``ψ`` does, averages 1 under the GCD proposal and is never below
+``λ``: no step can cut a prefix's twisted weight by more than ``λ`` against GCD's (where
+``r`` is about ``λ``, the proposal's own defensive part drew it with probability about
+``λ·q_GCD``, and the two cancel). ``λ = 1`` is GCD's potential 1; where ``ψ = 0`` at every
+token ``r = 1``. ``λ = 0`` keeps the pure potential ``ψ`` of DESIGN.md §6: where
+``ψ(x_{<t} v) = 0`` at a token GCD allows (an HMM zero, or underflow) ``φ`` keeps the
+prefix's value (``φ(x_{<t} v) = φ(x_{<t})``: the twist makes no claim there), and
+``ψ(∅) = 0`` starts at ``φ = 1``. Either way the final potential ``φ(x·EOS)`` is set to
+``1{x ∈ L}`` exactly (not ψ's rounding of it), so a particle's final weight is
+``p_lm(x)/q(x)`` exactly, whatever ``φ`` is in between, and ``Ẑ`` is unbiased.
 
 A particle
 that has emitted EOS is finished: it emits EOS padding and its weight no longer
@@ -94,7 +115,7 @@ from . import decode, gcd, pgcd, resampling
 from .smc_types import SMCResult
 
 PROPOSALS = ("lcd", "gcd", "lookahead", "product")
-DEFENSIVE = 0.05     # default GCD share λ of the P-GCD proposals' defensive mixture
+DEFENSIVE = 0.05     # default GCD share λ of the P-GCD proposals' mixture and potential
 
 __all__ = ["run", "run_blackbox", "SMCResult", "PROPOSALS", "Particles"]
 
@@ -165,8 +186,10 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     ``prefilled`` (:func:`jaxcd.decoding.decode.prefill` of the same prompts): start from that
     prefill instead of running the prompts again (one prefill, several runs).
     ``defensive`` (``λ`` in ``[0, 1]``, default :data:`DEFENSIVE`): for ``lookahead`` and
-    ``product``, the share of the GCD proposal in the defensive mixture (module docstring);
-    ignored by ``gcd`` and ``lcd``.
+    ``product``, the share of the GCD proposal in the defensive mixture and the floor of
+    each step's factor of the defensive potential (module docstring; ``0``: the pure P-GCD
+    proposal and potential ``ψ``, ``1``: GCD's proposal and potential); ignored by ``gcd``
+    and ``lcd``.
 
     Example::
 
@@ -263,10 +286,12 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
         # ψ(∅) = 0 (an HMM that gives the constraint probability 0): no claim (φ = 1);
         # the budget is feasible (checked), so the GCD part of the proposal still draws
         log_phi0 = jnp.where(jnp.isfinite(log_phi0), log_phi0, 0.0)
-        log_phi = jnp.repeat(log_phi0, K)
+        # the potential is ψ relative to ψ(∅) (one constant per prompt): φ(∅) = 1
+        log_psi0 = jnp.repeat(log_phi0, K)
     else:
         u = jnp.zeros((N, 1), wdt)
-        log_phi = jnp.zeros((N,), wdt)
+        log_psi0 = jnp.zeros((N,), wdt)
+    log_phi = jnp.zeros((N,), wdt)
     parts = Particles(jnp.full((N, n), eos, jnp.int32), lm_state, logp, cs, u,
                       log_phi, log_phi, jnp.zeros((N,), bool))
     parts = _shard(parts, sharding, N)
@@ -287,18 +312,37 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
             lse = jax.nn.logsumexp(a, axis=-1)
         else:
             sts = pgcd.PGCDState(parts.cs, parts.u)
-            logpsi, _, lprod = pgcd.batched_scores(fa, ptables, sts)
+            logpsi, lpsi_x, lprod = pgcd.batched_scores(fa, ptables, sts)
             logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
             a_gcd = decode.masked_logits(fa, gtables, parts.cs, lt)
             a, lse = _defensive(lt, logpsi if proposal == "lookahead" else lprod, a_gcd,
                                 defensive.astype(wdt))
-            # the potential ψ; where ψ = 0 at a token GCD allows (an HMM zero or an
-            # underflow) φ keeps the prefix's value: no claim, and the particle lives on.
-            # After EOS it is 1{x ∈ L} exactly (GCD allows EOS iff x ∈ L), not ψ's
-            # rounding of it nor a kept value: the final weight is then p(x)/q(x) exactly
             allowed = jnp.isfinite(a_gcd)
-            phi_new = jnp.where(jnp.isfinite(logpsi), logpsi,
-                                jnp.where(allowed, parts.log_phi[:, None], -jnp.inf))
+            lam = defensive.astype(wdt)
+            # λ = 0: the potential ψ (relative to ψ(∅)); where ψ = 0 at a token GCD allows
+            # (an HMM zero or an underflow) φ keeps the prefix's value: no claim, and the
+            # particle lives on
+            pure = jnp.where(jnp.isfinite(logpsi), logpsi - log_psi0[:, None],
+                             jnp.where(allowed, parts.log_phi[:, None], -jnp.inf))
+            # λ > 0: the defensive potential, step by step φ(x v) = φ(x)·r(v) with
+            # r(v) = (1 − λ)·ρ(v)/E_GCD[ρ] + λ, ρ(v) = ψ(x v)/ψ(x): r ranks the tokens as ψ
+            # does, averages 1 under the GCD proposal and is never below λ, so a
+            # resampling step cannot starve a prefix that ψ underrates (λ = 1: GCD's φ = 1)
+            lpsi_x = lpsi_x.astype(wdt)
+            okx = jnp.isfinite(lpsi_x)[:, None]
+            lrho = jnp.where(okx, logpsi - jnp.where(okx, lpsi_x[:, None], 0.0), -jnp.inf)
+            lqg = a_gcd - jax.nn.logsumexp(a_gcd, axis=-1, keepdims=True)
+            lmean = jax.nn.logsumexp(jnp.where(allowed, lqg + lrho, -jnp.inf), axis=-1,
+                                     keepdims=True)
+            okm = jnp.isfinite(lmean)
+            lr = jnp.logaddexp(jnp.log1p(-lam) + lrho - jnp.where(okm, lmean, 0.0),
+                               jnp.log(lam))
+            lr = jnp.where(okm, lr, 0.0)                 # ψ = 0 at every token: no claim
+            bounded = jnp.where(allowed, parts.log_phi[:, None] + lr, -jnp.inf)
+            phi_new = jnp.where(lam > 0, bounded, pure)
+            # after EOS the potential is 1{x ∈ L} exactly (GCD allows EOS iff x ∈ L), not
+            # ψ's rounding of it nor a kept value: the final weight is then p(x)/q(x)
+            # exactly
             phi_new = phi_new.at[:, eos].set(jnp.where(allowed[:, eos], 0.0, -jnp.inf))
         # the shared draw (EOS for finished rows and empty proposals); log q is recomputed
         # below in the weights' dtype
