@@ -1014,8 +1014,22 @@ def _write(res, out_dir, stem, figure=False):
             res["figure"] = f"{stem}.png"
         except ImportError:
             res["figure"] = None
+    res["summary"] = summary(res)
     (out_dir / f"{stem}.json").write_text(json.dumps(res, indent=1))
     (out_dir / f"{stem}.md").write_text(markdown(res))
+
+
+def summary(res: dict) -> dict:
+    """The figures README.md quotes, from the records: per proposal, on how many
+    constraints SMC's TV at the largest K is within 2× the noise floor (of ``runs`` exact
+    samples), and unweighted GCD's exact TV over the constraints (median, min, max)."""
+    rows = goal_table(res)
+    tv = [c["tv_gcd_strings"] for c in res["constraints"].values()]
+    return {"K": max(res["settings"]["ks"]), "constraints": len(res["constraints"]),
+            "met": {p: int(sum(r[p + "_met"] for r in rows if p + "_met" in r))
+                    for p in PROPOSALS if any(p + "_met" in r for r in rows)},
+            "gcd_tv": {"median": float(np.median(tv)), "min": float(min(tv)),
+                       "max": float(max(tv))} if tv else None}
 
 
 if __name__ == "__main__":

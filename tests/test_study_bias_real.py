@@ -185,3 +185,20 @@ def test_one_smc_program_serves_every_constraint(smol):
         sizes.append(smc._run._cache_size())
     assert sizes[1] == sizes[0], sizes
     assert S._table_lm_class() is S._table_lm_class()
+
+
+def test_summary_counts_the_goal_table():
+    """``summary`` (the figures README.md tags) against counts made here from the same
+    records: a constraint meets the goal when TV at the largest K ≤ 2 × the runs floor."""
+    import json
+    from pathlib import Path
+    res = json.loads((Path(S.DEFAULT_OUT) / "bias_real.json").read_text())
+    s = S.summary(res)
+    K = str(max(res["settings"]["ks"]))
+    for p in s["met"]:
+        want = sum(c["smc"][p][K]["tv_strings"]["mean"] <= 2 * c["noise_floor"]["strings"]["mean"]
+                   for c in res["constraints"].values() if p in c.get("smc", {}))
+        assert s["met"][p] == want
+    tv = sorted(c["tv_gcd_strings"] for c in res["constraints"].values())
+    assert s["gcd_tv"]["min"] == tv[0] and s["gcd_tv"]["max"] == tv[-1]
+    assert s["constraints"] == len(tv) == 23
