@@ -59,6 +59,17 @@ def smol_vocab(smol_tokenizer):
     return Vocabulary.from_tokenizer(smol_tokenizer)
 
 
+@pytest.fixture(scope="module")
+def smol():
+    """The default model (SmolLM2-135M-Instruct), loaded once per test module; skipped
+    when its file is not cached locally (tests never download)."""
+    import jaxcd
+    try:
+        return jaxcd.load_model()
+    except Exception as e:
+        pytest.skip(f"SmolLM2 not available: {e}")
+
+
 # JAXCD_COMPILE_REPORT=DIR: one JSON line per test (setup + call + teardown) with the
 # tracing/lowering/XLA-compile seconds it spent, per xdist worker, to see which tests
 # make a cold-cache run slow (e.g. `cat DIR/*.jsonl | sort -t: -k6 -g`).

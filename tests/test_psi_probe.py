@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from experiments import psi_probe as P
@@ -49,15 +48,6 @@ def test_classify():
     from jaxcd.vocab import Vocabulary
     v = Vocabulary.from_token_bytes([b",", b", ", b"}", b"}}]", b" ,", b"a", b"", b"\"}"], eos_id=6)
     assert P.classify(v, np.arange(8)).tolist() == [0, 0, 1, 1, 2, 2, 2, 2]
-
-
-@pytest.fixture(scope="module")
-def smol():
-    import jaxcd
-    try:
-        return jaxcd.load_model()
-    except Exception as e:          # the model file is cached locally; never download
-        pytest.skip(f"SmolLM2 not available: {e}")
 
 
 def test_probe_against_cache_free_forward_and_token_psi(smol):

@@ -21,15 +21,6 @@ NAMES = ("number", "sky")
 
 
 @pytest.fixture(scope="module")
-def smol():
-    import jaxcd
-    try:
-        return jaxcd.load_model()
-    except Exception as e:          # the model file is cached locally; never download
-        pytest.skip(f"SmolLM2 not available: {e}")
-
-
-@pytest.fixture(scope="module")
 def studied(smol):
     specs = {s.name: s for s in S.SPECS}
     idx = S.token_index(smol.vocab)
