@@ -51,6 +51,12 @@ def _add_sample(sub):
     p.add_argument("--until-eos", action="store_true",
                    help="sample each continuation until EOS, capped at --max-length tokens")
     p.add_argument("--max-length", type=int, default=256, help="hard cap with --until-eos")
+    p.add_argument("--features", type=int, default=0, metavar="D",
+                   help="also record a D-dimensional feature of the LM state behind every sampled "
+                        "token, for `train --init lvd` (latent-variable initialisation; D = 64 is "
+                        "plenty; costs D x 2 bytes per token on disk)")
+    p.add_argument("--pools", type=int, default=1,
+                   help="concurrent sampling pools (threads) of --batch-size rows each")
     p.add_argument("--fingerprint", help="override the vocabulary fingerprint recorded")
     p.add_argument("--no-progress", action="store_true")
     _add_distributed(p)
@@ -78,7 +84,7 @@ def _add_train(sub):
     p.add_argument("--config", help="JSON file of TrainConfig fields (flags override it)")
     helps = {
         "data": "sample directory", "out": "run directory (checkpoints, metrics, plot)",
-        "hidden_size": "H", "mode": "minibatch | full", "init": "cluster | random",
+        "hidden_size": "H", "mode": "minibatch | full", "init": "cluster | lvd | random",
         "step_offset": "k0 in eta_k=(k+k0)^-kappa", "step_kappa": "kappa in (0.5, 1]",
         "devices": "devices for data-parallel EM (default: all)",
     }
@@ -131,7 +137,7 @@ def _cmd_sample(a) -> int:
                         temperature=a.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=loaded.name, fingerprint=a.fingerprint or loaded.fingerprint,
                         progress=not a.no_progress, prompt_set=prompt_set, until_eos=a.until_eos,
-                        chat_template=fmt == "chat")
+                        chat_template=fmt == "chat", features=a.features, pools=a.pools)
     n = sum(s["num_seqs"] for s in meta["shards"])
     unf = meta.get("num_cut_off", 0)
     ef = meta.get("eos_fraction")

@@ -17,7 +17,9 @@ including the first EOS, then EOS padding (a row that had not produced EOS after
 ``seed``, ``temperature``, ``shard_size``, ``num_seqs`` (requested),
 ``shards`` (list of ``{"file", "num_seqs", "num_unfinished", "logprobs"}`` for the
 *complete* shards, in order; ``logprobs`` names ``shard_NNNNN.logprobs.npy``, float32
-``[n, T]``: the LM's log-probability of each sampled token, 0 after EOS) and
+``[n, T]``: the LM's log-probability of each sampled token, 0 after EOS; ``features``
+names ``shard_NNNNN.features.npy``, float16 ``[n, T, D]``, when the samples were drawn
+with ``features = D``), ``features`` (``D``, 0 for none) and
 free-form ``created``/``tokens_per_s``. Chat-prompted sets (``--prompts FILE.jsonl``)
 add ``prompt_set`` (file name), ``prompt_set_id`` (SHA-256 of the rendered prompt token
 ids), ``chat_template``, ``until_eos``, ``max_length``, ``eos_fraction`` and
@@ -160,6 +162,23 @@ def load_samples(directory, *, expect_vocab_size: int | None = None,
 
 def logprobs_name(index: int) -> str:
     return f"shard_{index:05d}.logprobs.npy"
+
+
+def features_name(index: int) -> str:
+    return f"shard_{index:05d}.features.npy"
+
+
+def load_features(path: Path, shape, mmap: bool = True) -> np.ndarray:
+    """The recorded token features of a shard (float16 ``[n, T, D]``; see
+    :func:`hmm_distill.sampler.token_features`), memory-mapped by default."""
+    try:
+        arr = np.load(path, allow_pickle=False, mmap_mode="r" if mmap else None)
+    except Exception as e:
+        raise SampleDataError(f"cannot read token features {path}: {e}") from e
+    if arr.ndim != 3 or arr.shape[:2] != tuple(shape) or not np.issubdtype(arr.dtype, np.floating):
+        raise SampleDataError(f"{path} has shape {arr.shape} / dtype {arr.dtype}, expected float "
+                              f"{tuple(shape)} + (D,)")
+    return arr
 
 
 def load_logprobs(path: Path, shape) -> np.ndarray:

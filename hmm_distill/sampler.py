@@ -36,13 +36,42 @@ import numpy as np
 from jaxcd.decode import draw as jaxcd_draw
 from jaxcd.lm.interface import pad_prompts
 
-from .data import (SAMPLES_FORMAT, load_shard, logprobs_name, read_metadata, shard_name,
-                   write_json_atomic)
+from .data import (SAMPLES_FORMAT, features_name, load_shard, logprobs_name, read_metadata,
+                   shard_name, write_json_atomic)
 from .errors import ConfigError, SampleDataError, SampleDirMismatchError
 from .priors import first_eos_mask
 
+#: dtype of the recorded token features on disk and in the pools
+FEATURE_DTYPE = jnp.float16
 
-def _decode(lm, params, state, logp, keys, length: int, temperature: float):
+
+def feature_projection(vocab_size: int, dim: int, seed: int = 0) -> jax.Array:
+    """The fixed random matrix ``R [V, D]`` (entries ``N(0, 1/D)``) of the recorded
+    token features (:func:`token_features`)."""
+    if dim < 1:
+        raise ConfigError(f"feature dimension must be >= 1, got {dim}")
+    key = jax.random.fold_in(jax.random.key(int(seed)), 0x4C5644)  # "LVD"
+    return jax.random.normal(key, (int(vocab_size), int(dim)), jnp.float32) / np.sqrt(dim)
+
+
+def token_features(logp: jax.Array, proj: jax.Array) -> jax.Array:
+    """The feature of the LM state a token is drawn from, for latent-variable
+    initialisation (:mod:`hmm_distill.lvd`): ``(log p − mean_v log p) R``.
+
+    For a model whose next-token logits are ``W n`` (``n``: the final-normed last-layer
+    hidden state, ``W [V, d]``), centring removes the log-normaliser, so the centred
+    log-probabilities are ``(W − 1 w̄ᵀ) n``: a linear image of the hidden state that keeps
+    all of it when ``W − 1w̄ᵀ`` has full column rank (``V ≫ d``). ``R`` (Johnson–Lindenstrauss)
+    maps it to ``D`` dimensions. This works for any :class:`LanguageModel` (only its
+    log-probabilities are read). ``logp [B, V]`` -> float32 ``[B, D]``."""
+    logp = logp.astype(jnp.float32)
+    logp = jnp.where(jnp.isfinite(logp), logp, jnp.nan)
+    centred = logp - jnp.nanmean(logp, axis=-1, keepdims=True)
+    centred = jnp.where(jnp.isnan(centred), 0.0, centred)
+    return centred @ proj
+
+
+def _decode(lm, params, state, logp, keys, length: int, temperature: float, proj=None):
     """The decoding loop after the prefill (traced; see :func:`sample_continuations_with_logprobs`)."""
     eos = jnp.int32(lm.eos_token_id)
     B = keys.shape[0]
@@ -58,23 +87,29 @@ def _decode(lm, params, state, logp, keys, length: int, temperature: float):
         return tok, jnp.where(done, 0.0, lp), new_done
 
     def cond(carry):
-        t, _, _, done, _, _ = carry
+        t, _, _, done, _, _, _ = carry
         return (t < length) & ~jnp.all(done)
 
     def body(carry):
-        t, state, logp, done, toks, lps = carry
+        t, state, logp, done, toks, lps, feats = carry
+        was_done = done
         tok, lp, done = draw(logp, step_keys[t], done)
         toks = jax.lax.dynamic_update_slice(toks, tok[:, None], (0, t))
         lps = jax.lax.dynamic_update_slice(lps, lp[:, None], (0, t))
+        if proj is not None:
+            f = jnp.where(was_done[:, None], 0.0, token_features(logp, proj)).astype(feats.dtype)
+            feats = jax.lax.dynamic_update_slice(feats, f[:, None], (0, t, 0))
         # (at t = T-1 this step is wasted, but still inside the cache: max_len = P + T)
         state, logp = lm.step(params, state, tok)
-        return t + 1, state, logp, done, toks, lps
+        return t + 1, state, logp, done, toks, lps, feats
 
     toks0 = jnp.full((B, length), eos, jnp.int32)
     lps0 = jnp.zeros((B, length), jnp.float32)
-    carry = (jnp.int32(0), state, logp, jnp.zeros((B,), bool), toks0, lps0)
-    _, _, _, _, toks, lps = jax.lax.while_loop(cond, body, carry)
-    return toks, lps
+    D = 0 if proj is None else proj.shape[1]
+    feats0 = jnp.zeros((B, length if D else 0, D), FEATURE_DTYPE)
+    carry = (jnp.int32(0), state, logp, jnp.zeros((B,), bool), toks0, lps0, feats0)
+    _, _, _, _, toks, lps, feats = jax.lax.while_loop(cond, body, carry)
+    return (toks, lps) if proj is None else (toks, lps, feats)
 
 
 @partial(jax.jit, static_argnames=("lm", "length", "temperature"))
@@ -115,14 +150,14 @@ def _take_rows(tree, rows):
 
 
 @partial(jax.jit, static_argnames=("lm", "length", "temperature"))
-def _decode_jit(lm, params, state, logp, keys, *, length: int, temperature: float):
-    return _decode(lm, params, state, logp, keys, length, temperature)
+def _decode_jit(lm, params, state, logp, keys, proj=None, *, length: int, temperature: float):
+    return _decode(lm, params, state, logp, keys, length, temperature, proj)
 
 
 def sample_rows_shared_prefill(lm, params, prompts: Sequence[Sequence[int]], which: np.ndarray,
                                keys: jax.Array, *, length: int, temperature: float = 1.0,
                                prompt_bucket: int = 32, unique_bucket: int = 8,
-                               max_prompt_len: int | None = None) -> tuple[jax.Array, jax.Array, int]:
+                               max_prompt_len: int | None = None, proj: jax.Array | None = None):
     """:func:`sample_continuations_with_logprobs` for rows ``b`` continuing
     ``prompts[which[b]]``, prefilling each *distinct* prompt once.
 
@@ -133,7 +168,9 @@ def sample_rows_shared_prefill(lm, params, prompts: Sequence[Sequence[int]], whi
     continue them (``state[rows]``: every LM state leaf has the batch axis first). The
     draws are those of :func:`sample_continuations_with_logprobs` on the fully padded
     batch (same keys; the extra left padding is masked out). Returns ``(tokens,
-    logprobs, prefill_tokens)`` (``prefill_tokens``: padded prompt tokens computed)."""
+    logprobs, prefill_tokens)`` (``prefill_tokens``: padded prompt tokens computed), and
+    with ``proj`` (:func:`feature_projection`) ``(tokens, logprobs, features [B, T, D],
+    prefill_tokens)``: the :func:`token_features` of each drawn token (0 after EOS)."""
     if length < 1:
         raise ValueError(f"length must be >= 1, got {length}")
     which = np.asarray(which)
@@ -147,9 +184,9 @@ def sample_rows_shared_prefill(lm, params, prompts: Sequence[Sequence[int]], whi
     mat, lens = pad_prompts([prompts[j] for j in uniq], pad_id=0, length=width)
     state, logp = _prefill(lm, params, jnp.asarray(mat), jnp.asarray(lens), max_len=width + int(length))
     state, logp = _take_rows((state, logp), jnp.asarray(inv.astype(np.int32)))
-    toks, lps = _decode_jit(lm, params, state, logp, keys, length=int(length),
-                            temperature=float(temperature))
-    return toks, lps, int(mat.size)
+    out = _decode_jit(lm, params, state, logp, keys, proj, length=int(length),
+                      temperature=float(temperature))
+    return (*out, int(mat.size))
 
 
 # ------------------------------------------------------------------------------------------
@@ -165,7 +202,7 @@ def _is_jaxlm(lm) -> bool:
 
 
 @partial(jax.jit, static_argnames=("lm", "chunk", "length", "temperature"), donate_argnums=(2,))
-def _pool_chunk(lm, params, pool, *, chunk: int, length: int, temperature: float):
+def _pool_chunk(lm, params, pool, proj=None, *, chunk: int, length: int, temperature: float):
     """``chunk`` decoding steps of every row of the pool. A row draws while it is active
     (step ``t < length``, no EOS yet) with key ``t`` of its own split; finished rows keep
     stepping (their results are not used) until the host refills them."""
@@ -182,10 +219,15 @@ def _pool_chunk(lm, params, pool, *, chunk: int, length: int, temperature: float
         tw = jnp.minimum(t, length - 1)
         toks = pool["toks"].at[rows, tw].set(jnp.where(done, pool["toks"][rows, tw], tok))
         lps = pool["lps"].at[rows, tw].set(jnp.where(done, pool["lps"][rows, tw], lp))
+        extra = {}
+        if "feats" in pool:
+            f = token_features(logp, proj).astype(pool["feats"].dtype)
+            extra["feats"] = pool["feats"].at[rows, tw].set(
+                jnp.where(done[:, None], pool["feats"][rows, tw], f))
         t = jnp.where(done, t, t + 1)
         state, logp = lm.step(params, pool["state"], tok)
         return {**pool, "state": state, "logp": logp, "t": t, "done": new_done | (t >= length),
-                "toks": toks, "lps": lps}
+                "toks": toks, "lps": lps, **extra}
 
     return jax.lax.fori_loop(0, chunk, body, pool)
 
@@ -222,13 +264,16 @@ def _pool_insert_copy(pool, pre_state, pre_logp, src, replace, keys, lens, d, ne
 def _refill_small(pool, state, logp, replace, keys):
     # the per-row bookkeeping of a refill (small arrays: [B] and [B, T])
     r = replace[:, None]
+    extra = {}
+    if "feats" in pool:
+        extra = {"feats": jnp.where(r[..., None], jnp.zeros((), pool["feats"].dtype), pool["feats"])}
     return {"state": state, "logp": logp,
             "t": jnp.where(replace, 0, pool["t"]),
             "done": jnp.where(replace, False, pool["done"]),
             "keys": _where_keys(replace, keys, pool["keys"]),
             "toks": jnp.where(r, pool["eos_row"], pool["toks"]),
             "lps": jnp.where(r, 0.0, pool["lps"]),
-            "eos_row": pool["eos_row"]}
+            "eos_row": pool["eos_row"], **extra}
 
 
 @partial(jax.jit, donate_argnums=(0,))
@@ -291,7 +336,7 @@ def _where_keys(replace, new, old):
 def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarray, which: np.ndarray,
                 seed: int, *, length: int, temperature: float = 1.0, batch_size: int = 64,
                 chunk: int = 16, group: int = 16, prompt_bucket: int = 32, on_done=None,
-                refill: str = "rows", on_chunk=None) -> dict:
+                refill: str = "rows", on_chunk=None, proj: jax.Array | None = None) -> dict:
     """Continuations of sequences ``seq_ids[j]`` (prompt ``prompts[which[j]]``, key
     ``fold_in(key(seed), seq_ids[j])``) by continuous batching with a :class:`JaxLM`.
 
@@ -308,7 +353,10 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     same contexts). A refill writes only the refilled rows of the cache, in place
     (:func:`_pool_refill`: O(one row) each); ``refill="copy"`` rebuilds the whole cache
     at every refill instead (:func:`_pool_insert_copy`, the earlier method, kept for the
-    benchmark; same draws). ``on_chunk()`` (optional) is called after each chunk. Returns
+    benchmark; same draws). ``on_chunk()`` (optional) is called after each chunk. With
+    ``proj`` (:func:`feature_projection`, ``[V, D]``) each row also records the
+    :func:`token_features` of every drawn token, and ``on_done`` gets them as a fourth
+    argument (float16 ``[T, D]``, 0 after the end). Returns
     counters (``prefill_tokens``, ``decode_row_steps``, ``chunks``, ``shifts``,
     ``refills``: rows refilled, ``refill_calls``)."""
     if refill not in ("rows", "copy"):
@@ -331,6 +379,9 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
     pool = {"state": state, "logp": logp, "t": jnp.zeros((B,), jnp.int32), "done": jnp.ones((B,), bool),
             "keys": row_keys(np.zeros(B, np.int64)), "toks": jnp.full((B, T), eos, jnp.int32),
             "lps": jnp.zeros((B, T), jnp.float32), "eos_row": jnp.full((1, T), eos, jnp.int32)}
+    if proj is not None:
+        proj = jnp.asarray(proj, jnp.float32)
+        pool["feats"] = jnp.zeros((B, T, proj.shape[1]), FEATURE_DTYPE)
     order_prompts = list(dict.fromkeys(which.tolist()))  # prompts in the order they are needed
     pos_of = {u: i for i, u in enumerate(order_prompts)}
     groups: list[tuple[dict, object, object]] = []       # (prompt -> row, state, logp), newest last
@@ -404,16 +455,20 @@ def sample_pool(lm, params, prompts: Sequence[Sequence[int]], seq_ids: np.ndarra
             stats["shifts"] += 1
             stats["tail_shifts"] += 1
         assert slot + C <= S, (slot, C, S)
-        pool = _pool_chunk(lm, params, pool, chunk=C, length=T, temperature=float(temperature))
+        pool = _pool_chunk(lm, params, pool, proj, chunk=C, length=T, temperature=float(temperature))
         slot += C
         stats["chunks"] += 1
         stats["decode_row_steps"] += B * C
         fin = np.flatnonzero(np.asarray(pool["done"]) & (row_job >= 0))
         if len(fin):
             toks, lps = np.asarray(pool["toks"])[fin], np.asarray(pool["lps"])[fin]
-            for r, tk, lq in zip(fin, toks, lps):
+            fts = np.asarray(pool["feats"])[fin] if proj is not None else [None] * len(fin)
+            for r, tk, lq, ft in zip(fin, toks, lps, fts):
                 if on_done is not None:
-                    on_done(int(row_job[r]), tk, lq)
+                    if proj is None:
+                        on_done(int(row_job[r]), tk, lq)
+                    else:
+                        on_done(int(row_job[r]), tk, lq, ft)
             row_job[fin] = -1
         if on_chunk is not None:
             on_chunk()
@@ -596,7 +651,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                  prompt_texts: Sequence | None = None, model_name: str = "lm",
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
                  until_eos: bool = False, chat_template: bool = False,
-                 continuous: bool | None = None, pools: int = 1, check_memory: bool = True) -> dict:
+                 continuous: bool | None = None, pools: int = 1, check_memory: bool = True,
+                 features: int = 0) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
@@ -624,6 +680,11 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     ``check_memory`` (continuous sampling): before sampling a shard, the pools' peak memory
     is estimated (:func:`pool_memory_bytes`) and :class:`MemoryEstimateError` is raised when
     it exceeds the available memory, instead of the process being killed.
+
+    ``features`` (``D > 0``): also record, for every sampled token, the ``D``-dimensional
+    :func:`token_features` of the LM state it was drawn from (``shard_NNNNN.features.npy``,
+    float16 ``[n, T, D]``, 0 after the first EOS), for latent-variable initialisation
+    (:mod:`hmm_distill.lvd`). The projection is fixed by ``seed``.
 
     With several JAX processes (:mod:`hmm_distill.distributed`) process ``I`` of ``N``
     samples the shards ``k ≡ I (mod N)`` and process 0 writes the metadata after all
@@ -663,10 +724,16 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         # pools only apply to continuous sampling; a resume may use another count (the
         # shards are draws of the same distribution, only float rounding differs)
         "pools": int(pools) if continuous else 1,
+        "features": int(features),
     }
+    if int(features) < 0:
+        raise ConfigError(f"features must be >= 0, got {features}")
+    proj = feature_projection(V, int(features), seed) if features else None
     if (out / "metadata.json").exists():
         old = read_metadata(out)
         diff = [k for k in _COMPAT_KEYS if old.get(k) != meta[k]]
+        if int(old.get("features", 0)) != meta["features"]:
+            diff.append("features")
         if diff:
             raise SampleDirMismatchError(
                 f"{out} holds samples made with different settings ("
@@ -691,6 +758,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                     arr = load_shard(p, length=length, vocab_size=V, num_seqs=n)
                 except SampleDataError:
                     continue  # incomplete / stale: regenerate
+                if features and not (out / features_name(k)).exists():
+                    continue
                 done[k] = (arr, (out / logprobs_name(k)).exists())
         return done
 
@@ -703,6 +772,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
              "num_unfinished": int(np.sum(arr[:, -1] != eos))}
         if has_lp:
             e["logprobs"] = logprobs_name(k)
+        if features:
+            e["features"] = features_name(k)
         return e
 
     def write_meta(extra=None):
@@ -736,6 +807,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         order = np.lexsort((idx, w_all, plen[w_all]))
         arr = np.empty((n, length), np.int32)
         lp = np.empty((n, length), np.float32)
+        ft = np.zeros((n, length, int(features)), np.float16) if features else None
         if continuous:
             warm = threading.Event()  # the other pools start once the first has compiled
             stop = threading.Event()  # an error or Ctrl-C: every pool stops after its chunk
@@ -755,10 +827,12 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                         warm.set()
                     check_stop()
 
-                def on_done(j, tk, lq):
+                def on_done(j, tk, lq, fq=None):
                     nonlocal n_tok
                     i = order[sel[j]]
                     arr[i], lp[i] = tk, lq
+                    if fq is not None:
+                        ft[i] = fq
                     with lock:
                         n_tok += int(first_eos_mask(tk[None], eos).sum())
                         if bar is not None:
@@ -769,7 +843,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                     return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
                                        length=int(length), temperature=float(temperature),
                                        batch_size=rows[k_part],
-                                       on_done=on_done, on_chunk=on_chunk)
+                                       on_done=on_done, on_chunk=on_chunk, proj=proj)
                 except BaseException:
                     stop.set()
                     raise
@@ -803,9 +877,13 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             bi = idx[sel]
             pad = bsz - len(bi)
             bi_full = np.concatenate([bi, np.repeat(bi[-1:], pad)]) if pad else bi
-            toks, lps, npre = sample_rows_shared_prefill(
+            *res, npre = sample_rows_shared_prefill(
                 lm, params, prompt_ids, bi_full % len(prompt_ids), sequence_keys(seed, bi_full),
-                length=int(length), temperature=float(temperature), max_prompt_len=max_plen)
+                length=int(length), temperature=float(temperature), max_prompt_len=max_plen,
+                proj=proj)
+            toks, lps = res[0], res[1]
+            if features:
+                ft[sel] = np.asarray(res[2])[: len(bi)]
             toks = np.asarray(toks)[: len(bi)]
             arr[sel] = toks
             lp[sel] = np.asarray(lps)[: len(bi)]
@@ -815,7 +893,8 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             if bar is not None:
                 bar.update(len(bi))
                 bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
-        for name, a in ((logprobs_name(k), lp), (shard_name(k), arr)):  # shard last: it marks completion
+        files = [(logprobs_name(k), lp)] + ([(features_name(k), ft)] if features else [])
+        for name, a in files + [(shard_name(k), arr)]:  # shard last: it marks completion
             tmp = out / (name + ".tmp")
             with open(tmp, "wb") as f:
                 np.save(f, a)

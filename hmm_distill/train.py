@@ -51,11 +51,12 @@ import numpy as np
 from . import hmm as F
 from .checkpoint import (epoch_checkpoint_path, list_epoch_checkpoints, load_checkpoint,
                          save_checkpoint)
-from .data import load_samples
+from .data import load_features, load_samples
 from .em import EM, check_memory, make_mesh, pad_batch, step_size
 from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError, SampleDataError
 from .distributed import barrier, broadcast_int, is_main, to_host
 from .init import initialise
+from .lvd import lvd_init
 from .priors import Prior, data_prior, first_eos_mask, flat_prior
 
 
@@ -84,7 +85,8 @@ class TrainConfig:
     length_bucket: int = 16            #: batches are trimmed to their longest row (rounded up)
     step_offset: float = 2.0           #: k₀ of η_k = (k + k₀)^-κ
     step_kappa: float = 0.7            #: κ ∈ (0.5, 1]
-    init: str = "cluster"              #: "cluster" (data-driven) or "random"
+    init: str = "cluster"              #: "cluster" (bigram clustering), "lvd" (k-means of the LM's
+                                       #: recorded token features, hmm_distill.lvd) or "random"
     init_noise: float | None = None    #: log-noise of the init (default 1.0 random / 0.1 cluster)
     heldout_frac: float = 0.1
     max_seqs: int | None = None        #: use only the first max_seqs sequences
@@ -109,8 +111,8 @@ class TrainConfig:
             raise ConfigError("no training data: pass --data DIR (a sample directory)")
         if self.mode not in ("minibatch", "full"):
             raise ConfigError(f"mode must be 'minibatch' or 'full', got {self.mode!r}")
-        if self.init not in ("cluster", "random"):
-            raise ConfigError(f"init must be 'cluster' or 'random', got {self.init!r}")
+        if self.init not in ("cluster", "random", "lvd"):
+            raise ConfigError(f"init must be 'cluster', 'random' or 'lvd', got {self.init!r}")
         if self.hidden_size < 1 or self.epochs < 0 or self.batch_size < 1:
             raise ConfigError("hidden_size and batch_size must be >= 1 and epochs >= 0")
         if self.pseudocount < 0 or self.emission_pseudocount < 0:
@@ -265,6 +267,34 @@ def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
     return out
 
 
+def _lvd_chunks(samples, rows: np.ndarray, eos: int | None):
+    """A callable giving ``(tokens, mask, features)`` per shard for the sequences ``rows``
+    (global indices) of ``samples``; features are memory-mapped and read shard by shard."""
+    shards = samples.meta["shards"]
+    missing = [s["file"] for s in shards if not s.get("features")]
+    if missing:
+        raise SampleDataError(
+            f"init 'lvd' needs token features, but {samples.path} has shards without them "
+            f"({missing[:3]}...): sample with `hmm-distill sample --features D`")
+    keep = np.zeros(samples.tokens.shape[0], bool)
+    keep[rows] = True
+    T = samples.length
+
+    def chunks():
+        off = 0
+        for s in shards:
+            n = int(s["num_seqs"])
+            if off >= len(keep):
+                break
+            take = np.flatnonzero(keep[off:off + n])
+            if len(take):
+                tok = samples.tokens[off + take]
+                feats = load_features(samples.path / s["features"], (n, T))[take]
+                yield tok, first_eos_mask(tok, eos), feats
+            off += n
+    return chunks
+
+
 def make_prior(cfg: TrainConfig, tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> Prior:
     if cfg.prior == "flat":
         return flat_prior(cfg.pseudocount, cfg.emission_pseudocount)
@@ -350,7 +380,12 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
                 p.unlink()
         barrier("hmm_distill_start")
         t0 = time.perf_counter()
-        params = initialise(cfg.init, train_tok, H, V, seed=cfg.seed, noise=cfg.init_noise)
+        if cfg.init == "lvd":
+            params, lvd_info = lvd_init(_lvd_chunks(samples, tr_idx, mask_eos), H, V, seed=cfg.seed,
+                                        log=log)
+            extra_base["lvd"] = lvd_info
+        else:
+            params = initialise(cfg.init, train_tok, H, V, seed=cfg.seed, noise=cfg.init_noise)
         F.validate_params(params, what=f"{cfg.init} initialisation")
         epoch0, step = 0, 0
         metrics = []
