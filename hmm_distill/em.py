@@ -54,6 +54,33 @@ def step_size(k: int, k0: float = 2.0, kappa: float = 0.7) -> float:
     return float(min(1.0, (k + k0) ** (-kappa))) if k + k0 > 0 else 1.0
 
 
+def step_schedule(kind: str, total_steps: int, *, k0: float = 2.0, kappa: float = 0.7,
+                  final: float = 0.01):
+    """The step sizes ``η_k`` of stepwise (mini-batch) EM as a function of the update ``k``.
+
+    * ``"power"``: :func:`step_size`, ``min(1, (k + k₀)^-κ)`` (Robbins–Monro: the
+      iterates converge for ``κ ∈ (0.5, 1]``; no horizon needed);
+    * ``"cosine"`` / ``"linear"``: optax's cosine / linear decay from 1 to ``final`` over
+      ``total_steps`` updates (a fixed budget of passes over a data set too large to
+      revisit often).
+    """
+    import optax
+
+    if kind == "power":
+        step_size(0, k0, kappa)  # validates
+        return lambda k: step_size(int(k), k0, kappa)
+    if not 0 < final <= 1:
+        raise ConfigError(f"final step size must be in (0, 1], got {final}")
+    steps = max(int(total_steps), 1)
+    if kind == "cosine":
+        sched = optax.cosine_decay_schedule(1.0, steps, alpha=final)
+    elif kind == "linear":
+        sched = optax.linear_schedule(1.0, final, steps)
+    else:
+        raise ConfigError(f"step schedule must be 'power', 'cosine' or 'linear', got {kind!r}")
+    return lambda k: float(sched(int(k)))
+
+
 def make_mesh(num_devices: int | None = None, devices=None, model_shards: int = 1) -> Mesh:
     """Mesh over the first ``num_devices`` devices (default all): 1-D ``('data',)``, or
     with ``model_shards > 1`` 2-D ``('data', 'model')`` of shape
@@ -123,7 +150,8 @@ def _vocab_sharded_counts(mesh: Mesh):
         idx = jnp.asarray(tokens, jnp.int32).T - off  # [T, N]
         inr = (idx >= 0) & (idx < Vl)
         E = jnp.where(inr[..., None], jnp.take(params.BT, jnp.clip(idx, 0, Vl - 1), axis=0), 0.0)
-        logE = jnp.log(jax.lax.psum(E, MODEL))
+        # a dropped token (id < 0) is marginalised: emission probability 1
+        logE = jnp.where((jnp.asarray(tokens).T < 0)[..., None], 0.0, jnp.log(jax.lax.psum(E, MODEL)))
 
         def emit_rows(tok_flat, g_flat):
             li = tok_flat - off

@@ -175,8 +175,11 @@ def _prep(p: HMMParamsT, tokens: Array, mask: Array | None):
     if mask is None:
         mask = jnp.ones(tokens.shape, bool)
     mask = jnp.asarray(mask, bool)
-    # log emission columns, time-major: logE[t, n, h] = log B[h, x^n_t] (a row gather of Bᵀ)
-    logE = jnp.log(jnp.take(p.BT, tokens.T, axis=0))  # [T, N, H]
+    # log emission columns, time-major: logE[t, n, h] = log B[h, x^n_t] (a row gather of Bᵀ);
+    # a dropped token (id < 0) is marginalised: its emission probability is 1 in every state
+    dropT = (tokens < 0).T
+    logE = jnp.log(jnp.take(p.BT, jnp.maximum(tokens, 0).T, axis=0))  # [T, N, H]
+    logE = jnp.where(dropT[..., None], 0.0, logE)
     return tokens, mask, logE
 
 
@@ -339,12 +342,15 @@ def _counts(params, tokens, mask, logE=None, emit_rows=None):
     start = jnp.sum(gamma[0], axis=0)
     M = max(T - 1, 0) * N
     trans = p.A * (X.reshape(M, H).T @ Y.reshape(M, H))
+    kept = tokens >= 0  # dropped tokens (id < 0) add no emission counts
+    g_emit = jnp.where(kept.T[..., None], gamma, 0.0).reshape(T * N, H)
+    tok_flat = jnp.maximum(tokens, 0).T.reshape(-1)
     if emit_rows is None:
         V = p.BT.shape[0]
-        emit_vh = jnp.zeros((V, H), gamma.dtype).at[tokens.T.reshape(-1)].add(gamma.reshape(T * N, H))
+        emit_vh = jnp.zeros((V, H), gamma.dtype).at[tok_flat].add(g_emit)
     else:
-        emit_vh = emit_rows(tokens.T.reshape(-1), gamma.reshape(T * N, H))
-    valid_tok = mask & possible[:, None]
+        emit_vh = emit_rows(tok_flat, g_emit)
+    valid_tok = mask & possible[:, None] & kept
     return Counts(
         start=start,
         trans=trans,

@@ -121,13 +121,27 @@ def data_prior(tokens: np.ndarray, mask: np.ndarray | None, hidden_size: int, vo
     if mask is None:
         mask = np.ones(tokens.shape, bool)
     lens = mask.sum(1)
-    n_tok = float(lens.sum())
-    n_seq = float((lens > 0).sum())
-    n_trans = float(np.maximum(lens - 1, 0).sum())
-    H = hidden_size
-    u = unigram(tokens, mask, vocab_size, unigram_smoothing)
-    return Prior(start=strength * n_seq / H,
-                 trans=strength * (n_trans / H) / H,
+    counts = np.bincount(tokens[mask], minlength=vocab_size)
+    return data_prior_from_counts(counts, int((lens > 0).sum()), int(np.maximum(lens - 1, 0).sum()),
+                                  hidden_size, strength=strength, unigram_smoothing=unigram_smoothing)
+
+
+def data_prior_from_counts(token_counts: np.ndarray, num_seqs: int, num_transitions: int,
+                           hidden_size: int, *, strength: float = 0.01,
+                           unigram_smoothing: float = 0.1) -> Prior:
+    """:func:`data_prior` from the data's statistics: the count of each token ``[V]`` over
+    the valid positions, the number of (non-empty) sequences and of transitions."""
+    if strength < 0:
+        raise ConfigError(f"prior_strength must be >= 0, got {strength}")
+    if unigram_smoothing <= 0:
+        raise ConfigError(f"unigram_smoothing must be > 0 (unseen tokens must stay possible), "
+                          f"got {unigram_smoothing}")
+    c = np.asarray(token_counts, np.float64)
+    n_tok = float(c.sum())
+    H, V = hidden_size, c.shape[0]
+    u = (c + unigram_smoothing) / (n_tok + unigram_smoothing * V)
+    return Prior(start=strength * float(num_seqs) / H,
+                 trans=strength * (float(num_transitions) / H) / H,
                  emit=strength * (n_tok / H) * u)
 
 

@@ -14,12 +14,27 @@ Each epoch:
   as if the whole training set looked like this batch, so mini-batch and full-batch
   EM smooth with the same prior (an unscaled ``λ`` would weigh the prior ``N/|b|``
   times more per update and, at ``V = 49152``, drown a batch's emission counts);
+  ``step_schedule`` picks ``η_k``: that power law, or optax's cosine / linear decay
+  from 1 to ``step_final`` over the run's updates (:func:`hmm_distill.em.step_schedule`);
 
 then the held-out per-token log-likelihood (natural log, averaged over all ``T``
 positions including EOS padding) is computed and compared with a unigram baseline
 (token frequencies of the training set with the same emission pseudocount), a line
 is appended to ``metrics.jsonl``, ``training_curve.png`` is redrawn (if matplotlib
 is installed) and ``ckpt_epochNNNN.safetensors`` is written.
+
+Initialisation (``init``): ``"cluster"`` (bigram clustering, :mod:`hmm_distill.init`),
+``"lvd"`` (latent-variable initialisation from the LM features recorded while sampling,
+:mod:`hmm_distill.lvd`) or ``"random"``.
+
+Smoothing: besides the prior, ``token_dropout = p`` marginalises each valid non-EOS
+training token with probability ``p`` in every E-step (its emission probability is 1 in
+every state, so the transitions around it are learnt without it), redrawn each epoch.
+
+Data that does not fit in memory: ``stream=True`` reads the shards one at a time
+(:mod:`hmm_distill.stream`); the held-out set, the token statistics and every
+full-batch iteration are those of the in-memory job, mini-batches are drawn shard by
+shard.
 
 Resume: a run directory that already has checkpoints continues after the last one
 (the model, step counter, and RNG are restored; shuffling of epoch ``e`` depends only
@@ -51,13 +66,13 @@ import numpy as np
 from . import hmm as F
 from .checkpoint import (epoch_checkpoint_path, list_epoch_checkpoints, load_checkpoint,
                          save_checkpoint)
-from .data import load_features, load_samples
-from .em import EM, check_memory, make_mesh, pad_batch, step_size
+from .em import EM, check_memory, make_mesh, pad_batch, step_schedule
 from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError, SampleDataError
 from .distributed import barrier, broadcast_int, is_main, to_host
 from .init import initialise
 from .lvd import lvd_init
-from .priors import Prior, data_prior, first_eos_mask, flat_prior
+from .stream import TrainData, heldout_split, trim_batch
+from .priors import Prior, data_prior_from_counts, first_eos_mask, flat_prior
 
 
 @dataclass
@@ -83,6 +98,9 @@ class TrainConfig:
     emission_pseudocount: float = 1e-2  #: prior="flat": λ_B added to each emission count
     mask_after_eos: bool = True        #: model each row up to its first EOS (padding masked)
     length_bucket: int = 16            #: batches are trimmed to their longest row (rounded up)
+    step_schedule: str = "power"       #: mini-batch step sizes: "power" (η_k = (k + k₀)^-κ) or
+                                       #: optax's "cosine" / "linear" decay to step_final
+    step_final: float = 0.01           #: last step size of the cosine / linear schedules
     step_offset: float = 2.0           #: k₀ of η_k = (k + k₀)^-κ
     step_kappa: float = 0.7            #: κ ∈ (0.5, 1]
     init: str = "cluster"              #: "cluster" (bigram clustering), "lvd" (k-means of the LM's
@@ -90,6 +108,11 @@ class TrainConfig:
     init_noise: float | None = None    #: log-noise of the init (default 1.0 random / 0.1 cluster)
     heldout_frac: float = 0.1
     max_seqs: int | None = None        #: use only the first max_seqs sequences
+    stream: bool = False               #: read the training shards one at a time (hmm_distill.stream)
+                                       #: instead of loading them all: memory of one shard
+    init_max_seqs: int = 20000         #: stream=True, init="cluster": cluster the first rows only
+    token_dropout: float = 0.0         #: token-dropout smoothing: each valid non-EOS training token
+                                       #: is marginalised (emission 1) with this probability
     seed: int = 0
     devices: int | None = None         #: number of devices for data-parallel EM (None = all)
     model_shards: int = 1              #: split B [H, V] over this many devices (vocabulary axis)
@@ -102,7 +125,8 @@ class TrainConfig:
     progress: bool = True
 
     # keys that must agree when resuming
-    _RESUME_KEYS = ("hidden_size", "mode", "batch_size", "init", "init_noise", "heldout_frac",
+    _RESUME_KEYS = ("hidden_size", "mode", "batch_size", "init", "init_noise", "heldout_frac", "stream",
+                    "token_dropout", "step_schedule", "step_final",
                     "max_seqs", "seed", "step_offset", "step_kappa", "prior", "prior_strength",
                     "unigram_smoothing", "mask_after_eos")
 
@@ -125,11 +149,16 @@ class TrainConfig:
             raise ConfigError(f"length_bucket must be >= 1, got {self.length_bucket}")
         if not 0 <= self.heldout_frac < 1:
             raise ConfigError(f"heldout_frac must be in [0, 1), got {self.heldout_frac}")
+        if not 0 <= self.token_dropout < 1:
+            raise ConfigError(f"token_dropout must be in [0, 1), got {self.token_dropout}")
+        if self.init_max_seqs < 1:
+            raise ConfigError(f"init_max_seqs must be >= 1, got {self.init_max_seqs}")
         if self.patience < 0:
             raise ConfigError(f"patience must be >= 0, got {self.patience}")
         if self.patience and self.heldout_frac == 0:
             raise ConfigError("early stopping (patience > 0) needs a held-out set (heldout_frac > 0)")
-        step_size(0, self.step_offset, self.step_kappa)  # validates κ, k₀
+        step_schedule(self.step_schedule, 1, k0=self.step_offset, kappa=self.step_kappa,
+                      final=self.step_final)  # validates
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -163,15 +192,6 @@ def data_identity(meta: dict, n_used: int) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def heldout_split(n: int, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices ``(train, heldout)`` of a seeded split of ``n`` sequences."""
-    n_held = int(round(frac * n)) if frac > 0 else 0
-    if frac > 0 and n >= 2:
-        n_held = min(max(n_held, 1), n - 1)
-    perm = np.random.default_rng([seed, 12345]).permutation(n)
-    return perm[n_held:], perm[:n_held]
-
-
 def split_heldout(tokens: np.ndarray, frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     tr, ho = heldout_split(tokens.shape[0], frac, seed)
     return tokens[tr], tokens[ho]
@@ -183,15 +203,6 @@ def unigram_logprobs(tokens: np.ndarray, vocab_size: int, pseudocount: float,
     c = np.bincount(t, minlength=vocab_size).astype(np.float64) + pseudocount
     with np.errstate(divide="ignore"):
         return np.log(c / c.sum())
-
-
-def trim_batch(tok: np.ndarray, msk: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-    """Drop trailing all-masked columns, keeping a multiple of ``bucket`` (few shapes to
-    compile). Exact: masked positions contribute nothing."""
-    T = tok.shape[1]
-    L = int(msk.sum(1).max()) if msk.size else 1
-    L = min(T, max(bucket, -(-max(L, 1) // bucket) * bucket))
-    return tok[:, :L], msk[:, :L]
 
 
 def _batches(tokens: np.ndarray, size: int, mask: np.ndarray | None = None, bucket: int = 0):
@@ -267,39 +278,12 @@ def _read_metrics(path: Path, upto_epoch: int) -> list[dict]:
     return out
 
 
-def _lvd_chunks(samples, rows: np.ndarray, eos: int | None):
-    """A callable giving ``(tokens, mask, features)`` per shard for the sequences ``rows``
-    (global indices) of ``samples``; features are memory-mapped and read shard by shard."""
-    shards = samples.meta["shards"]
-    missing = [s["file"] for s in shards if not s.get("features")]
-    if missing:
-        raise SampleDataError(
-            f"init 'lvd' needs token features, but {samples.path} has shards without them "
-            f"({missing[:3]}...): sample with `hmm-distill sample --features D`")
-    keep = np.zeros(samples.tokens.shape[0], bool)
-    keep[rows] = True
-    T = samples.length
-
-    def chunks():
-        off = 0
-        for s in shards:
-            n = int(s["num_seqs"])
-            if off >= len(keep):
-                break
-            take = np.flatnonzero(keep[off:off + n])
-            if len(take):
-                tok = samples.tokens[off + take]
-                feats = load_features(samples.path / s["features"], (n, T))[take]
-                yield tok, first_eos_mask(tok, eos), feats
-            off += n
-    return chunks
-
-
-def make_prior(cfg: TrainConfig, tokens: np.ndarray, mask: np.ndarray, vocab_size: int) -> Prior:
+def make_prior(cfg: TrainConfig, data: TrainData) -> Prior:
     if cfg.prior == "flat":
         return flat_prior(cfg.pseudocount, cfg.emission_pseudocount)
-    return data_prior(tokens, mask, cfg.hidden_size, vocab_size, strength=cfg.prior_strength,
-                      unigram_smoothing=cfg.unigram_smoothing)
+    return data_prior_from_counts(data.token_counts, data.num_train_seqs, data.num_train_transitions,
+                                  cfg.hidden_size, strength=cfg.prior_strength,
+                                  unigram_smoothing=cfg.unigram_smoothing)
 
 
 def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
@@ -311,16 +295,12 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
     main = is_main()
     if not main:
         log = lambda *a, **k: None  # noqa: E731
-    samples = load_samples(cfg.data, max_seqs=cfg.max_seqs)
-    V, fp, eos = samples.vocab_size, samples.fingerprint, samples.eos_token_id
+    data = TrainData(cfg.data, heldout_frac=cfg.heldout_frac, seed=cfg.seed, max_seqs=cfg.max_seqs,
+                     mask_eos=cfg.mask_after_eos, stream=cfg.stream)
+    V, fp, eos = data.vocab_size, data.fingerprint, data.eos_token_id
     H = cfg.hidden_size
-    tr_idx, ho_idx = heldout_split(samples.tokens.shape[0], cfg.heldout_frac, cfg.seed)
-    train_tok, held_tok = samples.tokens[tr_idx], samples.tokens[ho_idx]
-    if train_tok.shape[0] == 0:
-        raise SampleDataError(f"{cfg.data}: no training sequences left after the held-out split")
-    mask_eos = eos if cfg.mask_after_eos else None
-    train_msk, held_msk = first_eos_mask(train_tok, mask_eos), first_eos_mask(held_tok, mask_eos)
-    data_id = data_identity(samples.meta, samples.tokens.shape[0])
+    held_tok, held_msk = data.held_tok, data.held_msk
+    data_id = data_identity(data.meta, data.num_seqs)
     run_dir = Path(cfg.out)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -331,22 +311,19 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
     engine = EM(mesh)
     D = engine.num_devices
     bs = -(-cfg.batch_size // D) * D
-    check_memory(H, V, bs, samples.length, data_shards=D, model_shards=engine.model_shards,
+    check_memory(H, V, bs, data.length, data_shards=D, model_shards=engine.model_shards,
                  limit_bytes=None if cfg.memory_limit_gb is None else int(cfg.memory_limit_gb * (1 << 30)),
                  log=log)
     bucket = cfg.length_bucket
     full = cfg.mode == "full"
-    if full:  # batches of similar lengths: trimming then saves the most
-        order = np.argsort(train_msk.sum(1), kind="stable")
-        train_tok, train_msk = train_tok[order], train_msk[order]
 
     cfg_dict = cfg.to_dict()
-    prior = make_prior(cfg, train_tok, train_msk, V)
-    extra_base = {"data_id": data_id, "data": str(cfg.data), "num_train": int(train_tok.shape[0]),
-                  "num_heldout": int(held_tok.shape[0]), "length": samples.length,
+    prior = make_prior(cfg, data)
+    extra_base = {"data_id": data_id, "data": str(cfg.data), "num_train": int(data.num_train),
+                  "num_heldout": int(held_tok.shape[0]), "length": data.length,
                   "prior_row_mass": prior.row_mass(H, V), "processes": jax.process_count(),
-                  "prompt_set_id": samples.meta.get("prompt_set_id"),
-                  "sample_meta": {k: samples.meta.get(k) for k in
+                  "prompt_set_id": data.meta.get("prompt_set_id"),
+                  "sample_meta": {k: data.meta.get(k) for k in
                                   ("model", "prompt_set", "prompt_set_id", "temperature", "until_eos",
                                    "eos_fraction", "chat_template")}}
     base_key = jax.random.key(cfg.seed)
@@ -360,7 +337,8 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
             ck = load_checkpoint(latest, expect_vocab_size=V, expect_fingerprint=fp, expect_hidden_size=H)
         except CheckpointMismatchError as e:
             raise type(e)(f"cannot resume: {e}; use a new --out directory or --no-resume") from e
-        diff = [k for k in TrainConfig._RESUME_KEYS if ck.config.get(k) != cfg_dict[k]]
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        diff = [k for k in TrainConfig._RESUME_KEYS if ck.config.get(k, defaults[k]) != cfg_dict[k]]
         if diff:
             raise CheckpointMismatchError(
                 f"cannot resume from {latest}: config differs in {diff} ("
@@ -381,18 +359,21 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         barrier("hmm_distill_start")
         t0 = time.perf_counter()
         if cfg.init == "lvd":
-            params, lvd_info = lvd_init(_lvd_chunks(samples, tr_idx, mask_eos), H, V, seed=cfg.seed,
-                                        log=log)
+            params, lvd_info = lvd_init(data.feature_chunks(), H, V, seed=cfg.seed, log=log)
             extra_base["lvd"] = lvd_info
+        elif cfg.init == "cluster":
+            init_tok, _ = data.train_tokens(None if not cfg.stream else cfg.init_max_seqs)
+            params = initialise(cfg.init, init_tok, H, V, seed=cfg.seed, noise=cfg.init_noise)
         else:
-            params = initialise(cfg.init, train_tok, H, V, seed=cfg.seed, noise=cfg.init_noise)
+            params = initialise(cfg.init, None, H, V, seed=cfg.seed, noise=cfg.init_noise)
         F.validate_params(params, what=f"{cfg.init} initialisation")
         epoch0, step = 0, 0
         metrics = []
         pm = prior.row_mass(H, V)
         log(f"initialised ({cfg.init}) H={H} V={V} in {time.perf_counter() - t0:.1f}s; "
-            f"{train_tok.shape[0]} train / {held_tok.shape[0]} held-out sequences of T≤{samples.length} "
-            f"({int(train_msk.sum())} train tokens); {D} device(s), {jax.process_count()} process(es); "
+            f"{data.num_train} train / {held_tok.shape[0]} held-out sequences of T≤{data.length} "
+            f"({data.num_train_tokens} train tokens{', streamed' if cfg.stream else ''}); {D} device(s), "
+            f"{jax.process_count()} process(es); "
             f"prior ({cfg.prior}) per row: emissions {pm['emit_row']:.3g}, transitions "
             f"{pm['trans_row']:.3g} pseudo-counts")
     if main:
@@ -416,12 +397,14 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
                     f"counts from epoch {epoch0}")
                 best = (metrics[-1], None)
 
-    uni = unigram_logprobs(train_tok, V, cfg.unigram_smoothing, train_msk)
+    c = data.token_counts.astype(np.float64) + cfg.unigram_smoothing
+    with np.errstate(divide="ignore"):
+        uni = np.log(c / c.sum())
     uni_held = float(uni[held_tok[held_msk]].mean()) if held_msk.any() else float("nan")
-    uni_train = float(uni[train_tok[train_msk]].mean())
+    uni_train = float((data.token_counts * uni).sum() / max(data.num_train_tokens, 1))
     lm_held = None
-    if samples.logprobs is not None and held_msk.any():
-        lm_held = float(samples.logprobs[ho_idx][held_msk].astype(np.float64).mean())
+    if data.held_lp is not None and held_msk.any():
+        lm_held = float(data.held_lp[held_msk].astype(np.float64).mean())
     params = engine.replicate(F.to_token_major(params))  # EM works on Bᵀ [V, H]
     if best is not None and best[1] is None:
         # the best epoch so far is the resumed one: keep its parameters, which are the
@@ -443,9 +426,10 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         log(f"epoch 0: held-out {m0['heldout_ll']:.4f} nats/token (unigram {uni_held:.4f}, "
             f"LM {lm_held if lm_held is None else round(lm_held, 4)})")
 
-    n_train = train_tok.shape[0]
-    n_batches = -(-n_train // bs)
-    n_train_tok = int(train_msk.sum())
+    n_batches = data.num_batches(bs, full)
+    eta_of = step_schedule(cfg.step_schedule, cfg.epochs * n_batches, k0=cfg.step_offset,
+                           kappa=cfg.step_kappa, final=cfg.step_final)
+    n_train_tok = data.num_train_tokens
     def stop_now() -> bool:
         return bool(cfg.patience) and best is not None and metrics[-1]["epoch"] - best[0]["epoch"] >= cfg.patience
 
@@ -461,7 +445,8 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
         tot_ll, tot_n, eta, done_tok = 0.0, 0, None, 0
         if full:
             total = None
-            for b, (tok, msk) in enumerate(_batches(train_tok, bs, train_msk, bucket)):
+            for b, (tok, msk) in enumerate(data.epoch_batches(epoch, bs, full=True, bucket=bucket, seed=cfg.seed,
+                                                              dropout=cfg.token_dropout)):
                 c, ok = engine.counts(params, tok, msk)
                 if not bool(to_host(ok)):
                     raise NonFiniteStatisticsError(
@@ -478,12 +463,10 @@ def train(cfg: TrainConfig, *, resume: bool = True, log=print) -> TrainResult:
             params = engine.m_step(total, params, prior)
             step += 1
         else:
-            perm = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
-            for b in range(n_batches):
-                rows = perm[b * bs:(b + 1) * bs]
-                tok, msk = trim_batch(*pad_batch(train_tok[rows], train_msk[rows], bs), bucket)
-                eta = step_size(step, cfg.step_offset, cfg.step_kappa)
-                share = len(rows) / n_train  # |b| / N (see module docstring)
+            for b, (tok, msk) in enumerate(data.epoch_batches(epoch, bs, full=False, bucket=bucket,
+                                                              seed=cfg.seed, dropout=cfg.token_dropout)):
+                eta = eta_of(step)
+                share = int(msk.any(1).sum()) / data.num_train  # |b| / N (see module docstring)
                 params, (ll, nt, nimp), ok = engine.minibatch_step(params, tok, msk, eta, prior.scaled(share))
                 if not bool(to_host(ok)):
                     raise NonFiniteStatisticsError(

@@ -337,3 +337,39 @@ def test_nan_statistics_are_refused():
     bad = p._replace(A=p.A.at[0, 0].set(jnp.nan))
     with pytest.raises(NonFiniteStatisticsError, match="non-finite"):
         full_batch_em(bad, [pad_batch(np.zeros((2, 4), np.int32), None, 2)], iterations=1)
+
+
+def test_dropped_tokens_are_marginalised():
+    """Token-dropout smoothing: a token id < 0 has emission probability 1 in every state.
+    Its likelihood is the sum over the token's values (marginalisation), and the expected
+    counts equal brute-force enumeration with that emission factor set to 1 (the dropped
+    position adds posterior mass to the transitions, none to the emissions)."""
+    rng = np.random.default_rng(7)
+    H, V, L = 3, 4, 5
+    pi, A, B = _rand_hmm(rng, H, V)
+    x = rng.integers(0, V, size=L)
+    xd = x.copy()
+    xd[2] = -1
+    with jax.enable_x64(True):
+        params = F.as_params(pi, A, B, dtype=jnp.float64)
+        ll = float(F.log_likelihood(params, jnp.asarray(xd[None]))[0])
+        alts = []
+        for v in range(V):
+            xv = x.copy()
+            xv[2] = v
+            alts.append(float(F.log_likelihood(params, jnp.asarray(xv[None]))[0]))
+        np.testing.assert_allclose(ll, np.logaddexp.reduce(alts), rtol=1e-12)
+        # brute force with B[:, x_2] replaced by 1
+        Bx = np.concatenate([B, np.ones((H, 1))], 1)  # column V = "dropped"
+        xb = np.where(xd < 0, V, xd)
+        tot, G, XI = _brute(pi, A, Bx, xb)
+        c = F.expected_counts(params, jnp.asarray(xd[None]))
+        np.testing.assert_allclose(float(c.loglik), np.log(tot), rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(c.start), G[0], atol=1e-12)
+        np.testing.assert_allclose(np.asarray(c.trans), XI.sum(0), atol=1e-12)
+        emit = np.zeros((V, H))
+        for t in range(L):
+            if xd[t] >= 0:
+                emit[xd[t]] += G[t]
+        np.testing.assert_allclose(np.asarray(c.emit_vh), emit, atol=1e-12)
+        assert float(c.n_tokens) == L - 1

@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(r"""
     X = rng.integers(0, V, (30, T))
     z = [rng.normal(size=sh) for sh in ((H,), (H, H), (H, V))]  # random parameters (numpy: no compile)
     p0 = F.as_params(*(np.exp(x) / np.exp(x).sum(-1, keepdims=True) for x in z))
-    batches = [pad_batch(X[:16], None, 16), pad_batch(X[16:], None, 16)]  # 2nd has 2 masked rows
+    Xd = np.where(rng.random(X.shape) < 0.1, -1, X)  # dropped (marginalised) tokens too
+    batches = [pad_batch(Xd[:16], None, 16), pad_batch(Xd[16:], None, 16)]  # 2nd has 2 masked rows
     out = {}
     res = {}
     for D in (1, 4):
