@@ -387,19 +387,20 @@ def hmm_info(spec: str | None, model: str | None = None) -> dict | None:
     checkpoint's hidden size."""
     if spec in (None, "none"):
         return None
-    if spec == "default":
-        from hmm_distill.default import default_hmm_dir
-        p = default_hmm_dir(model) / "info.json"
+    if spec in ("default", "task"):
+        from hmm_distill.default import default_hmm_dir, task_hmm_dir
+        p = (default_hmm_dir(model) if spec == "default" else task_hmm_dir(model)) / "info.json"
         if not p.exists():
-            return {"spec": "default", "model": model}
+            return {"spec": spec, "model": model}
         info = json.loads(p.read_text())
         st = info.get("settings", {})
         # the builder's own record of the build (wall / CPU seconds per phase, load average)
         build = {k: info.get(k) for k in ("build_seconds", "build_cpu_seconds", "build_wall_seconds_total",
                                           "build_cpu_seconds_total", "build_machine", "eos_fraction",
-                                          "epochs_run", "best_epoch", "sampling_tokens_per_s", "version")
+                                          "epochs_run", "best_epoch", "sampling_tokens_per_s", "version",
+                                          "checkpoint_sha256", "prompt_set_file")
                  if info.get(k) is not None}
-        return {"spec": "default", "model": Path(info["model"]).name if info.get("model") else model,
+        return {"spec": spec, "model": Path(info["model"]).name if info.get("model") else model,
                 "hidden_size": info.get("hidden_size"), "num_seqs": st.get("num_seqs"),
                 "max_length": st.get("max_length"), "epochs": st.get("epochs"), "heldout": info.get("heldout"),
                 **build}

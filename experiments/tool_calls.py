@@ -104,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument("--format", default="json", help="json, python or json,python")
     p.add_argument("--methods", default="lcd,gcd,smc-gcd,smc-lookahead")
     p.add_argument("--particles", default="4", help="K[,K...]")
-    p.add_argument("--hmm", default="default", help="CKPT, default or none")
+    p.add_argument("--hmm", default="default", help="CKPT, default, task or none")
     p.add_argument("--budget", default="auto",
                    help="N, auto (per example) or auto-max (the run's largest auto budget, "
                         "per format: fewer compiles)")

@@ -42,6 +42,7 @@ from pathlib import Path
 import jax.numpy as jnp
 
 from .checkpoint import load_checkpoint
+from .errors import ConfigError
 from .hmm import HMMParams
 
 VERSION = 4  # bump when the recipe changes (invalidates cached HMMs)
@@ -71,12 +72,43 @@ class DefaultSettings:
     heldout_frac: float = 0.1
 
 
-def _file_digest(path: Path) -> str:
+@dataclass(frozen=True)
+class TaskSettings(DefaultSettings):
+    """The recipe of a *task* HMM: the default recipe plus the prompt set, the recorded
+    LM features and latent-variable initialisation, streaming EM and token dropout
+    (all part of the cache key). :data:`TASK_PROFILES` holds the named settings."""
+
+    prompt_set: str = "tools"    #: "tools" (tool-call prompts, hmm_distill.prompts) or "builtin"
+    features: int = 64           #: LM feature dimension recorded while sampling (for init "lvd")
+    init: str = "lvd"            #: "lvd", "cluster" or "random"
+    token_dropout: float = 0.01  #: token-dropout smoothing
+    stream: bool = True          #: EM reads the sample shards one at a time
+    shard_size: int = 2048       #: continuations per sample shard (the unit of resume)
+    mode: str = "minibatch"
+    em_batch_size: int = 256     #: sequences per E-step batch
+    step_schedule: str = "power"
+
+
+TASK_PROFILES = {
+    # this repository's CPU budget (2 cores, <= 2 hours per model with the sampling)
+    "cpu": TaskSettings(hidden_size=256, num_seqs=8192, max_length=96, batch_size=64, pools=2,
+                        epochs=6, patience=2),
+    # the references' scale on an accelerator (GeLaTo / Ctrl-G: millions of sequences, H = 4096)
+    "accelerator": TaskSettings(hidden_size=4096, num_seqs=2_000_000, max_length=128, batch_size=512,
+                                pools=1, epochs=4, patience=1, shard_size=65536, em_batch_size=2048),
+    # a few minutes anywhere: for tests and smoke runs
+    "smoke": TaskSettings(hidden_size=16, num_seqs=64, max_length=24, batch_size=32, pools=1, epochs=2,
+                          patience=0, shard_size=32, features=16, em_batch_size=32),
+}
+"""Named :class:`TaskSettings` of :func:`task_hmm` (``profile=``)."""
+
+
+def _file_digest(path: Path, full: bool = False) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
-    return h.hexdigest()[:16]
+    return h.hexdigest() if full else h.hexdigest()[:16]
 
 
 def cache_key(model_file: Path, settings: DefaultSettings, prompt_hash: str) -> str:
@@ -164,16 +196,29 @@ def _cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 
 
+def _prompt_file(settings: DefaultSettings) -> Path:
+    from .prompts import builtin_prompts_path, tool_prompts_path
+
+    name = getattr(settings, "prompt_set", "builtin")
+    if name == "builtin":
+        return builtin_prompts_path()
+    if name == "tools":
+        return tool_prompts_path()
+    raise ConfigError(f"unknown prompt set {name!r} (expected 'tools' or 'builtin')")
+
+
 def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, say) -> None:
     from .lms import load_lm
-    from .prompts import builtin_prompt_set_hash, builtin_prompts_path
     from .sampler import read_prompts, run_sampling
     from .train import TrainConfig, train
 
     root.mkdir(parents=True, exist_ok=True)
     s = settings
-    say(f"building the default HMM (H={s.hidden_size}) in {root}: sampling {s.num_seqs} continuations "
-        f"of the built-in task prompts, then {s.epochs} EM iterations (done once, then cached)")
+    task = isinstance(s, TaskSettings)
+    prompt_file = _prompt_file(s)
+    say(f"building the {'task' if task else 'default'} HMM (H={s.hidden_size}) in {root}: sampling "
+        f"{s.num_seqs} continuations of {prompt_file.name}, then EM (done once, then cached; an "
+        f"interrupted build resumes)")
     times, cpu = {}, {}
     load0 = os.getloadavg()
     t0, c0 = time.perf_counter(), _cpu_seconds()
@@ -181,24 +226,30 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
 
     model_file = resolve_gguf(model_path)
     loaded = load_lm(f"gguf:{model_file}")
-    texts, ids = read_prompts(builtin_prompts_path(), fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
+    texts, ids = read_prompts(prompt_file, fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
     times["load"], cpu["load"] = time.perf_counter() - t0, _cpu_seconds() - c0
     t0, c0 = time.perf_counter(), _cpu_seconds()
     meta = run_sampling(loaded.lm, loaded.params, root / "samples", num_seqs=s.num_seqs,
-                        length=s.max_length, shard_size=s.num_seqs, batch_size=s.batch_size, seed=s.seed,
+                        length=s.max_length, shard_size=s.shard_size if task else s.num_seqs,
+                        batch_size=s.batch_size, seed=s.seed,
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
-                        progress=progress, prompt_set=builtin_prompts_path().name, until_eos=True,
-                        chat_template=True, pools=s.pools)
+                        progress=progress, prompt_set=prompt_file.name, until_eos=True,
+                        chat_template=True, pools=s.pools, features=s.features if task else 0)
     times["sample"], cpu["sample"] = time.perf_counter() - t0, _cpu_seconds() - c0
     say(f"sampled: EOS fraction {meta['eos_fraction']:.3f}, {meta['num_cut_off']} cut off at "
         f"{s.max_length} tokens, {meta.get('tokens_per_s', 0):.0f} tokens/s")
     t0, c0 = time.perf_counter(), _cpu_seconds()
+    extra = {}
+    if task:
+        extra = dict(init=s.init, token_dropout=s.token_dropout, stream=s.stream,
+                     step_schedule=s.step_schedule)
     cfg = TrainConfig(data=str(root / "samples"), out=str(root / "run"), hidden_size=s.hidden_size,
                       epochs=s.epochs, mode=s.mode, prior_strength=s.prior_strength,
-                      heldout_frac=s.heldout_frac, seed=s.seed, batch_size=256, plot=False,
-                      progress=progress, patience=s.patience)
-    res = train(cfg, log=lambda *a: None)
+                      heldout_frac=s.heldout_frac, seed=s.seed,
+                      batch_size=s.em_batch_size if task else 256, plot=False,
+                      progress=progress, patience=s.patience, **extra)
+    res = train(cfg, log=(say if task else (lambda *a: None)))
     times["train"], cpu["train"] = time.perf_counter() - t0, _cpu_seconds() - c0
     last = res.best
     gs = last.get("gap_share")
@@ -208,24 +259,74 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
         f"({sum(cpu.values()):.0f} CPU s)")
     ck = load_checkpoint(res.run_dir / "hmm.safetensors")
     info = {"model": str(model_file), "settings": asdict(s), "version": VERSION,
+            "kind": "task" if task else "default", "prompt_set_file": prompt_file.name,
             "vocab_size": ck.vocab_size, "vocab_fingerprint": ck.fingerprint, "hidden_size": ck.hidden_size,
             "eos_token_id": ck.eos_token_id, "prompt_set_id": meta["prompt_set_id"],
-            "prompt_set_hash": builtin_prompt_set_hash(), "eos_fraction": meta["eos_fraction"],
+            "prompt_set_hash": _file_digest(prompt_file), "eos_fraction": meta["eos_fraction"],
             "num_cut_off": meta["num_cut_off"], "sampling_tokens_per_s": meta.get("tokens_per_s"),
             "heldout": {k: last.get(k) for k in ("heldout_ll", "unigram_heldout_ll", "lm_heldout_ll",
                                                  "gap_share")},
             "best_epoch": last["epoch"], "epochs_run": res.metrics[-1]["epoch"],
+            "curve": [{k: m.get(k) for k in ("epoch", "heldout_ll", "gap_share", "tokens_per_s")}
+                      for m in res.metrics],
             "build_seconds": times, "build_cpu_seconds": cpu,
             "build_wall_seconds_total": sum(times.values()), "build_cpu_seconds_total": sum(cpu.values()),
             "build_machine": {"cpus": os.cpu_count(), "loadavg_start": list(load0),
                               "loadavg_end": list(os.getloadavg())},
             "sampling_prefill_tokens": meta.get("prefill_tokens"),
-            "sampling_decode_row_steps": meta.get("decode_row_steps")}
+            "sampling_decode_row_steps": meta.get("decode_row_steps"),
+            "checkpoint_sha256": _file_digest(res.run_dir / "hmm.safetensors", full=True)}
     shutil.copyfile(res.run_dir / "hmm.safetensors", root / "hmm.safetensors.tmp")
     os.replace(root / "hmm.safetensors.tmp", root / "hmm.safetensors")
     tmp = root / "info.json.tmp"
     tmp.write_text(json.dumps(info, indent=1, sort_keys=True))
     os.replace(tmp, root / "info.json")
+
+
+def task_hmm_dir(model_path=None, settings: TaskSettings | None = None) -> Path:
+    """The cache directory of the task HMM for ``model_path`` and ``settings``."""
+    from jaxcd.model_files import cache_dir, resolve_gguf
+
+    settings = settings or TASK_PROFILES["cpu"]
+    model_file = resolve_gguf(model_path)
+    key = cache_key(model_file, settings, _file_digest(_prompt_file(settings)))
+    return cache_dir() / "hmm" / f"{model_file.stem}-task-{key}"
+
+
+def task_hmm(model_path: str | os.PathLike | None = None, *, profile: str = "cpu",
+             settings: TaskSettings | None = None, hidden_size: int | None = None, progress: bool = True,
+             rebuild: bool = False, log=None) -> tuple[HMMParams, dict]:
+    """The task HMM for ``model_path`` (a GGUF file or model name; None = the default
+    model): distilled from the model's own answers to the tool-call prompt set
+    (:func:`hmm_distill.prompts.tool_prompts_path`), with LM features recorded while
+    sampling, latent-variable initialisation, streaming mini-batch EM and token dropout.
+
+    ``profile`` names the settings (:data:`TASK_PROFILES`: ``"cpu"``, ``"accelerator"``,
+    ``"smoke"``); ``settings`` overrides it; ``hidden_size`` overrides its H. Built on
+    first use (progress bars; an interrupted build resumes from its sample shards and EM
+    checkpoints) and cached under ``<jaxcd cache>/hmm/<model>-task-<key>/``, the key
+    hashing the model file, the prompt file and the settings. Returns ``(params, info)``
+    as :func:`default_hmm` (``info["checkpoint_sha256"]`` identifies the result)."""
+    if settings is None:
+        if profile not in TASK_PROFILES:
+            raise ConfigError(f"unknown task HMM profile {profile!r} (expected one of {sorted(TASK_PROFILES)})")
+        settings = TASK_PROFILES[profile]
+    if hidden_size is not None:
+        settings = TaskSettings(**{**asdict(settings), "hidden_size": int(hidden_size)})
+    say = log or (lambda msg: print(f"hmm_distill: {msg}", file=sys.stderr, flush=True))
+    root = task_hmm_dir(model_path, settings)
+    final, info_path = root / "hmm.safetensors", root / "info.json"
+    with _lock(root.parent / f".{root.name}.lock"):
+        if rebuild and root.exists():
+            shutil.rmtree(root)
+        cached = final.exists() and info_path.exists()
+        if not cached:
+            _build(model_path, settings, root, progress, say)
+        info = json.loads(info_path.read_text())
+    ck = load_checkpoint(final, expect_vocab_size=info["vocab_size"],
+                         expect_fingerprint=info["vocab_fingerprint"])
+    info.update(path=str(final), cached=cached)
+    return HMMParams(*(jnp.asarray(x) for x in ck.params)), info
 
 
 def main(argv=None) -> int:

@@ -22,6 +22,12 @@ def builtin_prompts_path() -> Path:
     return DATA_FILE
 
 
+def tool_prompts_path() -> Path:
+    """The tool-call distillation prompt set (BFCL examples no study evaluates, rendered
+    as chat prompts in the studies' formats), gzip-compressed JSON lines."""
+    return DATA_FILE.with_name("tool_prompts.jsonl.gz")
+
+
 def builtin_prompt_set_hash() -> str:
     """SHA-256 (16 hex digits) of the built-in prompt file's bytes."""
     return hashlib.sha256(DATA_FILE.read_bytes()).hexdigest()[:16]

@@ -377,8 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--proposal", choices=["lcd", "gcd", "lookahead", "product"], default="gcd",
                    help="--method smc: proposal (lookahead/product need --hmm)")
     g.add_argument("--particles", type=int, default=16, help="--method smc/awrs: particles")
-    g.add_argument("--hmm", default=None, metavar="CKPT|default",
-                   help="HMM checkpoint from `hmm-distill train`, or 'default'")
+    g.add_argument("--hmm", default=None, metavar="CKPT|default|task",
+                   help="HMM checkpoint from `hmm-distill train`, 'default', or 'task' (the model's task HMM, built on first use)")
     g.add_argument("--resample", choices=["systematic", "stratified", "multinomial"],
                    default="systematic")
     g.add_argument("--ess", type=float, default=0.5,

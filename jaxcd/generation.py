@@ -149,7 +149,9 @@ class GenerationResult:
 
 def load_hmm(spec, model: "Model"):
     """``spec``: an ``HMMParams``, ``"default"`` (the default HMM for the model, built on
-    first use) or a checkpoint path written by ``hmm-distill train``. Checks that the
+    first use), ``"task"`` (the model's task HMM, distilled from its answers to tool-call
+    prompts by ``hmm_distill.default.task_hmm``'s CPU recipe, built on first use) or a
+    checkpoint path written by ``hmm-distill train``. Checks that the
     HMM's vocabulary is the model's (:class:`~jaxcd.decoding.pgcd.HMMMismatchError` otherwise).
     ``"default"`` is built by the installed ``default`` HMM builder (hmm_distill's, found
     through an entry point: :func:`jaxcd.hmm.build_hmm`)."""
@@ -157,8 +159,8 @@ def load_hmm(spec, model: "Model"):
     from .hmm import HMMParams, build_hmm, load_checkpoint
     if isinstance(spec, HMMParams):
         hmm = spec
-    elif spec == "default":
-        hmm = build_hmm("default", model.path)[0]
+    elif spec in ("default", "task"):
+        hmm = build_hmm(spec, model.path)[0]
     else:
         try:
             hmm = load_checkpoint(spec).params
