@@ -55,6 +55,8 @@ def _add_sample(sub):
                    help="also record a D-dimensional feature of the LM state behind every sampled "
                         "token, for `train --init lvd` (latent-variable initialisation; D = 64 is "
                         "plenty; costs D x 2 bytes per token on disk)")
+    p.add_argument("--continuations-per-prompt", type=int, default=1, metavar="C",
+                   help="C consecutive sequences continue the same prompt (prefilled once for them)")
     p.add_argument("--pools", type=int, default=1,
                    help="concurrent sampling pools (threads) of --batch-size rows each")
     p.add_argument("--fingerprint", help="override the vocabulary fingerprint recorded")
@@ -137,7 +139,8 @@ def _cmd_sample(a) -> int:
                         temperature=a.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=loaded.name, fingerprint=a.fingerprint or loaded.fingerprint,
                         progress=not a.no_progress, prompt_set=prompt_set, until_eos=a.until_eos,
-                        chat_template=fmt == "chat", features=a.features, pools=a.pools)
+                        chat_template=fmt == "chat", features=a.features, pools=a.pools,
+                        continuations_per_prompt=a.continuations_per_prompt)
     n = sum(s["num_seqs"] for s in meta["shards"])
     unf = meta.get("num_cut_off", 0)
     ef = meta.get("eos_fraction")

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 
 from .checkpoint import load_checkpoint
 from .errors import ConfigError
@@ -84,6 +85,8 @@ class TaskSettings(DefaultSettings):
     token_dropout: float = 0.01  #: token-dropout smoothing
     stream: bool = True          #: EM reads the sample shards one at a time
     shard_size: int = 2048       #: continuations per sample shard (the unit of resume)
+    continuations_per_prompt: int = 8   #: consecutive sequences per prompt (one prefill each)
+    max_prompt_tokens: int = 1024       #: prompts longer than this (rendered) are left out
     mode: str = "minibatch"
     em_batch_size: int = 256     #: sequences per E-step batch
     step_schedule: str = "power"
@@ -227,6 +230,17 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
     model_file = resolve_gguf(model_path)
     loaded = load_lm(f"gguf:{model_file}")
     texts, ids = read_prompts(prompt_file, fmt="chat", tokenizer_loader=loaded.tokenizer_loader)
+    cpp = 1
+    if task:  # the prompts the run needs: a seeded sample of those within the length limit
+        cpp = s.continuations_per_prompt
+        ok = [j for j, p in enumerate(ids) if len(p) <= s.max_prompt_tokens]
+        if not ok:
+            raise ConfigError(f"no prompt of {prompt_file.name} has at most {s.max_prompt_tokens} tokens")
+        pick = np.random.default_rng([s.seed, 0x7A5C]).permutation(ok)[: -(-s.num_seqs // cpp)]
+        texts, ids = [texts[j] for j in pick], [ids[j] for j in pick]
+        say(f"{len(ids)} of {len(ok)} prompts with at most {s.max_prompt_tokens} tokens "
+            f"({np.mean([len(p) for p in ids]):.0f} on average), "
+            f"{cpp} continuations each")
     times["load"], cpu["load"] = time.perf_counter() - t0, _cpu_seconds() - c0
     t0, c0 = time.perf_counter(), _cpu_seconds()
     meta = run_sampling(loaded.lm, loaded.params, root / "samples", num_seqs=s.num_seqs,
@@ -235,7 +249,8 @@ def _build(model_path, settings: DefaultSettings, root: Path, progress: bool, sa
                         temperature=s.temperature, prompt_ids=ids, prompt_texts=texts,
                         model_name=f"gguf:{model_file.name}", fingerprint=loaded.fingerprint,
                         progress=progress, prompt_set=prompt_file.name, until_eos=True,
-                        chat_template=True, pools=s.pools, features=s.features if task else 0)
+                        chat_template=True, pools=s.pools, features=s.features if task else 0,
+                        continuations_per_prompt=cpp)
     times["sample"], cpu["sample"] = time.perf_counter() - t0, _cpu_seconds() - c0
     say(f"sampled: EOS fraction {meta['eos_fraction']:.3f}, {meta['num_cut_off']} cut off at "
         f"{s.max_length} tokens, {meta.get('tokens_per_s', 0):.0f} tokens/s")

@@ -652,10 +652,12 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
                  until_eos: bool = False, chat_template: bool = False,
                  continuous: bool | None = None, pools: int = 1, check_memory: bool = True,
-                 features: int = 0) -> dict:
+                 features: int = 0, continuations_per_prompt: int = 1) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
-    Sequence ``i`` continues prompt ``prompt_ids[i % len(prompt_ids)]`` (default: one
+    Sequence ``i`` continues prompt ``prompt_ids[(i // c) % len(prompt_ids)]``, ``c =
+    continuations_per_prompt`` (so ``c`` consecutive sequences share a prompt, which is
+    prefilled once for them; default ``c = 1``: ``i mod #prompts``) (default: one
     prompt ``[BOS]``, or ``[EOS]`` if the LM has no BOS). Shards that already exist with
     the expected shape are kept (resume). ``until_eos`` records that ``length`` is a hard
     cap on continuations meant to run until EOS (the metadata counts the rows cut off
@@ -728,12 +730,18 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     }
     if int(features) < 0:
         raise ConfigError(f"features must be >= 0, got {features}")
+    cpp = int(continuations_per_prompt)
+    if cpp < 1:
+        raise ConfigError(f"continuations_per_prompt must be >= 1, got {continuations_per_prompt}")
+    meta["continuations_per_prompt"] = cpp
     proj = feature_projection(V, int(features), seed) if features else None
     if (out / "metadata.json").exists():
         old = read_metadata(out)
         diff = [k for k in _COMPAT_KEYS if old.get(k) != meta[k]]
         if int(old.get("features", 0)) != meta["features"]:
             diff.append("features")
+        if int(old.get("continuations_per_prompt", 1)) != meta["continuations_per_prompt"]:
+            diff.append("continuations_per_prompt")
         if diff:
             raise SampleDirMismatchError(
                 f"{out} holds samples made with different settings ("
@@ -803,7 +811,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         idx = k * shard_size + np.arange(n)
         # rows of a shard are batched by prompt length, then prompt: a batch's distinct
         # prompts are prefilled once each, padded only to their own length
-        w_all = idx % len(prompt_ids)
+        w_all = (idx // cpp) % len(prompt_ids)
         order = np.lexsort((idx, w_all, plen[w_all]))
         arr = np.empty((n, length), np.int32)
         lp = np.empty((n, length), np.float32)
@@ -878,7 +886,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             pad = bsz - len(bi)
             bi_full = np.concatenate([bi, np.repeat(bi[-1:], pad)]) if pad else bi
             *res, npre = sample_rows_shared_prefill(
-                lm, params, prompt_ids, bi_full % len(prompt_ids), sequence_keys(seed, bi_full),
+                lm, params, prompt_ids, (bi_full // cpp) % len(prompt_ids), sequence_keys(seed, bi_full),
                 length=int(length), temperature=float(temperature), max_prompt_len=max_plen,
                 proj=proj)
             toks, lps = res[0], res[1]

@@ -213,3 +213,23 @@ def test_train_with_lvd_init_from_sampled_features(tmp_path):
     with pytest.raises(SampleDataError, match="--features"):
         train(TrainConfig(data=str(tmp_path / "nf"), out=str(tmp_path / "run2"), hidden_size=3, epochs=1,
                           init="lvd", plot=False, progress=False), log=lambda *a: None)
+
+
+def test_continuations_per_prompt(tmp_path):
+    """c consecutive sequences share a prompt: the same draws as c = 1 over the prompt list
+    with each prompt repeated c times (tiny random Llama: the draws depend on the prompt)."""
+    from jaxcd.lm.llama import JaxLM
+    from test_lm_llama import write_tiny_gguf
+
+    write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
+    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 9, 5)]
+    kw = dict(num_seqs=14, length=5, shard_size=7, batch_size=4, seed=1, progress=False)
+    m = run_sampling(jlm, jlm.params, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=3, **kw)
+    run_sampling(jlm, jlm.params, tmp_path / "b", prompt_ids=[p for p in prompts for _ in range(3)], **kw)
+    assert m["continuations_per_prompt"] == 3
+    a, b = load_samples(tmp_path / "a"), load_samples(tmp_path / "b")
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    with pytest.raises(SampleDirMismatchError, match="continuations_per_prompt"):
+        run_sampling(jlm, jlm.params, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=2, **kw)
