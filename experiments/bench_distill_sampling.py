@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from functools import partial
@@ -112,7 +113,7 @@ def main(argv=None):
            "median_tokens_per_s": {"bare": med("bare"), "sampler": med("sampler")},
            "ratio_of_medians": med("sampler") / med("bare"),
            "median_paired_ratio": float(np.median([x["ratio"] for x in rounds])),
-           "command": "python -m experiments.bench_distill_sampling " + " ".join(argv or [])}
+           "command": "python -m experiments.bench_distill_sampling " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))

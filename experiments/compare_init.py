@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def main(argv=None):
            "num_seqs": sum(s["num_seqs"] for s in meta["shards"]) if a.max_seqs is None else a.max_seqs,
            "features": meta.get("features"), "epochs": a.epochs, "mode": a.mode, "runs": runs,
            "cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
-           "command": "python -m experiments.compare_init " + " ".join(argv or [])}
+           "command": "python -m experiments.compare_init " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
