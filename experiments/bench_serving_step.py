@@ -15,8 +15,8 @@ one-by-one shapes: batch 1, the request's own bucket), with ``block_until_ready`
 - insert pieces: prefill of ``G`` prompts, host stacking of their automata, β tables,
   the ``_insert`` program.
 
-Usage: ``PYTHONPATH=. python experiments/profile_serving_step.py [--repeats 7]``
-(prints a table; writes ``experiments/results/profile_serving_step.{md,json}``).
+Usage: ``PYTHONPATH=. python experiments/bench_serving_step.py [--repeats 7]``
+(prints a table; writes ``experiments/results/bench_serving_step.{md,json}``).
 
 ``--ab-gemm ROUNDS``: instead, an interleaved A/B of the layer kernels' schemes
 (``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel as before session 14,
@@ -195,7 +195,7 @@ def main(argv=None):
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--n", type=int, default=200, help="constraints scanned for the bucket")
     ap.add_argument("--skip-pieces", action="store_true", help="only the loop/LM/prefill rows")
-    ap.add_argument("--out", default=str(RESULTS / "profile_serving_step"))
+    ap.add_argument("--out", default=str(RESULTS / "bench_serving_step"))
     ap.add_argument("--ab-gemm", type=int, default=0, metavar="ROUNDS",
                     help="interleaved A/B of JAXCD_GEMM=o vs a on lm.step (see the docstring)")
     ap.add_argument("--ab-stream", type=int, default=0, metavar="ROUNDS",
@@ -405,7 +405,7 @@ def main(argv=None):
         return live["c"].logp
     rec("insert: _insert program", f"G={G} into B={B}, P_g=64", ins)
 
-    res = {"command": "PYTHONPATH=. python experiments/profile_serving_step.py " + " ".join(
+    res = {"command": "PYTHONPATH=. python experiments/bench_serving_step.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "bucket": list(bucket), "prompt_bucket": P,
         "cache_slots": S_cache, "rows": B, "group": G, "load_start": load0,
         "load_end": os.getloadavg(), "pieces": rows_here}
