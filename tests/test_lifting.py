@@ -1,4 +1,4 @@
-"""Token lifting (DESIGN.md §2) equals a brute-force reference.
+"""Token lifting (docs/design.md §2) equals a brute-force reference.
 
 Reference: for every DFA state ``q`` reachable by whole tokens and every ordinary
 token ``v``, run the byte DFA over ``bytes(v)`` from ``q`` (``DFA.run``). The lifted

@@ -1,4 +1,4 @@
-r"""P-GCD: the HMM × automaton product as a lazy circuit — DESIGN.md §5.
+r"""P-GCD: the HMM × automaton product as a lazy circuit — docs/design.md §5.
 
 An HMM ``(π, A, B)`` (probabilities, :class:`hmm_distill.HMMParams`; hidden size
 ``H``, vocabulary ``V``) is multiplied with the token-level DFA ``fa`` (``S`` states,
