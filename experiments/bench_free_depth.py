@@ -1,4 +1,4 @@
-"""What deeper free-form values cost (issue 22, "Depth"): compile a seeded sample of
+"""Benchmark: what deeper free-form JSON values cost. Compiles a seeded sample of
 MaskBench schemas with the free-form depth adaptation off, for written free-form values
 only, and with open objects' extras too (the default), interleaved per schema in one
 process; report compile CPU time and DFA sizes per variant.
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (FREE_DEPTH_BUDGET, IMPLICIT_FREE_DEPTH): the knobs of SchemaBuilder.adaptive_free_depth
 VARIANTS = {
-    "off": (0, 3),                     # the default depth everywhere (before session 16)
+    "off": (0, 3),                     # the default depth everywhere
     "written only": (10_240, 3),       # {}, true, additionalProperties: true, ...
     "default": (10_240, 4),            # ... and open objects' extras when few
 }

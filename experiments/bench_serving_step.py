@@ -1,5 +1,5 @@
-"""Where a continuous-batching decode step and an insert call spend their time
-(issue 19, the "mixed batches of 16 reach >= 6x one by one" goal).
+"""Benchmark: where a continuous-batching decode step and an insert call spend their
+time (docs/serving.md).
 
 Times jitted pieces in isolation at the shapes ``experiments.bench_serving`` uses (the
 stream's common automaton bucket, prompt bucket, budget bucket 64, 16 rows; and the
@@ -19,7 +19,7 @@ Usage: ``PYTHONPATH=. python experiments/bench_serving_step.py [--repeats 7]``
 (prints a table; writes ``experiments/results/bench_serving_step.{md,json}``).
 
 ``--ab-gemm ROUNDS``: instead, an interleaved A/B of the layer kernels' schemes
-(``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel as before session 14,
+(``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel for every row count,
 ``a`` the default, 2..16 rows through the transposed kernel) on the donated ``lm.step``
 at B=16 (cache of 256 slots, a 128-wide prompt) and B=1, alternating the order each
 round; per round the min of 4 steps, wall and process CPU; reports the medians and the
@@ -28,7 +28,7 @@ schemes give the same bits.
 
 ``--ab-stream ROUNDS``: an interleaved A/B of the whole continuous stream of
 ``bench_serving`` (the first ``--n`` requests, batch 16, GCD, budget 64): ``old`` (whole
-insert groups, power-of-two rest widths, ``JAXCD_GEMM=o``: serving as before session 14)
+insert groups, power-of-two rest widths, ``JAXCD_GEMM=o``)
 against ``new`` (the defaults); one warm-up call per variant, then ROUNDS pairs in
 alternating order; prints wall and CPU seconds, steps, occupancy and compiles per run and
 the new/old ratios.
