@@ -38,6 +38,12 @@ from native import skip_reason  # noqa: E402
 # fails to build with a compiler present fails here and in test_native_kernels.py
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernel_built():
+    """Build and register the kernel (a build failure fails every test here)."""
+    assert kernels.decode_attention_available(), "decode attention kernel did not build"
+
 U = 2.0 ** -24
 
 

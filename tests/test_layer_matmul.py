@@ -31,6 +31,12 @@ from native import skip_reason  # noqa: E402
 # fails to build with a compiler present fails here and in test_native_kernels.py
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernel_built():
+    """Build and register the kernel (a build failure fails every test here)."""
+    assert kernels.lm_kernel_available(), kernels.build_error()
+
 U32 = 2.0 ** -24
 
 

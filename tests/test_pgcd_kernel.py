@@ -35,6 +35,12 @@ from native import skip_reason  # noqa: E402
 # fails to build with a compiler present fails here and in test_native_kernels.py
 pytestmark = pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernel_built():
+    """Build and register the kernel (a build failure fails every test here)."""
+    assert kernels.pgcd_kernel_available(), kernels.build_error()
+
 _kernel = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="kernel"))
 _xla = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="xla"))
 _advance = jax.jit(pgcd.advance)
