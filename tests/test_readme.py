@@ -47,6 +47,7 @@ def blocks(lang: str) -> list[str]:
 def prose() -> str:
     """README.md without its code blocks and inline code."""
     text = BLOCK.sub("", README.read_text())
+    assert text.count("`") % 2 == 0, "unbalanced inline code in README.md"
     return re.sub(r"`[^`]*`", "", text)                      # inline code may wrap lines
 
 
