@@ -305,3 +305,9 @@ def test_scrub_paths():
                     "--data /tmp/pytest-of-root/pytest-3/shards0/full/data/data.jsonl "
                     "1/2 ms/step https://example.org/a/b ../x/y <cache>/hmm/z")
     assert not ABS_PATH.findall(s), s
+
+
+def test_results_file_names_carry_no_work_period():
+    bad = [str(p.relative_to(ROOT)) for p in (ROOT / "experiments" / "results").rglob("*")
+           if re.search(r"_s\d+(?![\w])|_s\d+_|session", p.name, flags=re.I)]
+    assert not bad, bad
