@@ -78,7 +78,7 @@ ROWS = [
      [("p50", MASKBENCH, "overall/jaxcd/compile_p50_s", "{:.2f}"),
       ("p95", MASKBENCH, "overall/jaxcd/compile_p95_s", "{:.2f}")],
      "python -m experiments.bench_maskbench --n 1000"),
-    ("GCD decode step / unconstrained step, batch 16, SmolLM2 on CPU",
+    ("time per step, GCD / unconstrained (prefill included), batch 16, SmolLM2 on CPU",
      [("ratio", RUNTIME, "batches/16/methods/gcd/slowdown/0", "{:.2f}")],
      "python experiments/bench_runtime.py"),
     ("BFCL tool calls (200 examples, JSON), valid with SMC-LCD vs SMC-GCD, K = 16 (%)",
