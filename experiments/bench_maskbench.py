@@ -21,8 +21,7 @@ or death under the memory limit), compile error (the engine refused the schema).
 Engines:
 - ``jaxcd``: ``compile_json_schema(schema, vocab)`` with the defaults (strict, open
   objects, ``property_order="auto"``, whitespace ``[ ]?``);
-- ``jaxcd_schema``: the same with ``property_order="schema"`` (the default before
-  session 11);
+- ``jaxcd_schema``: the same with ``property_order="schema"``;
 - ``jaxcd_any``: the same with ``property_order="any"``;
 - ``jaxcd_nonstrict``: ``strict=False``;
 - ``llguidance``: ``LLMatcher.grammar_from_json_schema(schema)`` with its defaults;
@@ -336,7 +335,7 @@ def summarize(rows: list[dict]) -> dict:
     comp = [r for r in rows if r["status"] == "ok"]
     passing = [r for r in comp if r["valid_rejected"] == 0 and r["invalid_accepted"] == 0]
     ts = np.array([r["compile_s"] for r in comp]) if comp else np.zeros(0)
-    # rows of runs before session 15 have no CPU seconds
+    # rows merged from older runs may have no CPU seconds
     cs = (np.array([r["compile_cpu_s"] for r in comp])
           if comp and all("compile_cpu_s" in r for r in comp) else np.zeros(0))
     return {

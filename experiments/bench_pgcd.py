@@ -314,8 +314,8 @@ def memory_child(H, budget, dtype, keep_lm=False):
     process's ``VmHWM`` during the build, reset before it) and ``peak_added`` (minus
     ``VmRSS`` before). The process holds JAX, the automaton, the HMM and then the build;
     the LM whose vocabulary the constraint is compiled for is released first
-    (``load_model`` caches it: 0.69 GiB of SmolLM2 weights) unless ``keep_lm`` (how the
-    rows before session 15 were measured). ``rss`` records the resident memory after each
+    (``load_model`` caches it: 0.69 GiB of SmolLM2 weights) unless ``keep_lm`` (then the LM
+    stays resident during the build). ``rss`` records the resident memory after each
     stage."""
     import gc
 
@@ -427,7 +427,7 @@ def main(argv=None):
                     help=argparse.SUPPRESS)
     ap.add_argument("--memory-keep-lm", action="store_true",
                     help="memory child: keep the LM (loaded for its vocabulary) in memory "
-                         "during the build, as the rows before session 15 did")
+                         "during the build")
     ap.add_argument("--quick", action="store_true",
                     help="1 round, H=64 only (smoke test; numbers are not meaningful)")
     ap.add_argument("--out", default=str(RESULTS / "bench_pgcd"))

@@ -374,7 +374,7 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
                             f"{g['V']:,}-token vocabulary, K = {g['K']}, β^P and B in "
                             f"{g['table_dtype']}; ms/step ratios per step actually run, "
                             f"{g['rounds']} interleaved rounds.")}
-            prof = results / "gpu_session15" / "profile_lm_step_gpu_default.json"
+            prof = results / "gpu_h200" / "bench_lm_step_gpu_default.json"
             dec = {m: r["decode_ms_per_step"][0] for m, r in g["rows"].items()}
             if prof.exists() and "smc-gcd" in dec:
                 pr = json.loads(prof.read_text())
@@ -384,7 +384,7 @@ def comparison(results: Path, paper: dict, studies: dict) -> list[str]:
                 gpu["note"] += (
                     f" Caveat: jaxcd's 8B decode step takes {pr['step_scan_ms']:.1f} ms there "
                     f"while reading its {pr['weights_GB']:.1f} GB of weights once takes "
-                    f"{floor:.1f} ms (`results/gpu_session15/profile_lm_step_gpu_default.json`), "
+                    f"{floor:.1f} ms (`results/gpu_h200/bench_lm_step_gpu_default.json`), "
                     "so the denominator is slower than it could be. P-GCD adds "
                     + ", ".join(f"{v:.2f} ms (H={h})" for h, v in add.items())
                     + " per step over SMC-GCD; over a step at that floor the P-GCD ratios would "

@@ -10,7 +10,7 @@ how two proposals split their mass between "continue" and "close":
 * the P-GCD lookahead (``λ = 0``): ``q(v) ∝ p_lm(v)·ψ(x v)``.
 
 ``shift = log-odds(lookahead) − log-odds(GCD)`` (continue : close) is what ψ adds. The
-hypothesis (session 19): the HMM never sees the prompt, so the argument names that only
+hypothesis it tests: the HMM never sees the prompt, so the argument names that only
 the prompt makes likely cost ψ their small HMM probability, while closing costs one
 EOS, and ψ pushes toward closing by several nats per argument. A strongly negative shift
 at boundaries where the correct call continues supports it.

@@ -181,7 +181,7 @@ SETTINGS = {
                      formats=["json", "python"], hmm="default")},
 }
 
-#: Study 8: where a second Llama/Qwen2-family GGUF was looked for (this session's record;
+#: Study 8: where a second Llama/Qwen2-family GGUF was looked for (the search's record;
 #: the registries reachable here are PyPI, Debian and npm).
 SECOND_MODEL_SEARCH = {
     "searched_on": "2026-11-23",

@@ -2,7 +2,7 @@
 
 :class:`GCDLogitsProcessor` is a ``transformers.LogitsProcessor``: at every decoding
 step it sets the score of every token outside the constraint's mask to ``-inf``.
-With a ``budget`` the mask is the GCD mask (DESIGN.md §3): a token is allowed iff some
+With a ``budget`` the mask is the GCD mask (docs/design.md §3): a token is allowed iff some
 valid output that ends in EOS within ``budget`` new tokens starts with the tokens so
 far plus that token — so every sampled output is valid **and** ends within the
 budget. Without a budget (``budget=None``) it is the step-local LCD mask (any

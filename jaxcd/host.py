@@ -11,7 +11,7 @@ holds the GCD mask of every ``(t, state)``:
     rows[t, s] = base[s] + Σ_{e: src(e)=s} β_{t+1}(dst e)       t = 0 … n-1
     rows[n, s] = base[s]                                         (budget spent: empty)
 
-with ``β_{t+1}(s') = 1{dist[s'] ≤ n - t - 1}`` (DESIGN.md §3; see
+with ``β_{t+1}(s') = 1{dist[s'] ≤ n - t - 1}`` (docs/design.md §3; see
 :mod:`jaxcd.automata.tensorized` for why the live out-edges form a prefix), so a mask is
 ``cum_masks[rows[t, s]]``: two index operations (the table holds rows of
 ``cum_masks``, i.e. the logical rows above already mapped through ``fa.row_index``). For LCD (``budget=None``) the row is

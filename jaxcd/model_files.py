@@ -65,8 +65,8 @@ def _compile_cache_class():
     programs of every code version until 2 GiB (tens of thousands of entries of tens of
     kB): one write held the lock 0.3 s at 1,000 entries and 1.7-7 s at 20,000 (load
     4-9), and 3-4 processes each writing one entry per five reads in such a directory
-    had reads wait up to 3.5-10 s and 0-2 of 60-80 reads time out (session 15, a
-    microbenchmark; with this class: writes 0.03-0.2 s, no read waits). Here:
+    had reads wait up to 3.5-10 s and 0-2 of 60-80 reads time out (a microbenchmark;
+    with this class: writes 0.03-0.2 s, no read waits). Here:
 
     * reads take no lock: entries are written to a private file and renamed into place
       (atomic), so a reader sees a whole entry or none (an entry evicted under it is a
@@ -317,8 +317,7 @@ FAST_CPU_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
 def prefer_fast_cpu_compiles() -> bool:
     """Append ``--xla_cpu_use_fusion_emitters=false`` to ``XLA_FLAGS``: XLA's CPU compiler
     with its older fusion emitters compiles jaxcd's decode/SMC programs 2-3x faster than
-    with the default MLIR emitters, at the same run time (measured in session 14; see
-    README.md, "Compiled XLA programs are cached"). It changes how a fusion is lowered, not what it computes. The flag
+    with the default MLIR emitters, at the same run time. It changes how a fusion is lowered, not what it computes. The flag
     only affects XLA's CPU backend.
 
     A process-wide setting, so the library never calls this on its own: the ``jaxcd``

@@ -56,7 +56,7 @@ WALK_LEN = 10
 # ---------------------------------------------------------------------------------------
 CATEGORIES = {
     "special_token_as_text": "engine allows a special token (<|im_start|>, ...) whose surface "
-                             "text fits; jaxcd never allows special tokens (DESIGN.md §1)",
+                             "text fits; jaxcd never allows special tokens (docs/design.md §1)",
     "ascii_digit": r"engine reads \d as [0-9]; Python's re (and the oracle) read it as any "
                    "Unicode decimal digit",
     "unicode_version": "a character unassigned in Python's Unicode database (jaxcd follows "

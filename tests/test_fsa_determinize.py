@@ -1,6 +1,5 @@
 """The subset construction of :func:`jaxcd.automata.fsa._determinize_python` against
-the implementation it replaced (kept below verbatim as the reference, issue 22 session
-14) and against Python's ``re``: the same DFA up to isomorphism (identical after
+a plain-Python subset construction (kept below verbatim as the reference) and against Python's ``re``: the same DFA up to isomorphism (identical after
 minimisation), the same subsets, the same limit errors."""
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from jaxcd.limits import too_large
 
 
 # ----------------------------------------------------------------------------------
-# the reference: the plain-Python subset construction before session 14
+# the reference: a plain-Python subset construction
 # ----------------------------------------------------------------------------------
 def _byte_classes_ref(nfa: NFA) -> tuple[np.ndarray, list[int]]:
     bounds = {0, 256}

@@ -1,4 +1,4 @@
-"""GCD/LCD masks equal brute-force enumeration on a toy vocabulary (DESIGN.md §3, §7).
+"""GCD/LCD masks equal brute-force enumeration on a toy vocabulary (docs/design.md §3, §7).
 
 Reference: enumerate every sequence of exactly ``n`` tokens; it is valid iff it is
 ``x_1 … x_m`` followed by EOS padding with ``bytes(x_1 … x_{m-1}) ∈ L`` (checked with
@@ -64,7 +64,7 @@ def test_gcd_masks_equal_enumeration(pattern, n):
     dist = np.asarray(fa.dist)
     expect_beta = dist[None, :] <= (n - np.arange(n + 1))[:, None]
     np.testing.assert_array_equal(np.asarray(tables.beta), expect_beta)
-    # dense DESIGN.md formulas
+    # dense formulas of docs/design.md §3
     T_out, T_in, B_f = fa.T_out.astype(int), fa.T_in.astype(int), fa.B_f.astype(int)
     beta = np.asarray(tables.beta).astype(int)
     for t in range(n):

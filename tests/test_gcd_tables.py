@@ -1,5 +1,5 @@
 """The precomputed live-edge counts of :class:`jaxcd.decoding.gcd.BudgetTables` equal the dense
-formula of DESIGN.md §3 (``T_out · T_in · β_t``: for each state, the live out-edges), and masks computed with
+formula of docs/design.md §3 (``T_out · T_in · β_t``: for each state, the live out-edges), and masks computed with
 them equal masks recomputed from ``beta`` at every step."""
 
 import jax.numpy as jnp

@@ -579,8 +579,8 @@ def test_builder_state_limit_is_compile_limits():
         assert not dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
     assert dfa_of(tree, max_depth=2).accepts(b'{"kids":[{"kids":[]}]}')
     vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)], eos_id=0)
-    # below the depth-1 size: free-form values one container deep, the last resort
-    # (session 16), then the error
+    # below the depth-1 size: free-form values one container deep, the last resort,
+    # then the error
     flat = SchemaBuilder(tree, max_depth=1, max_free_depth=1).build().size
     assert flat < sizes[1]
     with use_limits(CompileLimits(max_nfa_states=sizes[1] - 1)):
@@ -761,7 +761,7 @@ def _combinator_schema():
           derandomize=True)
 @given(_combinator_schema())
 def test_fuzz_combinator_schemas(schema):
-    # soundness of the products, presence tests, contains and propertyNames (session 17):
+    # soundness of the products, presence tests, contains and propertyNames:
     # every sampled string of the automaton validates
     try:
         d = dfa_of(schema, max_depth=2)

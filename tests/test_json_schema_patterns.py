@@ -1,7 +1,7 @@
-"""patternProperties that overlap each other or a declared property (issue 22, session
-15): a key matching several patterns, or a declared name matching a pattern, must
-satisfy every schema that applies to it (JSON Schema applies ``properties`` and all
-matching ``patternProperties``; ``additionalProperties`` only to keys matching none).
+"""patternProperties that overlap each other or a declared property: a key matching
+several patterns, or a declared name matching a pattern, must satisfy every schema that
+applies to it (JSON Schema applies ``properties`` and all matching
+``patternProperties``; ``additionalProperties`` only to keys matching none).
 Checked against ``jsonschema`` on every object of a small universe (keys x values, up
 to two keys, both orders), for random schemas: no invalid object accepted, and every
 valid one accepted where the property order plays no part."""

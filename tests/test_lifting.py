@@ -1,4 +1,4 @@
-"""Token lifting (DESIGN.md §2) equals a brute-force reference.
+"""Token lifting (docs/design.md §2) equals a brute-force reference.
 
 Reference: for every DFA state ``q`` reachable by whole tokens and every ordinary
 token ``v``, run the byte DFA over ``bytes(v)`` from ``q`` (``DFA.run``). The lifted
@@ -266,7 +266,7 @@ def test_delta_lifting_equals_plain_smol(smol_vocab, keys):
                                   ["a", "ab", "abc", "b\u00e9", "x_y"]])
 def test_delta_packed_rows_equal_copies_smol(smol_vocab, keys):
     """A delta state's copies of its reference's individual transitions, packed into
-    shared rows (session 14) or not (``delta_pack_tokens`` past the vocabulary): the
+    shared rows or not (``delta_pack_tokens`` past the vocabulary): the
     same transitions, and tensorize builds identical tables; packing removes individual
     transitions."""
     dfa = open_object_dfa(keys, keys[:1])

@@ -1,4 +1,4 @@
-"""P-GCD (DESIGN.md §5) against brute-force enumeration, in float64.
+"""P-GCD (docs/design.md §5) against brute-force enumeration, in float64.
 
 Reference: a depth-first enumeration of every token sequence ``x_1 … x_m`` (``m ≤ n``,
 ``x_m = EOS``, no earlier EOS) below a prefix, carrying the HMM's joint forward

@@ -98,7 +98,9 @@ def test_probe_against_cache_free_forward_and_token_psi(smol):
     assert (cls == 0).any() and (cls == 1).any()
     np.testing.assert_allclose(r["gcd_logodds"], logodds(lp[allowed]), atol=2e-3)
     np.testing.assert_allclose(r["look_logodds"], logodds(lp[allowed] + lpsi), atol=2e-2)
-    np.testing.assert_allclose(r["shift"], r["look_logodds"] - r["gcd_logodds"], atol=1e-9)
+    # the reported shift against the reference's own (independently computed) shift
+    np.testing.assert_allclose(r["shift"], logodds(lp[allowed] + lpsi) - logodds(lp[allowed]),
+                               atol=2e-2)
 
 
 def test_variants():

@@ -1,33 +1,65 @@
-"""The README's Python examples run as written and give what they say, checked
-against independent references (the `regex` module's partial matching for the mask,
-`json` + `jsonschema` for the generated JSON)."""
+"""README.md runs as written, and its numbers come from the results files.
 
+- The ```python blocks are executed in order, in one namespace, as a reader would paste
+  them; what they print is then checked against independent references (the `regex`
+  module's partial matching for the mask, `json` + `jsonschema` for generated JSON).
+- The ```bash blocks: every command is recognised and parsed by the program it names
+  (`jaxcd` and `hmm-distill` through their own argument parsers, `make` targets against
+  the Makefile, `python -m`/`python FILE` against the repository); the HMM distillation
+  commands are also run, on the toy LM the README names for a quick run.
+- Every tagged number (``<!-- results: FILE#KEY -->``, see experiments/readme_table.py)
+  equals the value at KEY in FILE to its printed precision; every decimal or percentage
+  in the prose carries a tag; the results table is what experiments/readme_table.py
+  renders from the results files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 import jsonschema
-import pytest
 import numpy as np
+import pytest
 import regex
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS_MD = ROOT / "experiments" / "RESULTS.md"
+sys.path.insert(0, str(ROOT))
+
+from experiments import readme_table  # noqa: E402
+
+BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+#: an absolute path: "/" not after a word character, ".", ":", "/", "~", "<", ">" (so not
+#: "1/2", "ms/step", "https://", "../x", "<cache>/x"), then at least one "name/" component
+ABS_PATH = re.compile(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*")
 
 
-def python_blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def blocks(lang: str) -> list[str]:
+    return [body for kind, body in BLOCK.findall(README.read_text()) if kind == lang]
 
 
-def test_api_and_generate_examples():
-    blocks = python_blocks()
-    assert len(blocks) >= 2
-    ns: dict = {}
-    exec(compile(blocks[0], "README block 1", "exec"), ns)     # compile + allowed_tokens
+def prose() -> str:
+    """README.md without its code blocks and inline code."""
+    text = BLOCK.sub("", README.read_text())
+    assert text.count("`") % 2 == 0, "unbalanced inline code in README.md"
+    return re.sub(r"`[^`]*`", "", text)                      # inline code may wrap lines
+
+
+# ---------------------------------------------------------------------------------------
+# Python blocks
+# ---------------------------------------------------------------------------------------
+def _check_mask(ns):
+    """After '{"x":' (compact JSON, budget 8) the allowed tokens are exactly the ordinary
+    tokens that keep the text a prefix of {"x":<integer>} (the budget does not bind for
+    these one-token continuations)."""
     tok, mask = ns["tok"], ns["mask"]
     assert mask.shape == (49152,)
-    # after '{"x":' (compact JSON, budget 8) the allowed tokens are exactly the ordinary
-    # tokens that keep the text a prefix of {"x":<integer>}; the one-token continuations
-    # here are all short, so the budget never binds
     prefix = '{"x":'
     specials = set(tok.all_special_ids)
     lang = regex.compile(r'\{"x":-?(0|[1-9][0-9]*)\}')
@@ -36,29 +68,31 @@ def test_api_and_generate_examples():
     for v in range(len(tok)):
         if v in specials:
             continue
-        text = prefix + tok.decode([v])
-        ok = lang.fullmatch(text, partial=True) is not None
+        ok = lang.fullmatch(prefix + tok.decode([v]), partial=True) is not None
         assert ok == (v in allowed), (v, tok.decode([v]))
-    exec(compile(blocks[1], "README block 2", "exec"), ns)     # jaxcd.generate with GCD
+    phone = regex.compile(r"\(\d{3}\) \d{3}-\d{4}")
+    assert ns["phone"].min_budget >= 1 and phone.fullmatch("(555) 123-4567")
+
+
+def _check_gcd(ns):
     out, schema = ns["out"], ns["schema"]
-    assert len(out.texts) == 4
+    assert len(out.texts) == 4 and all(out.valid)
     for text in out.texts:                                    # independent of jaxcd's flag
         jsonschema.validate(json.loads(text), schema)
-    assert all(out.valid)
 
 
-def _block(marker: str) -> str:
-    (b,) = [b for b in python_blocks() if marker in b]
-    return b
+def _check_smc(ns):
+    out, schema = ns["out"], ns["schema"]
+    assert len(out.texts) == 8 and out.chosen is not None
+    assert abs(sum(out.weights) - 1) < 1e-6
+    assert np.isfinite(out.log_Z) and out.log_Z < 0
+    jsonschema.validate(json.loads(out.text), schema)
+    for text, valid in zip(out.texts, out.valid):
+        assert valid
+        jsonschema.validate(json.loads(text), schema)
 
 
-def test_mixed_batch_example():
-    """The README's mixed-constraint batch: every output valid for its own constraint."""
-    blocks = python_blocks()
-    ns: dict = {}
-    exec(compile(blocks[0], "README block 1", "exec"), ns)
-    exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
-    exec(compile(_block("constraints=["), "README mixed batch", "exec"), ns)
+def _check_batch(ns):
     outs, schema = ns["outs"], ns["schema"]
     assert len(outs) == 3 and all(len(o.texts) == 1 and o.valid[0] for o in outs)
     assert re.fullmatch(r"(19|20)\d\d", outs[0].texts[0])
@@ -66,87 +100,214 @@ def test_mixed_batch_example():
     assert outs[2].texts[0] in ("yes", "no")
 
 
-def test_smc_example():
-    blocks = python_blocks()
-    ns: dict = {}
-    exec(compile(blocks[0], "README block 1", "exec"), ns)
-    exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
-    exec(compile(_block('method="smc"'), "README SMC block", "exec"), ns)     # SMC
-    out, schema = ns["out"], ns["schema"]
-    assert len(out.texts) == 8 and out.chosen is not None
-    assert abs(sum(out.weights) - 1) < 1e-6
-    assert np.isfinite(out.log_Z) and out.log_Z < 0
-    jsonschema.validate(json.loads(out.text), schema)
-    for text, valid, w in zip(out.texts, out.valid, out.weights):
-        assert valid
-        jsonschema.validate(json.loads(text), schema)
+def _check_model(ns):
+    assert ns["out"].texts[0] in ("yes", "no") and ns["out"].valid[0]
+
+
+def _check_bigram(ns):
+    state, logp = ns["state"], ns["logp"]
+    assert logp.shape == (1, 8) and np.allclose(np.exp(np.asarray(logp)).sum(-1), 1, atol=1e-6)
+    assert int(state[0]) == 2                                 # the prompt's last token
+
+
+#: (a string that identifies the block, the check run right after it)
+PYTHON_CHECKS = [
+    ("allowed_tokens(", _check_mask),
+    ('method="gcd",\n                     budget=48, num_samples=4', _check_gcd),
+    ('method="smc"', _check_smc),
+    ("constraints=[", _check_batch),
+    ("jaxcd.load_model()", _check_model),
+    ("class Bigram", _check_bigram),
+]
+
+
+def test_every_python_block_has_a_check():
+    for body in blocks("python"):
+        assert sum(marker in body for marker, _ in PYTHON_CHECKS) == 1, body[:200]
+
+
+def test_python_blocks_run_in_order(capsys):
+    """All python blocks, in README order, in one namespace; each one's outputs checked."""
+    ns: dict = {"__name__": "__readme__"}
+    for i, body in enumerate(blocks("python"), 1):
+        exec(compile(body, f"README.md python block {i}", "exec"), ns)
+        (check,) = [c for marker, c in PYTHON_CHECKS if marker in body]
+        check(ns)
+    printed = capsys.readouterr().out
+    assert "(49152,)" in printed                              # the first block's print
 
 
 # ---------------------------------------------------------------------------------------
-# numbers and their sources (issue 23, item 5)
+# shell blocks
 # ---------------------------------------------------------------------------------------
-ROOT = README.parent
-RESULTS_MD = ROOT / "experiments" / "RESULTS.md"
-#: a tagged figure: the number, then ``<!--src FILE KEY/PATH-->`` (invisible when rendered)
-#: naming the results file and the JSON key path (``/``-separated) that holds its value
-SRC_TAG = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)<!--src (\S+) ([^>]*?)-->")
-#: an absolute path: "/" not after a word character, ".", ":", "/", "~", "<", ">" (so not
-#: "1/2", "ms/step", "https://", "../x", "<cache>/x"), then at least one "name/" component
-ABS_PATH = re.compile(r"(?<![\w.:/~<>])/(?:[\w.+@-]+/)+[\w.+@-]*")
+def shell_commands() -> list[list[str]]:
+    """Every command of every bash block, continuation lines joined, comments dropped."""
+    cmds = []
+    for body in blocks("bash"):
+        for line in body.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv:
+                cmds.append(argv)
+    return cmds
 
 
-def _json_at(path: Path, key: str):
-    obj = json.loads(path.read_text())
-    for part in key.split("/"):
-        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
-    return obj
+def _makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([\w-]+):", text, flags=re.M))
 
 
-def test_readme_tagged_numbers_come_from_named_results_files():
-    """Every tagged number in README.md equals (to its printed precision) the value at the
-    tagged key of the tagged results file, and that file is named visibly on the same
-    line (the reader sees where the number comes from)."""
+def check_command(argv: list[str]) -> None:
+    """Raise unless ``argv`` is a command this repository provides, with valid arguments."""
+    from hmm_distill.cli import build_parser as hmm_parser
+    from jaxcd.cli import build_parser as jaxcd_parser
+
+    prog, args = argv[0], argv[1:]
+    if prog == "make":
+        assert set(args) <= _makefile_targets(), args
+    elif prog == "jaxcd" or argv[:3] == ["python", "-m", "jaxcd"]:
+        jaxcd_parser().parse_args(args if prog == "jaxcd" else argv[3:])
+    elif prog == "hmm-distill":
+        hmm_parser().parse_args(args)
+    elif argv[:2] == ["python", "-m"]:
+        assert importlib.util.find_spec(argv[2]) is not None, argv[2]
+    elif prog == "python":
+        assert (ROOT / args[0]).is_file(), args[0]
+    elif argv[:2] == ["pip", "install"]:
+        extras = re.findall(r"\[(\w+)\]", " ".join(args))
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        for e in extras:
+            assert re.search(rf"^{e} = \[", pyproject, flags=re.M), e
+    else:
+        raise AssertionError(f"README command not recognised: {shlex.join(argv)}")
+
+
+def test_shell_commands_parse():
+    cmds = shell_commands()
+    assert [c[:2] for c in cmds if c[0] == "make"] == [["make", "run"], ["make", "test"]]
+    for argv in cmds:
+        check_command(argv)
+
+
+def test_check_command_rejects_what_does_not_exist():
+    for bad in (["make", "bench-all"], ["jaxcd", "generate", "--no-such-flag"],
+                ["jaxcd", "serve"], ["hmm-distill", "train", "--bogus"],
+                ["python", "-m", "experiments.nope"],
+                ["python", "experiments/nope.py"], ["curl", "x"]):
+        with pytest.raises((AssertionError, SystemExit)):
+            check_command(bad)
+
+
+def test_make_targets_run_what_the_readme_says():
+    """`make run` runs the demo and `make test` the test suite (what .ci/run calls)."""
+    text = (ROOT / "Makefile").read_text()
+    run = re.search(r"^run:.*\n((?:\t.*\n)+)", text, flags=re.M).group(1)
+    test = re.search(r"^test:.*\n((?:\t.*\n)+)", text, flags=re.M).group(1)
+    assert "-m jaxcd demo" in run
+    assert "-m pytest" in test and "tests" in test
+
+
+def test_hmm_distill_commands_run_on_the_toy_lm(tmp_path, monkeypatch):
+    """The README's three hmm-distill commands, as written but on `--lm toy:64` (the
+    README's own quick variant) and under a temporary folder: sample, train, eval."""
+    from hmm_distill.cli import main as hmm_main
+
+    monkeypatch.chdir(tmp_path)
+    cmds = [c for c in shell_commands() if c[0] == "hmm-distill"]
+    assert [c[1] for c in cmds] == ["sample", "train", "eval"]
+    for argv in cmds:
+        args = ["toy:64" if a == "gguf" else a for a in argv[1:]]
+        assert hmm_main(args) == 0, argv
+    ckpt = tmp_path / "runs/smol/h128/hmm.safetensors"
+    assert ckpt.is_file()
+    from jaxcd.hmm import load_checkpoint
+    load_checkpoint(ckpt, expect_vocab_size=64, expect_hidden_size=128)
+
+
+# ---------------------------------------------------------------------------------------
+# numbers and their sources
+# ---------------------------------------------------------------------------------------
+def test_tagged_numbers_match_their_results_files():
     text = README.read_text()
-    tags = SRC_TAG.findall(text)
-    assert len(tags) >= 3
-    for line in text.splitlines():
-        for num, src, key in SRC_TAG.findall(line):
-            f = ROOT / src
-            assert f.is_file(), src
-            visible = re.sub(r"<!--.*?-->", "", line)
-            assert Path(src).name in visible, f"{src} is not named beside {num}"
-            v = float(_json_at(f, key))
-            nd = len(num.split(".")[1]) if "." in num else 0
-            assert round(v, nd) == pytest.approx(float(num.replace(",", ""))), (num, src, key, v)
+    tags = readme_table.TAG.findall(text)
+    assert len(tags) >= 10
+    for num, pct, file, key in tags:
+        assert (ROOT / file).is_file(), file
+        v = float(readme_table.lookup(file, key))
+        if pct:
+            v *= 100
+        nd = len(num.split(".")[1]) if "." in num else 0
+        assert round(v, nd) == pytest.approx(float(num.replace(",", ""))), (num, file, key, v)
 
 
-def test_readme_numbers_that_had_no_source():
-    """The figures issue 23 named as unsourced: the jax.random.categorical timing is gone
-    or tagged, and the default HMM's build time carries a results file."""
+def test_tags_point_at_results_files_only():
+    for _, _, file, _ in readme_table.TAG.findall(README.read_text()):
+        assert file.startswith("experiments/results/") and file.endswith(".json"), file
+
+
+def test_no_untagged_measurements_in_the_prose():
+    """Every decimal number and every percentage outside code carries a results tag."""
+    text = readme_table.TAG.sub("", prose())
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"\]\([^)]*\)", "]", text)                  # link targets
+    found = re.findall(r"(?<![\w.-])\d+\.\d+(?!\w)|\d+(?:\.\d+)?\s?%", text)
+    versions = {"3.11"}                                         # "Python ≥ 3.11"
+    assert not [f for f in found if f not in versions], found
+
+
+def test_results_table_is_generated_from_the_results_files():
+    assert readme_table.readme_block(README.read_text()) == readme_table.render(), (
+        "run `python -m experiments.readme_table --write`")
+
+
+def test_lookup_selectors_and_escapes(tmp_path):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"a/b": {"c": 1}, "rows": [{"m": "x", "k": 1, "v": 2.5},
+                                                        {"m": "x", "k": 2, "v": 3.5}]}))
+    assert readme_table.lookup("r.json", "a~1b/c", tmp_path) == 1
+    assert readme_table.lookup("r.json", "rows/m=x,k=2/v", tmp_path) == 3.5
+    assert readme_table.lookup("r.json", "rows/0/v", tmp_path) == 2.5
+    with pytest.raises(KeyError):
+        readme_table.lookup("r.json", "rows/m=x/v", tmp_path)   # two elements match
+
+
+def test_readme_is_short_and_has_no_history():
     text = README.read_text()
-    for line in text.splitlines():
-        if "jax.random.categorical" in line:
-            assert not re.search(r"\d ms for `jax\.random\.categorical`", line), line
-        if "default HMM" in line and re.search(r"\d+m\d+s wall", line):
-            assert SRC_TAG.search(line), line
-    cat = [line for line in text.splitlines() if "jaxcd.decoding.sampling.categorical" in line
-           or "step breakdown" in line]
-    assert cat and any(SRC_TAG.search(x) for x in cat)
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"session\s*\d|_s\d+\b", text, flags=re.I)
+    for link in re.findall(r"\]\(([^)#]+)\)", text):
+        if not link.startswith("http"):
+            assert (ROOT / link).exists(), link
 
 
+# ---------------------------------------------------------------------------------------
+# machine paths
+# ---------------------------------------------------------------------------------------
 def test_results_md_has_no_machine_paths():
-    text = RESULTS_MD.read_text()
-    found = ABS_PATH.findall(text)
+    found = ABS_PATH.findall(RESULTS_MD.read_text())
     assert not found, found[:5]
 
 
+def test_results_files_have_no_machine_paths():
+    """No results file names a path of the machine it ran on (repository paths are
+    relative, the cache is <cache>, temporary folders <tmp>)."""
+    machine = re.compile(r"(?<![\w.:/~<>])/(?:work|tmp|root|home|Users)/[\w.+@-]")
+    bad = []
+    for p in sorted((ROOT / "experiments" / "results").rglob("*")):
+        if p.is_file() and p.suffix in (".json", ".jsonl", ".md", ".txt"):
+            if machine.search(p.read_text(errors="replace")):
+                bad.append(str(p.relative_to(ROOT)))
+    assert not bad, bad
+
+
 def test_scrub_paths():
-    import sys
-    sys.path.insert(0, str(ROOT))
     from experiments.make_results import scrub_paths
     s = scrub_paths(f"--hmm /root/.cache/jaxcd/hmm/x/hmm.safetensors --out {ROOT}/experiments/r/a "
                     "--data /tmp/pytest-of-root/pytest-3/shards0/full/data/data.jsonl "
                     "1/2 ms/step https://example.org/a/b ../x/y <cache>/hmm/z")
     assert not ABS_PATH.findall(s), s
-    assert "experiments/r/a" in s and "hmm/x/hmm.safetensors" in s and "data/data.jsonl" in s
-    assert "1/2 ms/step https://example.org/a/b ../x/y <cache>/hmm/z" in s
+
+
+def test_results_file_names_carry_no_work_period():
+    bad = [str(p.relative_to(ROOT)) for p in (ROOT / "experiments" / "results").rglob("*")
+           if re.search(r"_s\d+(?![\w])|_s\d+_|session", p.name, flags=re.I)]
+    assert not bad, bad

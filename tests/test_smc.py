@@ -1,4 +1,4 @@
-"""SMC (DESIGN.md §6) against the exact posterior of a toy LM, by enumeration.
+"""SMC (docs/design.md §6) against the exact posterior of a toy LM, by enumeration.
 
 The LM is an explicit table (:class:`~jaxcd.lm.interface.TableLM`) over a 6-token
 vocabulary; the posterior ``p(x | x ∈ L_n)`` and ``Z = p(x ∈ L_n)`` are enumerated.

@@ -1,4 +1,4 @@
-"""Token lifting and tensorization (host side, NumPy) — DESIGN.md §2.
+"""Token lifting and tensorization (host side, NumPy) — docs/design.md §2.
 
 A byte-level DFA ``D`` is lifted over the vocabulary into the token-level automaton
 ``M``: its states are the states of ``D`` reachable from the start by whole

@@ -222,7 +222,7 @@ AUTO_DFA_CAP = 20_000
 # ... and refused before determinising (the schema's order is compiled at once) when its
 # expression tree's size estimate passes AUTO_REFUSE_TREE x AUTO_DFA_CAP or its NFA
 # passes AUTO_REFUSE_NFA x AUTO_DFA_CAP states: a prediction, not a proof. Measured on
-# the 1,000-file MaskBench sample (docs/json_schema.md, session 15): the order-free
+# the 1,000-file MaskBench sample (docs/json_schema.md, "MaskBench"): the order-free
 # automata that fit the cap have trees of at most 130,851 and NFAs of at most 63,005
 # states; 27 of the 56 that pass it are refused early by these two rules.
 AUTO_REFUSE_TREE = 8
@@ -665,8 +665,8 @@ class SchemaBuilder:
     def count_bounds(self, schema: dict, lo_key: str, hi_key: str, path: str):
         """``(lo, hi)`` of a counting keyword pair, checked. A lower bound above
         ``max_count`` raises; an upper one is tightened to ``TIGHT_MAX_LENGTH``
-        (``maxLength``, strict) or ``max_count`` (``maxItems``/``maxProperties``, strict;
-        before session 17 they raised), or dropped (strict=False, or inside a subtracted
+        (``maxLength``, strict) or ``max_count`` (``maxItems``/``maxProperties``, strict),
+        or dropped (strict=False, or inside a subtracted
         operand). With ``count_budget`` (a token
         budget), an upper bound at or past it is dropped and a lower one past it gives
         ``hi = -1`` (no value within the budget): both exact for outputs within the
@@ -1302,8 +1302,8 @@ class SchemaBuilder:
         superset only if the positive side nests no deeper: checked on ``pos_dfa``
         (:func:`_nesting_bound`); if it does, ``schema`` is built again with free-form
         values that deep, else from its meet with ``positive`` (:meth:`negated_meet`).
-        Before session 16 the default depth was used whatever the positive side's
-        depth, which kept invalid instances nested deeper than it."""
+        Using the default depth whatever the positive side's depth would keep invalid
+        instances nested deeper than it."""
         if least is None:                      # no free-form value in the operand
             return self.to_dfa(node, path, keyword)
         hit = self._nesting_memo.get(id(pos_dfa))
@@ -1689,7 +1689,7 @@ class SchemaBuilder:
         if self._neg:
             # a subtracted operand holds every spelling of its values (1.0 and 1e0 equal
             # 1, "\/" is "/", object keys in any order, whitespace), else the difference
-            # keeps an invalid spelling (before session 17 only the compact one was there)
+            # keeps an invalid spelling
             return alt(*(self._spellings(v, path) for _, v in opts))
         return alt(*(lit(t) for t, _ in opts))
 
@@ -2157,7 +2157,6 @@ class SchemaBuilder:
             return {"allOf": ([] if sub is None else [sub]) + more}
 
         # propertyNames applies to every key: declared names and pattern keys too
-        # (before session 17, only to the keys additionalProperties takes)
         names_key = names_dfa = None
         if names is not None and names is not True:
             names_key = EMPTY if names is False else \
@@ -2181,7 +2180,7 @@ class SchemaBuilder:
                                        True))
             elif name not in props:
                 # additionalProperties (or unevaluatedProperties) applies to it unless a
-                # pattern matches it; before session 17 a false one was read as true
+                # pattern matches it (a false one too)
                 sub = with_patterns(name, None)
                 if sub is None:
                     sub = addl if addl is not None else \

@@ -1,4 +1,4 @@
-"""The tensorized automaton (host side, NumPy) — DESIGN.md §2.
+"""The tensorized automaton (host side, NumPy) — docs/design.md §2.
 
 :class:`TensorizedAutomaton` is the token-level automaton ``M`` that
 :func:`jaxcd.automata.lifting.tensorize` builds from a byte DFA (its states, the
@@ -8,7 +8,7 @@ type and its I/O: the JAX pytree registration, ``save`` / ``load`` (``FORMAT_VER
 :func:`cache_key` (the on-disk cache entry of a constraint) and :func:`pad_automaton`
 (shared shapes, so that one compiled program serves many constraints).
 
-Storage (the maths of DESIGN.md with a layout chosen for fast masks):
+Storage (the maths of docs/design.md with a layout chosen for fast masks):
 
 - ``edge_src``, ``edge_dst`` (int32 ``[E]``) are ``T_out`` and ``T_in`` in index form;
   edges are sorted by source, then by ``dist[dst]`` (shortest number of tokens from
@@ -147,7 +147,7 @@ class TensorizedAutomaton:
     def to_device(self) -> "TensorizedAutomaton":
         return jax.device_put(self)
 
-    # -- dense views (DESIGN.md §2), for tests and the HMM product ---------------------
+    # -- dense views (docs/design.md §2), for tests and the HMM product ---------------------
     @property
     def T_out(self) -> np.ndarray:
         m = np.zeros((self.num_states, self.num_edges), np.uint8)

@@ -10,7 +10,7 @@ the output is EOS-padded to ``budget`` exactly as running every step would pad i
     x     ~ softmax((logp + log m) / temperature)
     cs    = advance(fa, cs, x)
 
-With GCD tables, every sampled sequence ends in ``⊥`` within the budget (DESIGN.md
+With GCD tables, every sampled sequence ends in ``⊥`` within the budget (docs/design.md
 §3); LCD may run out of budget mid-output (``valid = False``).
 """
 
@@ -33,7 +33,7 @@ METHODS = ("none", "lcd", "gcd")
 
 class SampleOutput(NamedTuple):
     """What :func:`sample` returns. ``logprob - proposal_logprob`` is each sample's
-    importance log-weight ``log p_lm(x) / q(x)`` against the LM (DESIGN.md §6): with
+    importance log-weight ``log p_lm(x) / q(x)`` against the LM (docs/design.md §6): with
     GCD at temperature 1 it is ``Σ_t log Σ_v p_lm(v | x_<t) m_t(v)``, the log mass the
     masks kept, and its exponential has expectation ``p_lm(x ∈ L_n)`` under the
     proposal. For a target restricted to ``L_n`` multiply by ``valid`` (an LCD sample
@@ -114,7 +114,7 @@ def _select(k, logp, fa, tables, cs, done, total, temperature, eos, *, constrain
     masked = masked_logits(fa, tables, cs, logp) if constrained else logp
     tok, lq, new_done, empty = draw(k, masked / temperature, done, eos, greedy=greedy)
     # an empty mask (not reachable from a live GCD/LCD state; guarded) has no
-    # proposal: log q = +inf makes the importance weight 0 (DESIGN.md §6)
+    # proposal: log q = +inf makes the importance weight 0 (docs/design.md §6)
     lq = jnp.where(empty, jnp.inf, lq)
     lp = jnp.take_along_axis(logp, tok[:, None], axis=1)[:, 0]
     total_p, total_q = total

@@ -1,4 +1,4 @@
-"""GCD and LCD on the device (JAX) — DESIGN.md §3.
+"""GCD and LCD on the device (JAX) — docs/design.md §3.
 
 Pure functions over a :class:`~jaxcd.automata.tensorized.TensorizedAutomaton` ``fa``
 (whose arrays should be on the device: ``fa = fa.to_device()``). All work on one
@@ -46,7 +46,7 @@ class BudgetTables(NamedTuple):
     are never read as masks (the budget is spent there).
 
     ``live_out``: int32 ``[n + 1, num_states]``, ``live_out[t, s] = Σ_{e: src(e)=s}
-    β_t(dst e)`` — the number of live out-edges, i.e. ``Σ_e w_t[e]`` of DESIGN.md §3 for
+    β_t(dst e)`` — the number of live out-edges, i.e. ``Σ_e w_t[e]`` of docs/design.md §3 for
     the state set ``{s}``. Precomputed once with the tables so that a mask step is two
     scalar gathers and one row gather (computing it per step from ``beta`` made the
     vmapped mask 4-6x slower on CPU). ``None`` (tables built by hand): computed from
@@ -224,7 +224,7 @@ def unpack(words: jax.Array, vocab_size: int) -> jax.Array:
 
 
 def mask(fa: TensorizedAutomaton, tables: BudgetTables, cs: ConstraintState) -> jax.Array:
-    """Next-token mask, bool ``[vocab_size]``: ``m_{t+1}`` of DESIGN.md §3."""
+    """Next-token mask, bool ``[vocab_size]``: ``m_{t+1}`` of docs/design.md §3."""
     return unpack(mask_words(fa, tables, cs), fa.vocab_size)
 
 

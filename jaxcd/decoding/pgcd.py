@@ -1,4 +1,4 @@
-r"""P-GCD: the HMM × automaton product as a lazy circuit — DESIGN.md §5.
+r"""P-GCD: the HMM × automaton product as a lazy circuit — docs/design.md §5.
 
 An HMM ``(π, A, B)`` (probabilities, :class:`hmm_distill.HMMParams`; hidden size
 ``H``, vocabulary ``V``) is multiplied with the token-level DFA ``fa`` (``S`` states,
@@ -75,7 +75,7 @@ __all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "TablesTooLargeError",
 
 
 #: every matmul here at full precision: float32 is float32 on GPU/TPU too (XLA's default
-#: there is TF32 / one bfloat16 pass, about 1e-4 relative: seen on an H200, session 15);
+#: there is TF32 / one bfloat16 pass, about 1e-4 relative, as seen on an H200);
 #: bfloat16 tables are unchanged by it (bfloat16 products, float32 accumulation)
 _HIGHEST = jax.lax.Precision.HIGHEST
 

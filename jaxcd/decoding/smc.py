@@ -1,4 +1,4 @@
-r"""Sequential Monte Carlo over particles — DESIGN.md §6.
+r"""Sequential Monte Carlo over particles — docs/design.md §6.
 
 Target: the global posterior ``p(x | prompt, x ∈ L_n) ∝ p_lm(x | prompt)·1{x ∈ L_n}``
 (``p_lm`` at ``temperature``: the LM's next-token distributions ``softmax(logp / T)``;
@@ -67,7 +67,7 @@ by step::
 ``λ``: no step can cut a prefix's twisted weight by more than ``λ`` against GCD's (where
 ``r`` is about ``λ``, the proposal's own defensive part drew it with probability about
 ``λ·q_GCD``, and the two cancel). ``λ = 1`` is GCD's potential 1; where ``ψ = 0`` at every
-token ``r = 1``. ``λ = 0`` keeps the pure potential ``ψ`` of DESIGN.md §6: where
+token ``r = 1``. ``λ = 0`` keeps the pure potential ``ψ`` of docs/design.md §6: where
 ``ψ(x_{<t} v) = 0`` at a token GCD allows (an HMM zero, or underflow) ``φ`` keeps the
 prefix's value (``φ(x_{<t} v) = φ(x_{<t})``: the twist makes no claim there), and
 ``ψ(∅) = 0`` starts at ``φ = 1``. Either way the final potential ``φ(x·EOS)`` is set to

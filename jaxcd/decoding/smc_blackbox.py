@@ -11,7 +11,7 @@ Target: ``p(x | prompt, x ∈ L_n) ∝ p_T(x | prompt) · 1{x ∈ L_n}`` where `
 LM at ``temperature`` (next-token distributions ``softmax(logp / T)``; ``T = 1`` is
 the LM itself) and ``L_n`` the outputs of at most ``n = budget`` tokens, EOS included.
 
-Per step ``t`` and live particle with prefix bytes ``b`` (DESIGN.md §6 with the potential
+Per step ``t`` and live particle with prefix bytes ``b`` (docs/design.md §6 with the potential
 ``φ_t = 1{b can still be extended}``)::
 
     accept(v) = predicate(b, final=True)          if v = EOS

@@ -9,8 +9,8 @@ floor (one jitted pass that reads every weight once).
   kernel uses, here through XLA's dot);
 * the floor: ``sum(w.astype(f32))`` over every weight, one pass.
 
-Usage (on the GPU): ``PYTHONPATH=. python experiments/profile_lm_step_gpu.py --out DIR``.
-Writes ``DIR/profile_lm_step_gpu.json`` and, with ``--hlo``, the optimised HLO of the
+Usage (on the GPU): ``PYTHONPATH=. python experiments/bench_lm_step_gpu.py --out DIR``.
+Writes ``DIR/bench_lm_step_gpu.json`` and, with ``--hlo``, the optimised HLO of the
 ``scan`` step.
 """
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/profile_lm_step_gpu")
+    ap.add_argument("--out", default="/tmp/bench_lm_step_gpu")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--hlo", action="store_true")
     ap.add_argument("--tag", default="default")
@@ -87,7 +87,7 @@ def main(argv=None):
         out["hlo_dynamic_slices"] = txt.count("dynamic-slice")
     print(json.dumps(out, indent=1))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"profile_lm_step_gpu_{args.tag}.json").write_text(json.dumps(out, indent=1))
+    (Path(args.out) / f"bench_lm_step_gpu_{args.tag}.json").write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Where a continuous-batching decode step and an insert call spend their time
-(issue 19, the "mixed batches of 16 reach >= 6x one by one" goal).
+"""Benchmark: where a continuous-batching decode step and an insert call spend their
+time (docs/serving.md).
 
 Times jitted pieces in isolation at the shapes ``experiments.bench_serving`` uses (the
 stream's common automaton bucket, prompt bucket, budget bucket 64, 16 rows; and the
@@ -15,11 +15,11 @@ one-by-one shapes: batch 1, the request's own bucket), with ``block_until_ready`
 - insert pieces: prefill of ``G`` prompts, host stacking of their automata, β tables,
   the ``_insert`` program.
 
-Usage: ``PYTHONPATH=. python experiments/profile_serving_step.py [--repeats 7]``
-(prints a table; writes ``experiments/results/profile_serving_step.{md,json}``).
+Usage: ``PYTHONPATH=. python experiments/bench_serving_step.py [--repeats 7]``
+(prints a table; writes ``experiments/results/bench_serving_step.{md,json}``).
 
 ``--ab-gemm ROUNDS``: instead, an interleaved A/B of the layer kernels' schemes
-(``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel as before session 14,
+(``JAXCD_GEMM``, read at each kernel call: ``o`` the packed kernel for every row count,
 ``a`` the default, 2..16 rows through the transposed kernel) on the donated ``lm.step``
 at B=16 (cache of 256 slots, a 128-wide prompt) and B=1, alternating the order each
 round; per round the min of 4 steps, wall and process CPU; reports the medians and the
@@ -28,7 +28,7 @@ schemes give the same bits.
 
 ``--ab-stream ROUNDS``: an interleaved A/B of the whole continuous stream of
 ``bench_serving`` (the first ``--n`` requests, batch 16, GCD, budget 64): ``old`` (whole
-insert groups, power-of-two rest widths, ``JAXCD_GEMM=o``: serving as before session 14)
+insert groups, power-of-two rest widths, ``JAXCD_GEMM=o``)
 against ``new`` (the defaults); one warm-up call per variant, then ROUNDS pairs in
 alternating order; prints wall and CPU seconds, steps, occupancy and compiles per run and
 the new/old ratios.
@@ -195,7 +195,7 @@ def main(argv=None):
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--n", type=int, default=200, help="constraints scanned for the bucket")
     ap.add_argument("--skip-pieces", action="store_true", help="only the loop/LM/prefill rows")
-    ap.add_argument("--out", default=str(RESULTS / "profile_serving_step"))
+    ap.add_argument("--out", default=str(RESULTS / "bench_serving_step"))
     ap.add_argument("--ab-gemm", type=int, default=0, metavar="ROUNDS",
                     help="interleaved A/B of JAXCD_GEMM=o vs a on lm.step (see the docstring)")
     ap.add_argument("--ab-stream", type=int, default=0, metavar="ROUNDS",
@@ -405,7 +405,7 @@ def main(argv=None):
         return live["c"].logp
     rec("insert: _insert program", f"G={G} into B={B}, P_g=64", ins)
 
-    res = {"command": "PYTHONPATH=. python experiments/profile_serving_step.py " + " ".join(
+    res = {"command": "PYTHONPATH=. python experiments/bench_serving_step.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "bucket": list(bucket), "prompt_bucket": P,
         "cache_slots": S_cache, "rows": B, "group": G, "load_start": load0,
         "load_end": os.getloadavg(), "pieces": rows_here}

@@ -1,11 +1,11 @@
-"""What deeper free-form values cost (issue 22, "Depth"): compile a seeded sample of
+"""Benchmark: what deeper free-form JSON values cost. Compiles a seeded sample of
 MaskBench schemas with the free-form depth adaptation off, for written free-form values
 only, and with open objects' extras too (the default), interleaved per schema in one
 process; report compile CPU time and DFA sizes per variant.
 
-    python -m experiments.ab_free_depth --data <jsonschemabench mirror> --n 120
+    python -m experiments.bench_free_depth --data <jsonschemabench mirror> --n 120
 
-Writes ``experiments/results/ab_free_depth.{json,md}``.
+Writes ``experiments/results/bench_free_depth.{json,md}``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (FREE_DEPTH_BUDGET, IMPLICIT_FREE_DEPTH): the knobs of SchemaBuilder.adaptive_free_depth
 VARIANTS = {
-    "off": (0, 3),                     # the default depth everywhere (before session 16)
+    "off": (0, 3),                     # the default depth everywhere
     "written only": (10_240, 3),       # {}, true, additionalProperties: true, ...
     "default": (10_240, 4),            # ... and open objects' extras when few
 }
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default=str(DEFAULT_DATA))
     ap.add_argument("--n", type=int, default=120)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "ab_free_depth"))
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_free_depth"))
     args = ap.parse_args(argv)
 
     vocab = Vocabulary.from_tokenizer(load_tokenizer())
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         rows.append({"variant": k, "cpu_sum_s": float(a.sum()), "cpu_p50_s": float(np.median(a)),
                      "cpu_p95_s": float(np.quantile(a, 0.95)),
                      "dfa_states_median": int(np.median(s)), "dfa_states_mean": float(s.mean())})
-    md = ["# Free-form depth: what it costs (experiments/ab_free_depth.py)\n",
+    md = ["# Free-form depth: what it costs (experiments/bench_free_depth.py)\n",
           f"{len(names)} MaskBench schemas (dev splits, seed {args.seed}), each compiled by "
           f"every variant in turn (one process); DFA sizes over the {len(both)} that all "
           "compiled.\n",
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(
-        {"meta": provenance("experiments.ab_free_depth", argv, [args.seed]), "files": names, "rows": rows, "cpu": cpu, "states": states},
+        {"meta": provenance("experiments.bench_free_depth", argv, [args.seed]), "files": names, "rows": rows, "cpu": cpu, "states": states},
         indent=1))
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     return 0
