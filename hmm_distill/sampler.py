@@ -626,7 +626,8 @@ _COMPAT_KEYS = ("vocab_size", "eos_token_id", "length", "vocab_fingerprint", "mo
                 "seed", "temperature", "shard_size")
 
 
-def _check_pool_memory(lm, params, prompt_lens: Sequence[int], rows: Sequence[int], length: int) -> None:
+def _check_pool_memory(lm, params, prompt_lens: Sequence[int], rows: Sequence[int], length: int,
+                       device=None) -> None:
     """Raise :class:`MemoryEstimateError` when the pools (``rows[i]`` rows, prompts of up to
     ``prompt_lens[i]`` tokens; :func:`pool_memory_bytes`, summed) need more than the
     available memory (:func:`hmm_distill.em.available_memory_bytes`)."""
@@ -635,7 +636,7 @@ def _check_pool_memory(lm, params, prompt_lens: Sequence[int], rows: Sequence[in
 
     need = sum(pool_memory_bytes(lm, params, batch_size=b, max_prompt_len=p, length=length)
                for p, b in zip(prompt_lens, rows))
-    avail = available_memory_bytes()
+    avail = available_memory_bytes(device)
     if avail is not None and need > avail:
         gib = 1 << 30
         raise MemoryEstimateError(
@@ -652,7 +653,7 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                  fingerprint: str = "", progress: bool = True, prompt_set: str | None = None,
                  until_eos: bool = False, chat_template: bool = False,
                  continuous: bool | None = None, pools: int = 1, check_memory: bool = True,
-                 features: int = 0, continuations_per_prompt: int = 1) -> dict:
+                 features: int = 0, continuations_per_prompt: int = 1, devices=None) -> dict:
     """Sample ``num_seqs`` continuations of at most ``length`` tokens into ``out_dir``.
 
     Sequence ``i`` continues prompt ``prompt_ids[(i // c) % len(prompt_ids)]``, ``c =
@@ -678,6 +679,10 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
     more cores busy. Each sequence is still drawn with its own key and context, so the
     samples are those of one pool up to float rounding (other cache placements and batch
     shapes; the tokens can differ where rounding flips a draw).
+
+    ``devices`` (continuous sampling): a list of JAX devices; each runs one pool (so
+    ``pools = len(devices)``), with its own copy of the parameters — a data-parallel
+    sampler over the local accelerators. Several hosts: see below.
 
     ``check_memory`` (continuous sampling): before sampling a shard, the pools' peak memory
     is estimated (:func:`pool_memory_bytes`) and :class:`MemoryEstimateError` is raised when
@@ -715,6 +720,14 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
         if min(p) < 0 or max(p) >= V:
             raise SampleDataError(f"prompt {j} has token ids outside the vocabulary [0, {V})")
     continuous = _is_jaxlm(lm) if continuous is None else bool(continuous)
+    if devices is not None:
+        devices = list(devices)
+        if not devices:
+            raise ConfigError("devices: give at least one device")
+        if not continuous:
+            raise ConfigError("sampling on several devices needs continuous batching (a JaxLM)")
+        pools = len(devices)
+        dev_params = [jax.device_put(params, d) for d in devices]
     meta = {
         "format": SAMPLES_FORMAT, "vocab_size": V, "eos_token_id": eos, "length": int(length),
         "vocab_fingerprint": fingerprint, "model": model_name,
@@ -848,10 +861,18 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
                             bar.set_postfix(tok_s=f"{n_tok / (time.perf_counter() - t0):.0f}")
 
                 try:
-                    return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
-                                       length=int(length), temperature=float(temperature),
-                                       batch_size=rows[k_part],
-                                       on_done=on_done, on_chunk=on_chunk, proj=proj)
+                    if devices is None:
+                        return sample_pool(lm, params, prompt_ids, idx[order[sel]], w_all[order[sel]], seed,
+                                           length=int(length), temperature=float(temperature),
+                                           batch_size=rows[k_part],
+                                           on_done=on_done, on_chunk=on_chunk, proj=proj)
+                    dev = devices[k_part]
+                    with jax.default_device(dev):
+                        return sample_pool(lm, dev_params[k_part], prompt_ids, idx[order[sel]],
+                                           w_all[order[sel]], seed, length=int(length),
+                                           temperature=float(temperature), batch_size=rows[k_part],
+                                           on_done=on_done, on_chunk=on_chunk,
+                                           proj=None if proj is None else jax.device_put(proj, dev))
                 except BaseException:
                     stop.set()
                     raise
@@ -862,8 +883,13 @@ def run_sampling(lm, params, out_dir, *, num_seqs: int, length: int, shard_size:
             # a pool of a split shard has no more rows than sequences (one pool: as before)
             rows = [bsz if len(parts) == 1 else min(bsz, len(sel)) for sel in parts]
             if check_memory and hasattr(lm, "cache_slots"):
-                _check_pool_memory(lm, params, [int(plen[w_all[order[sel]]].max()) for sel in parts],
-                                   rows, int(length))
+                lens_ = [int(plen[w_all[order[sel]]].max()) for sel in parts]
+                if devices is None:
+                    _check_pool_memory(lm, params, lens_, rows, int(length))
+                else:  # one pool per device
+                    for i in range(len(parts)):
+                        _check_pool_memory(lm, params, lens_[i:i + 1], rows[i:i + 1], int(length),
+                                           device=devices[i])
             if len(parts) == 1:
                 stats = [run_part((0, parts[0]))]
             else:

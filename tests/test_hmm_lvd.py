@@ -233,3 +233,60 @@ def test_continuations_per_prompt(tmp_path):
     np.testing.assert_array_equal(a.tokens, b.tokens)
     with pytest.raises(SampleDirMismatchError, match="continuations_per_prompt"):
         run_sampling(jlm, jlm.params, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=2, **kw)
+
+
+DEVICES_SCRIPT = r"""
+import json, sys
+import numpy as np, jax
+sys.path.insert(0, sys.argv[2])
+from test_lm_llama import write_tiny_gguf
+from jaxcd.lm.llama import JaxLM
+from hmm_distill.data import load_features, load_samples
+from hmm_distill.sampler import run_sampling
+assert len(jax.devices()) == 2, jax.devices()
+d = sys.argv[1]
+write_tiny_gguf(d + "/tiny.gguf", "llama", tied=True, seed=1)
+jlm = JaxLM.from_gguf(d + "/tiny.gguf", attn_block=8)
+rng = np.random.default_rng(0)
+prompts = [list(map(int, rng.integers(1, 250, size=k))) for k in (3, 9, 5, 12)]
+kw = dict(num_seqs=20, length=6, shard_size=10, batch_size=4, seed=2, prompt_ids=prompts, progress=False,
+          features=4)
+run_sampling(jlm, jlm.params, d + "/one", pools=2, **kw)
+import hmm_distill.sampler as S
+seen, orig = [], S.sample_pool
+def spy(lm, params, *a, **k):
+    seen.append(sorted({dv.id for x in jax.tree.leaves(params) for dv in x.devices()}))
+    return orig(lm, params, *a, **k)
+S.sample_pool = spy
+m = run_sampling(jlm, jlm.params, d + "/two", devices=jax.devices(), **kw)
+a, b = load_samples(d + "/one"), load_samples(d + "/two")
+fa = [np.asarray(load_features(__import__("pathlib").Path(d) / x / s["features"], (10, 6)), np.float32)
+      for x in ("one", "two") for s in m["shards"]]
+print("RESULT " + json.dumps({"tokens_equal": bool((a.tokens == b.tokens).all()),
+                              "lp_diff": float(np.abs(a.logprobs - b.logprobs).max()),
+                              "feat_diff": float(max(np.abs(fa[0] - fa[2]).max(), np.abs(fa[1] - fa[3]).max())),
+                              "pools": m["pools"], "devices": sorted(map(tuple, seen))}))
+"""
+
+
+def test_sampling_on_two_devices_equals_two_pools_on_one(tmp_path):
+    """One pool per device (data-parallel sampling over local devices): the same draws,
+    log-probabilities and features as two pools on one device (4 forced host devices
+    need their own process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", DEVICES_SCRIPT, str(tmp_path), str(root / "tests")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert out["tokens_equal"] and out["lp_diff"] < 1e-4 and out["feat_diff"] < 1e-2 and out["pools"] == 2, out
+    assert sorted({d for ds in out["devices"] for d in ds}) == [0, 1], out  # each pool's weights on its device
