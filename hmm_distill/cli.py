@@ -6,6 +6,7 @@ Subcommands::
     train   Baum–Welch distillation of an HMM from a sample directory
     eval    held-out log-likelihood of a checkpoint on a sample directory
     info    print a checkpoint's metadata
+    task    a model's task HMM, the whole recipe (sample with LM features, LVD, streaming EM), cached
 
 Examples::
 
@@ -14,6 +15,7 @@ Examples::
     python -m hmm_distill train --data data/smol --out runs/smol-h128            # resumes if interrupted
     python -m hmm_distill train --config cfg.json --epochs 20                     # flags override the file
     python -m hmm_distill eval --ckpt runs/smol-h128/hmm.safetensors --data data/smol
+    python -m hmm_distill task --model qwen2.5-coder-0.5b --profile cpu             # the task HMM recipe
 
 Errors the user can fix (bad files, mismatched vocabularies, bad config) print one
 line ``error: ...`` and exit with status 2.
@@ -253,12 +255,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training samples: also report the add-0.1 unigram baseline and the gap share")
     p = sub.add_parser("info", help="print checkpoint metadata")
     p.add_argument("--ckpt", required=True)
+    p = sub.add_parser("task", help="build (or find) a model's task HMM: the whole recipe, cached")
+    p.add_argument("--model", default=None, help="GGUF path or model name (default SmolLM2-135M)")
+    p.add_argument("--profile", default="cpu", help="settings: cpu (this CPU, <= 2 h), accelerator "
+                   "(the references' scale), smoke (minutes)")
+    p.add_argument("--hidden-size", type=int, default=None, help="override the profile's H")
+    p.add_argument("--rebuild", action="store_true", help="discard a cached or partial build")
+    p.add_argument("--no-progress", action="store_true")
     return ap
+
+
+def _cmd_task(a) -> int:
+    from .default import task_hmm
+
+    _, info = task_hmm(a.model, profile=a.profile, hidden_size=a.hidden_size, rebuild=a.rebuild,
+                       progress=not a.no_progress)
+    keep = ("path", "cached", "hidden_size", "vocab_size", "heldout", "checkpoint_sha256",
+            "build_wall_seconds_total", "build_cpu_seconds_total", "build_seconds", "settings")
+    print(json.dumps({k: info.get(k) for k in keep}, indent=1))
+    return 0
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    cmd = {"sample": _cmd_sample, "train": _cmd_train, "eval": _cmd_eval, "info": _cmd_info}[a.cmd]
+    cmd = {"sample": _cmd_sample, "train": _cmd_train, "eval": _cmd_eval, "info": _cmd_info,
+           "task": _cmd_task}[a.cmd]
     try:
         return cmd(a)
     except _user_errors() as e:
