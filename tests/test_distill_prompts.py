@@ -202,3 +202,17 @@ def test_chat_prompts_gz_and_length_filter(tmp_path):
     assert read_prompts(ids, fmt="ids")[1] == [[1, 2, 3], [4], [5, 6, 7, 8, 9]]
     with pytest.raises(SampleDataError, match="shortest: 2"):
         filter_prompts_by_length(["a"], [[1, 2]], 1)
+
+
+def test_documented_figures(records):
+    """docs/hmm_distill.md states the set's size and lengths: they are the files'."""
+    doc = (ROOT / "docs" / "hmm_distill.md").read_text()
+    res = json.loads(D.LENGTHS_FILE.read_text())["stats"]
+    n_ex = len({D.example_id_of(r["id"]) for r in records if r["kind"] != "synthetic"})
+    n_syn = sum(r["kind"] == "synthetic" for r in records)
+    want = {"prompts": len(records), "examples": n_ex, "synthetic": n_syn,
+            "median": res["all"]["q50"], "p90": res["all"]["q90"], "max": res["all"]["max"],
+            "keep512": res["max_prompt_tokens"]["512"]["prompts"],
+            "keep1024": res["max_prompt_tokens"]["1024"]["prompts"]}
+    for what, v in want.items():
+        assert f"{v:,}" in doc, f"{what} = {v:,} not in docs/hmm_distill.md"

@@ -57,18 +57,18 @@ def _reference_maxima(ref, ps):
 
 @settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(pattern=_regex(), n=st.integers(2, 5), H=st.sampled_from([2, 4]),
+@given(pattern=_regex(), n=st.sampled_from([3, 5]), H=st.sampled_from([2, 4]),
        seed=st.integers(0, 2**16), zeros=st.booleans())
 def test_psi_equals_enumeration_and_is_at_most_one(pattern, n, H, seed, zeros):
-    """Random languages and HMMs (with exact zeros or not), budgets 2–5: ψ(x v) and ψ(x)
-    at up to 12 reachable prefixes equal the enumeration and never exceed 1; the
-    automata are padded to one shape bucket and the tables built for 8 steps, so the
-    examples share their compiled programs."""
+    """Random languages and HMMs (with exact zeros or not), budgets 3 and 5: ψ(x v) and
+    ψ(x) at up to 12 reachable prefixes equal the enumeration and never exceed 1; the
+    automata are padded to one shape bucket, so the examples share their compiled
+    programs."""
     with jax.enable_x64(True):
         fa = bucket_automaton(compile_regex(pattern, VOCAB))
         hmm = _as(random_hmm(H, seed, zeros=zeros), jnp.float64)
         try:
-            tables = pgcd.backward(fa, hmm, n, steps=8)
+            tables = pgcd.backward(fa, hmm, n)
         except BudgetTooSmallError:
             assume(False)                            # no valid output within n tokens
         ref = Reference(pattern, n, hmm)

@@ -790,7 +790,7 @@ def table_log_max(tables: PGCDTables) -> jax.Array:
     """``log max β^P`` over the rows a budget uses, every state and hidden state
     (``−inf`` if every entry is 0). ``β^P`` is a probability, so this is ``≤ 0`` up to
     rounding. Jittable, one pass over the tables."""
-    idx = tables.row(jnp.arange(tables.steps + 1))
+    idx = tables.row(jnp.arange(tables.mant.shape[0]))                   # rows n..0
     mmax = jnp.max(tables.mant[idx].astype(jnp.float32), axis=-1)          # [N+1, S]
     ls = tables.log_scale[idx].astype(jnp.float32)
     ok = (mmax > 0) & jnp.isfinite(ls)
