@@ -216,3 +216,27 @@ def test_documented_figures(records):
             "keep1024": res["max_prompt_tokens"]["1024"]["prompts"]}
     for what, v in want.items():
         assert f"{v:,}" in doc, f"{what} = {v:,} not in docs/hmm_distill.md"
+
+
+def test_cli_sample_max_prompt_tokens(tmp_path):
+    """``hmm-distill sample --max-prompt-tokens`` samples only from the short prompts
+    (an HMM checkpoint as the LM; token-id prompts)."""
+    import jax
+
+    from hmm_distill import hmm as F
+    from hmm_distill.checkpoint import save_checkpoint
+    from hmm_distill.cli import main
+    from hmm_distill.sampler import prompt_set_id
+
+    p = F.random_params(jax.random.key(1), 2, 5)
+    ck = save_checkpoint(tmp_path / "lm.safetensors", p, fingerprint="fp-y", eos_token_id=4)
+    prompts = tmp_path / "ids.txt"
+    prompts.write_text("0 1\n2\n3 1 0\n")
+    out = tmp_path / "s"
+    rc = main(["sample", "--lm", f"hmm:{ck}", "--out", str(out), "--num-seqs", "8", "--length", "3",
+               "--shard-size", "8", "--batch-size", "8", "--no-progress", "--prompts", str(prompts),
+               "--prompt-format", "ids", "--max-prompt-tokens", "2"])
+    assert rc == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["prompt_ids"] == [[0, 1], [2]]
+    assert meta["prompt_set_id"] == prompt_set_id([[0, 1], [2]])
