@@ -337,7 +337,16 @@ def length_stats(records: list[dict], lengths: list[int], thresholds=THRESHOLDS)
             "max_prompt_tokens": keep, "total_prompt_tokens": int(L.sum())}
 
 
-def write_lengths(path: Path = PROMPTS_FILE, out: Path = LENGTHS_FILE, model: str | None = None,
+def lengths_file(model: str | None = None) -> Path:
+    """Where the length statistics for ``model``'s tokenizer go (``None``: SmolLM2,
+    :data:`LENGTHS_FILE`; a name or GGUF path: ``distill_prompts_<name>.json``)."""
+    if model is None:
+        return LENGTHS_FILE
+    name = Path(model).stem if model.endswith(".gguf") else Path(model).name
+    return LENGTHS_FILE.with_name(f"distill_prompts_{name}.json")
+
+
+def write_lengths(path: Path = PROMPTS_FILE, out: Path | None = None, model: str | None = None,
                   argv=()) -> dict:
     """Render every prompt of ``path`` with the model's tokenizer (default SmolLM2) and
     write :func:`length_stats` plus every prompt's length to ``out``."""
@@ -345,6 +354,7 @@ def write_lengths(path: Path = PROMPTS_FILE, out: Path = LENGTHS_FILE, model: st
     from jaxcd.tokenizer import load_tokenizer
     from experiments.provenance import provenance
 
+    out = lengths_file(model) if out is None else Path(out)
     records = read_chat_prompts(path)
     tok = load_tokenizer(model)
     lengths = [len(p) for p in encode_chat_prompts(records, tok)]
@@ -368,7 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rescan", action="store_true",
                     help="add the ids named by new results to the evaluated set (and check the dev set)")
     ap.add_argument("--lengths", action="store_true", help="also write the token-length statistics")
-    ap.add_argument("--model", default=None, help="tokenizer for --lengths (default SmolLM2)")
+    ap.add_argument("--model", default=None,
+                    help="tokenizer for --lengths: a model name or GGUF (default SmolLM2)")
     ap.add_argument("--out", type=Path, default=PROMPTS_FILE)
     ap.add_argument("--dev-data", type=Path, default=None,
                     help="write the dev set as DIR/data.jsonl + DIR/answers.jsonl and stop")
@@ -397,7 +408,7 @@ def main(argv=None) -> int:
     if a.lengths:
         res = write_lengths(a.out, model=a.model, argv=sys.argv[1:] if argv is None else argv)
         s = res["stats"]["all"]
-        print(f"{LENGTHS_FILE.relative_to(ROOT)}: tokens median {s['q50']}, p90 {s['q90']}, max {s['max']}")
+        print(f"{lengths_file(a.model).relative_to(ROOT)}: tokens median {s['q50']}, p90 {s['q90']}, max {s['max']}")
     return 0
 
 

@@ -170,17 +170,29 @@ def test_recorded_lengths(records, tokenizer):
     res = json.loads(D.LENGTHS_FILE.read_text())
     lengths = res["lengths"]
     assert len(lengths) == len(records)
-    assert res["prompt_set_sha256"] == D.sha256(D.PROMPTS_FILE.read_bytes())
     rng = np.random.default_rng(0)
     sample = rng.choice(len(records), 25, replace=False)
     got = encode_chat_prompts([records[i] for i in sample], tokenizer)
     assert [len(g) for g in got] == [lengths[i] for i in sample]
-    L = np.array(lengths)
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("distill_prompts*.json")), ids=lambda p: p.name)
+def test_length_statistics_agree_with_the_lengths(path, records):
+    """Every length file (one per tokenizer) is of the committed prompt set, and its
+    quantiles and per-threshold counts are those of its per-prompt lengths."""
+    res = json.loads(path.read_text())
+    assert res["prompt_set_sha256"] == D.sha256(D.PROMPTS_FILE.read_bytes())
+    L = np.array(res["lengths"])
+    assert len(L) == len(records)
     for t, kept in res["stats"]["max_prompt_tokens"].items():
         assert kept["prompts"] == int((L <= int(t)).sum())
         assert kept["prompt_tokens"] == int(L[L <= int(t)].sum())
+        ex = {D.example_id_of(r["id"]) for r, n in zip(records, L) if n <= int(t)}
+        assert kept["examples"] == len(ex)
     assert res["stats"]["all"]["q50"] == int(np.quantile(L, 0.5, method="nearest"))
     assert res["stats"]["all"]["max"] == L.max() and res["stats"]["all"]["n"] == len(records)
+    js = np.array([r["id"].startswith("json:") for r in records])
+    assert res["stats"]["per_format"]["json"]["q90"] == int(np.quantile(L[js], 0.9, method="nearest"))
 
 
 def test_chat_prompts_gz_and_length_filter(tmp_path):
@@ -214,6 +226,8 @@ def test_documented_figures(records):
             "median": res["all"]["q50"], "p90": res["all"]["q90"], "max": res["all"]["max"],
             "keep512": res["max_prompt_tokens"]["512"]["prompts"],
             "keep1024": res["max_prompt_tokens"]["1024"]["prompts"]}
+    qwen = json.loads((RESULTS / "distill_prompts_qwen2.5-coder-0.5b.json").read_text())["stats"]
+    want.update(qwen_median=qwen["all"]["q50"], qwen_p90=qwen["all"]["q90"])
     for what, v in want.items():
         assert f"{v:,}" in doc, f"{what} = {v:,} not in docs/hmm_distill.md"
 
