@@ -12,7 +12,9 @@ Three sets of BFCL example ids, each a committed file with the rule that made it
   of simple_python, multiple and live_simple, none of them evaluated: per category, the
   non-evaluated examples in file order, permuted by
   ``numpy.random.default_rng([DEV_SEED, category index])``, the first 50; listed
-  round-robin over the categories (so every prefix is balanced).
+  round-robin over the categories (so every prefix is balanced). Drawn once; the file
+  keeps the evaluated ids it excluded, so the rule reproduces it after the evaluated
+  set grows.
 * **distillation prompts** (``hmm_distill/data/tool_prompts.jsonl.gz``): every other
   single-turn BFCL example, in both output formats (``json`` and ``python``), plus
   prompts built from the built-in tool schemas of :mod:`hmm_distill.prompts` (kind
@@ -168,11 +170,12 @@ def build_dev(evaluated: set[str], seed: int = DEV_SEED, categories=DEV_CATEGORI
         picks.append([pool[i] for i in order[:per_category]])
     chosen = [p[i] for i in range(per_category) for p in picks]
     return {"rule": (f"per category (index i in {list(categories)}): the examples not in "
-                     f"{EVALUATED_FILE.name}, in file order, permuted by "
-                     f"numpy.random.default_rng([{seed}, i]); the first {per_category}; listed "
-                     "round-robin over the categories"),
+                     "'excluded' (the evaluated ids when this set was drawn), in file order, "
+                     f"permuted by numpy.random.default_rng([{seed}, i]); the first "
+                     f"{per_category}; listed round-robin over the categories"),
             "seed": seed, "categories": list(categories), "per_category": per_category,
-            "wheel": f"{bfcl.WHEEL}=={bfcl.WHEEL_VERSION}", "ids": chosen}
+            "wheel": f"{bfcl.WHEEL}=={bfcl.WHEEL_VERSION}", "ids": chosen,
+            "excluded": sorted(evaluated, key=_id_key)}
 
 
 def load_ids(path: Path) -> dict:

@@ -102,9 +102,11 @@ def test_dev_set(bfcl_data):
     every = D.all_example_ids()
     for x in ids:
         assert x in every[bfcl_data.category_of(x)]
-    # the stated rule reproduces it: per category the non-evaluated pool, permuted by the seed
-    assert D.build_dev(evaluated) == dev
-    pool = [x for x in every["multiple"] if x not in evaluated]
+    # the stated rule reproduces it: per category the non-excluded pool, permuted by the seed
+    excluded = set(dev["excluded"])
+    assert excluded <= evaluated                     # the evaluated set never shrinks
+    assert D.build_dev(excluded) == dev
+    pool = [x for x in every["multiple"] if x not in excluded]
     order = np.random.default_rng([dev["seed"], 1]).permutation(len(pool))
     assert ids[1::3] == [pool[i] for i in order[:50]]
 
