@@ -256,3 +256,18 @@ def test_cli_sample_max_prompt_tokens(tmp_path):
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["prompt_ids"] == [[0, 1], [2]]
     assert meta["prompt_set_id"] == prompt_set_id([[0, 1], [2]])
+
+
+def test_scan_ids_reads_whole_ids(tmp_path):
+    """The evaluated-id scan finds whole ids only: ``simple_python_12`` is not
+    ``simple_python_1``, ``parallel_multiple_5`` is not ``multiple_5``."""
+    known = {"simple_python_1", "simple_python_12", "multiple_5", "parallel_multiple_5",
+             "live_simple_3-1-0", "live_simple_3-1-1"}
+    d = tmp_path / "r" / "study"
+    d.mkdir(parents=True)
+    (d / "data.jsonl").write_text('{"id": "simple_python_12"}\n{"id": "parallel_multiple_5"}\n')
+    (d / "table.md").write_text("| live_simple_3-1-0 | 0.5 |\n")
+    (d / "blob.bin").write_text("multiple_5")          # not a text file the scan reads
+    found = D.scan_ids(known, dirs=("r", "missing"), root=tmp_path)
+    assert set(found) == {"simple_python_12", "parallel_multiple_5", "live_simple_3-1-0"}
+    assert found["live_simple_3-1-0"] == ["r/study/table.md"]
