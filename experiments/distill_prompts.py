@@ -7,7 +7,10 @@ Three sets of BFCL example ids, each a committed file with the rule that made it
   predictions, records, tables) or ``tests/data/bfcl/``, plus the subsets a study run
   at n = 200 with the default seed draws (:func:`experiments.studies.bfcl_subset`,
   seed 0, limit 200, over the main categories and over simple_python / multiple /
-  live_simple). ``--rescan`` adds what new results name; the set never shrinks.
+  live_simple). ``--rescan`` adds what new results name; the set never shrinks. The scan
+  reads whole ids: MaskBench's ``BFCL_multiple_116``-style schema names (mask benchmarks
+  of a function's schema: no prompt, no model output) are not BFCL example ids and do not
+  count.
 * **development** (``experiments/data/bfcl_dev_ids.json``): for tuning. 50 examples each
   of simple_python, multiple and live_simple, none of them evaluated: per category, the
   non-evaluated examples in file order, permuted by
