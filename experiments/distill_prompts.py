@@ -380,7 +380,8 @@ def write_lengths(path: Path = PROMPTS_FILE, out: Path | None = None, model: str
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.distill_prompts", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.distill_prompts",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--rescan", action="store_true",
                     help="add the ids named by new results to the evaluated set (and check the dev set)")
     ap.add_argument("--lengths", action="store_true", help="also write the token-length statistics")
@@ -414,7 +415,8 @@ def main(argv=None) -> int:
     if a.lengths:
         res = write_lengths(a.out, model=a.model, argv=sys.argv[1:] if argv is None else argv)
         s = res["stats"]["all"]
-        print(f"{lengths_file(a.model).relative_to(ROOT)}: tokens median {s['q50']}, p90 {s['q90']}, max {s['max']}")
+        print(f"{lengths_file(a.model).relative_to(ROOT)}: tokens median {s['q50']}, "
+              f"p90 {s['q90']}, max {s['max']}")
     return 0
 
 
