@@ -43,12 +43,16 @@ def _add_sample(sub):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--prompts", help="FILE.jsonl of chat prompts ({\"user\", \"system\"?, \"tools\"?} per "
-                   "line; rendered with the chat template of `jaxcd generate`), 'builtin' (the "
-                   "built-in tool-call / JSON / keyword prompts), or a text / ids file with one "
-                   "prompt per line (default: start from BOS)")
+    p.add_argument("--prompts", help="FILE.jsonl (or .jsonl.gz) of chat prompts ({\"user\", \"system\"?, "
+                   "\"tools\"?} per line; rendered with the chat template of `jaxcd generate`), "
+                   "'builtin' (the built-in tool-call / JSON / keyword prompts), 'tools' (the "
+                   "BFCL tool-call prompts no study evaluates, hmm_distill/data/tool_prompts.jsonl.gz), "
+                   "or a text / ids file with one prompt per line (default: start from BOS)")
     p.add_argument("--prompt-format", choices=("chat", "text", "ids"), default=None,
-                   help="default: chat for *.jsonl and builtin, else text")
+                   help="default: chat for *.jsonl, *.jsonl.gz, builtin and tools, else text")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="drop the prompts longer than this many tokens once rendered (prefill "
+                        "of long prompts is most of the sampling cost on a CPU)")
     p.add_argument("--no-bos", action="store_true", help="do not prepend BOS to text/ids prompts")
     p.add_argument("--until-eos", action="store_true",
                    help="sample each continuation until EOS, capped at --max-length tokens")
@@ -128,12 +132,17 @@ def _cmd_sample(a) -> int:
             from .prompts import builtin_prompts_path
 
             path = str(builtin_prompts_path())
+        elif path == "tools":
+            from .prompts import tool_prompts_path
+
+            path = str(tool_prompts_path())
         if fmt is None:
-            fmt = "chat" if (a.prompts == "builtin" or path.endswith(".jsonl")) else "text"
+            fmt = "chat" if path.endswith((".jsonl", ".jsonl.gz")) else "text"
         bos = None if a.no_bos else getattr(loaded.lm, "bos_token_id", None)
         if bos is not None and bos < 0:
             bos = None
-        texts, ids = read_prompts(path, fmt=fmt, tokenizer_loader=loaded.tokenizer_loader, bos=bos)
+        texts, ids = read_prompts(path, fmt=fmt, tokenizer_loader=loaded.tokenizer_loader, bos=bos,
+                                  max_prompt_tokens=a.max_prompt_tokens)
         prompt_set = Path(path).name
     length = a.max_length if a.until_eos else a.length
     meta = run_sampling(loaded.lm, loaded.params, a.out, num_seqs=a.num_seqs, length=length,

@@ -16,16 +16,18 @@ import json
 from pathlib import Path
 
 DATA_FILE = Path(__file__).with_name("data") / "task_prompts.jsonl"
+TOOL_PROMPTS_FILE = Path(__file__).with_name("data") / "tool_prompts.jsonl.gz"
 
 
 def builtin_prompts_path() -> Path:
+    """The built-in task prompt file (tool-call, JSON and keyword prompts)."""
     return DATA_FILE
 
 
 def tool_prompts_path() -> Path:
-    """The tool-call distillation prompt set (BFCL examples no study evaluates, rendered
-    as chat prompts in the studies' formats), gzip-compressed JSON lines."""
-    return DATA_FILE.with_name("tool_prompts.jsonl.gz")
+    """The BFCL tool-call prompt set that no study evaluates (written by
+    ``python -m experiments.distill_prompts``; JSON lines, gzip-compressed)."""
+    return TOOL_PROMPTS_FILE
 
 
 def builtin_prompt_set_hash() -> str:

@@ -534,15 +534,29 @@ def _encode(tokenizer, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
+def _read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; ``*.gz`` files are decompressed."""
+    if path.name.endswith(".gz"):
+        import gzip
+
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        except (OSError, EOFError) as e:
+            raise SampleDataError(f"{path}: not a readable gzip file ({e})") from e
+    return path.read_text(encoding="utf-8")
+
+
 def read_chat_prompts(path) -> list[dict]:
-    """Read a JSON-lines file of chat prompts: one object per line with ``"user"`` (str)
-    and optionally ``"system"`` (str) and ``"tools"`` (a list of tool JSON schemas, or
-    one schema)."""
+    """Read a JSON-lines file of chat prompts (gzip-compressed if the name ends in
+    ``.gz``): one object per line with ``"user"`` (str) and optionally ``"system"``
+    (str), ``"tools"`` (a list of tool JSON schemas, or one schema), ``"id"`` and
+    ``"kind"``."""
     path = Path(path)
     if not path.is_file():
         raise SampleDataError(f"prompts file not found: {path}")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -582,7 +596,22 @@ def prompt_set_id(prompt_ids: Sequence[Sequence[int]]) -> str:
     return hashlib.sha256(json.dumps([list(map(int, p)) for p in prompt_ids]).encode()).hexdigest()[:16]
 
 
-def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | None = None):
+def filter_prompts_by_length(prompts: Sequence, ids: Sequence[Sequence[int]], max_tokens: int | None):
+    """Keep the prompts whose rendered length is at most ``max_tokens`` (``None``: all).
+    Returns ``(prompts, ids)``; raises :class:`SampleDataError` when none is left."""
+    if max_tokens is None:
+        return list(prompts), list(ids)
+    if max_tokens < 1:
+        raise ConfigError(f"max_prompt_tokens must be >= 1, got {max_tokens}")
+    keep = [i for i, p in enumerate(ids) if len(p) <= max_tokens]
+    if not keep:
+        raise SampleDataError(f"no prompt has at most {max_tokens} tokens (shortest: "
+                              f"{min(len(p) for p in ids)})")
+    return [prompts[i] for i in keep], [ids[i] for i in keep]
+
+
+def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | None = None,
+                 max_prompt_tokens: int | None = None):
     """Read a prompts file.
 
     ``fmt="chat"`` (the default for ``*.jsonl``): chat prompts
@@ -590,7 +619,8 @@ def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | N
     (:func:`encode_chat_prompts`; ``bos`` is ignored, the template decides).
     ``fmt="text"``: one prompt per line (blank lines skipped), encoded with the LM's
     tokenizer (``tokenizer_loader()``, lazily); ``fmt="ids"``: whitespace-separated
-    token ids. For these two, ``bos`` (if not None) is prepended.
+    token ids. For these two, ``bos`` (if not None) is prepended. ``max_prompt_tokens``:
+    keep only the prompts of at most that many tokens (:func:`filter_prompts_by_length`).
     Returns ``(prompts, ids)`` (``prompts``: the lines, or the chat objects).
     """
     path = Path(path)
@@ -598,7 +628,8 @@ def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | N
         if tokenizer_loader is None:
             raise ConfigError("chat prompts need a tokenizer; this LM has none (use --prompt-format ids)")
         prompts = read_chat_prompts(path)
-        return prompts, encode_chat_prompts(prompts, tokenizer_loader())
+        return filter_prompts_by_length(prompts, encode_chat_prompts(prompts, tokenizer_loader()),
+                                        max_prompt_tokens)
     if not path.is_file():
         raise SampleDataError(f"prompts file not found: {path}")
     lines = [ln.rstrip("\n") for ln in path.read_text(encoding="utf-8").splitlines()]
@@ -619,7 +650,7 @@ def read_prompts(path, *, fmt: str = "text", tokenizer_loader=None, bos: int | N
         raise ConfigError(f"unknown prompt format {fmt!r} (expected 'chat', 'text' or 'ids')")
     if bos is not None:
         ids = [[int(bos)] + p if not p or p[0] != bos else p for p in ids]
-    return lines, ids
+    return filter_prompts_by_length(lines, ids, max_prompt_tokens)
 
 
 _COMPAT_KEYS = ("vocab_size", "eos_token_id", "length", "vocab_fingerprint", "model", "prompt_ids",

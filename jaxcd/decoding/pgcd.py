@@ -71,7 +71,8 @@ from . import gcd
 __all__ = ["PGCDTables", "PGCDState", "HMMMismatchError", "TablesTooLargeError",
            "backward_nbytes", "edge_masses", "edge_index", "backward",
            "init_state", "advance", "token_logpsi", "product_logprobs", "prefix_logpsi",
-           "check_hmm", "tables_nbytes"]
+           "check_hmm", "tables_nbytes", "check_psi", "psi_bounds", "table_log_max",
+           "PsiBoundError", "psi_tolerance"]
 
 
 #: every matmul here at full precision: float32 is float32 on GPU/TPU too (XLA's default
@@ -764,3 +765,107 @@ def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState, 
     fns = [partial(lambda c, sts: jax.vmap(partial(scores, path="xla"), in_axes=(
         None, None, 0, None))(fa, tables, sts, c), c) for c in caps]
     return jax.lax.switch(branch, fns, sts)
+
+
+# ---------------------------------------------------------------------------------------
+# soundness: ψ is a probability
+# ---------------------------------------------------------------------------------------
+class PsiBoundError(JaxcdError, ArithmeticError):
+    """A quantity that is a probability — ``β^P``, ``ψ(x v)``, ``ψ(x)`` — exceeds 1 by
+    more than the tolerance, or the HMM is not a probability model (:func:`check_psi`)."""
+
+
+#: default tolerance of :func:`check_psi` on ``ψ ≤ 1 + tol``, by the tables' storage dtype
+#: (float32: a few hundred roundings of 6e-8 in the sums over ``H`` and the budget's steps;
+#: bfloat16: the mantissa and ``B`` each rounded to 8 bits, 2⁻⁹ relative, twice, with room)
+PSI_TOLERANCE = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 2.0 ** -6}
+
+
+def psi_tolerance(dtype) -> float:
+    """The default tolerance of :func:`check_psi` for tables stored in ``dtype``."""
+    return PSI_TOLERANCE.get(jnp.dtype(dtype).name, 1e-4)
+
+
+def table_log_max(tables: PGCDTables) -> jax.Array:
+    """``log max β^P`` over the rows a budget uses, every state and hidden state
+    (``−inf`` if every entry is 0). ``β^P`` is a probability, so this is ``≤ 0`` up to
+    rounding. Jittable, one pass over the tables."""
+    idx = tables.row(jnp.arange(tables.mant.shape[0]))                   # rows n..0
+    mmax = jnp.max(tables.mant[idx].astype(jnp.float32), axis=-1)          # [N+1, S]
+    ls = tables.log_scale[idx].astype(jnp.float32)
+    ok = (mmax > 0) & jnp.isfinite(ls)
+    return jnp.max(jnp.where(ok, ls + jnp.log(jnp.where(ok, mmax, 1.0)), -jnp.inf))
+
+
+def psi_bounds(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState, *,
+               path: str = "auto") -> tuple[jax.Array, jax.Array]:
+    """``(max_v log ψ(x v), log ψ(x))`` per particle (``sts`` with leading axes, or one
+    particle): both are ``≤ 0`` up to rounding. Jittable; it computes the scores
+    :func:`batched_scores` computes, so it costs one P-GCD step."""
+    one = sts.u.ndim == 1
+    if one:
+        sts = jax.tree.map(lambda x: x[None], sts)
+    lead = sts.u.shape[:-1]
+    flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[len(lead):]), sts)
+    logpsi, z, _ = batched_scores(fa, tables, flat, path=path)
+    tok = jnp.max(logpsi, axis=-1).reshape(lead)
+    z = z.reshape(lead)
+    return (tok[0], z[0]) if one else (tok, z)
+
+
+_table_log_max_jit = jax.jit(table_log_max)
+_psi_bounds_jit = jax.jit(psi_bounds, static_argnames=("path",))
+
+
+def _hmm_error(hmm, tol: float) -> str | None:
+    """Why the HMM is not a probability model (negative entries, ``π`` or a row of ``A``
+    or ``B`` not summing to 1 within ``tol``), or ``None``."""
+    for name, x in (("pi", hmm.pi), ("A", hmm.A), ("B", hmm.B)):
+        x = np.asarray(jax.device_get(x))
+        if x.dtype.kind != "f":
+            x = x.astype(np.float64)
+        s = x.sum(axis=-1, dtype=np.float64)         # accumulated in float64, no copy
+        if not np.all(np.isfinite(s)) or x.min() < 0:
+            return f"{name} has negative or non-finite entries"
+        bad = np.abs(s - 1.0) > tol
+        if np.any(bad):
+            where = "" if x.ndim == 1 else f" (row {int(np.argmax(np.abs(s - 1.0)))})"
+            worst = float(np.ravel(s)[int(np.argmax(np.abs(np.ravel(s) - 1.0)))])
+            return (f"{name} is not normalised: a sum is {worst:.9g}{where}, "
+                    f"{int(np.sum(bad))} off 1 by more than {tol:g}")
+    return None
+
+
+def check_psi(fa: TensorizedAutomaton, hmm, tables: PGCDTables, sts: PGCDState | None = None,
+              *, tol: float | None = None, path: str = "auto", raise_error: bool = True) -> dict:
+    """Check that P-GCD's probabilities are probabilities: the HMM is normalised
+    (``π``, every row of ``A`` and ``B`` sums to 1 within ``tol``; an HMM whose rows sum
+    above 1 makes ``β^P`` and ``ψ`` exceed 1), ``β^P ≤ 1 + tol`` in the tables and, for
+    the particles ``sts`` (one, or a batch with leading axes; default: the start state),
+    ``ψ(x v) ≤ 1 + tol`` for every token and ``ψ(x) ≤ 1 + tol``.
+
+    A debugging and validation helper, run on the host outside the decoding loop (one
+    reduction over the tables and one P-GCD step). ``tol`` defaults to
+    :func:`psi_tolerance` of the tables' dtype. Returns ``{"max_beta", "max_token_psi",
+    "max_prefix_psi", "tol", "hmm_error", "ok"}`` (maxima as floats, ``0.0`` where every
+    value is 0); with ``raise_error`` (default) a failed check raises
+    :class:`PsiBoundError` saying which bound failed."""
+    check_tables(fa, tables)
+    tol = psi_tolerance(tables.mant.dtype) if tol is None else float(tol)
+    if sts is None:
+        sts = init_state(fa, hmm)
+    max_beta = float(np.exp(jax.device_get(_table_log_max_jit(tables))))
+    tok, z = jax.device_get(_psi_bounds_jit(fa, tables, sts, path=path))
+    res = {"max_beta": max_beta,
+           "max_token_psi": float(np.exp(np.max(tok))),
+           "max_prefix_psi": float(np.exp(np.max(z))),
+           "tol": tol, "hmm_error": _hmm_error(hmm, max(tol, 1e-5))}
+    bad = [f"{k} = {res[k]:.9g}" for k in ("max_beta", "max_token_psi", "max_prefix_psi")
+           if not res[k] <= 1.0 + tol]
+    res["ok"] = not bad and res["hmm_error"] is None
+    if raise_error and not res["ok"]:
+        why = "; ".join(bad + ([f"the HMM: {res['hmm_error']}"] if res["hmm_error"] else []))
+        raise PsiBoundError(f"P-GCD probabilities above 1 + {tol:g}: {why}. Normalise the "
+                            "HMM (hmm_distill checkpoints are), or store the tables in a "
+                            "wider dtype")
+    return res

@@ -26,7 +26,9 @@ proposal       ``q(v) ∝``                                 potential ``φ``
 =============  =========================================  ===================================
 
 so ``gcd`` adds ``log Σ_v p_lm(v) m(v)`` and (with ``defensive=0``) ``lookahead`` adds
-``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``. Potentials are relative to the start
+``log Σ_v p_lm(v) ψ(x_{<t} v) − log ψ(x_{<t})``. ``psi_power=α`` tempers the P-GCD
+proposals (``p_lm(v)·ψ(x_{<t} v)^α``, ``product``: ``p_lm(v)·p_prod(v | x_{<t})^α``) and
+leaves the potential alone; the weight divides by the tempered ``q``, so it stays exact. Potentials are relative to the start
 (``φ(∅) = 1``; ψ is divided by ``ψ(∅)``, one constant per prompt), so particles start at
 ``log w_0 = 0``.
 
@@ -135,11 +137,13 @@ class Particles(NamedTuple):
 
 
 def _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold,
-           defensive=DEFENSIVE):
+           defensive=DEFENSIVE, psi_power=1.0):
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
     if not 0.0 <= float(defensive) <= 1.0:
         raise ValueError(f"defensive must be in [0, 1], got {defensive!r}")
+    if not (np.isfinite(float(psi_power)) and float(psi_power) >= 0.0):
+        raise ValueError(f"psi_power must be a finite number >= 0, got {psi_power!r}")
     resampling.get(resample)
     if not isinstance(num_particles, (int, np.integer)) or num_particles < 1:
         raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
@@ -167,7 +171,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
         table_dtype=None, tables: gcd.BudgetTables | None = None,
         ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
-        prefilled: decode.Prefilled | None = None, defensive: float = DEFENSIVE) -> SMCResult:
+        prefilled: decode.Prefilled | None = None, defensive: float = DEFENSIVE,
+        psi_power: float = 1.0) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
     left-padded, ``prompt_lengths [B]``); see the module docstring. Returns an
     :class:`~jaxcd.decoding.smc_types.SMCResult` (``tokens [B, K, n]``, ``log_weights [B, K]``,
@@ -191,6 +196,10 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     each step's factor of the defensive potential (module docstring; ``0``: the pure P-GCD
     proposal and potential ``ψ``, ``1``: GCD's proposal and potential); ignored by ``gcd``
     and ``lcd``.
+    ``psi_power`` (``α ≥ 0``, default 1): tempers the P-GCD proposal,
+    ``q_P(v) ∝ p_lm(v)·ψ(x v)^α`` (``product``: ``p_lm(v)·p_prod(v | x)^α``); ``α < 1``
+    trusts the HMM less, ``0`` keeps only its support. The potential is not tempered and
+    the weights divide by the proposal actually drawn from, so they stay exact.
 
     Example::
 
@@ -198,7 +207,8 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
                       num_particles=16, proposal="lookahead", hmm=hmm)
         w = jax.nn.softmax(res.log_weights, axis=-1)    # the weighted ensemble
     """
-    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold, defensive)
+    _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold, defensive,
+           psi_power)
     budget, K = int(budget), int(num_particles)
     steps = budget if steps is None else int(steps)
     gcd.check_steps(budget, steps)
@@ -236,6 +246,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     return _run(key, lm, params, prompt_ids, prompt_lengths, fa_d, gtables, ptables, hpi, hA, hB,
                 jnp.asarray(temperature, jnp.float32), jnp.asarray(ess_threshold, jnp.float32),
                 jnp.asarray(budget, jnp.int32), pre, jnp.asarray(defensive, jnp.float32),
+                jnp.asarray(psi_power, jnp.float32),
                 budget=steps, K=K, proposal=proposal, resample=resample)
 
 
@@ -255,7 +266,7 @@ def _shard(tree, sharding, N):
 
 @partial(jax.jit, static_argnames=("lm", "budget", "K", "proposal", "resample"))
 def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi, hA, hB, temperature,
-         ess_threshold, limit, pre, defensive, *, budget, K, proposal, resample):
+         ess_threshold, limit, pre, defensive, psi_power, *, budget, K, proposal, resample):
     from .buckets import flatten
     fa = flatten(fa)
     B = prompt_ids.shape[0]
@@ -316,8 +327,11 @@ def _run(key, lm, params, prompt_ids, prompt_lengths, fa, gtables, ptables, hpi,
             logpsi, lpsi_x, lprod = pgcd.batched_scores(fa, ptables, sts)
             logpsi, lprod = pad_v(logpsi.astype(wdt)), pad_v(lprod.astype(wdt))
             a_gcd = decode.masked_logits(fa, gtables, parts.cs, lt)
-            a, lse = _defensive(lt, logpsi if proposal == "lookahead" else lprod, a_gcd,
-                                defensive.astype(wdt))
+            # the proposal's score, tempered (ψ^α or p_prod^α; α = 0 keeps the support);
+            # the potential below uses ψ itself
+            score = logpsi if proposal == "lookahead" else lprod
+            score = jnp.where(jnp.isfinite(score), psi_power.astype(wdt) * score, -jnp.inf)
+            a, lse = _defensive(lt, score, a_gcd, defensive.astype(wdt))
             allowed = jnp.isfinite(a_gcd)
             lam = defensive.astype(wdt)
             # λ = 0: the potential ψ (relative to ψ(∅)); where ψ = 0 at a token GCD allows
