@@ -784,7 +784,11 @@ class JaxLM:
         return state
 
     def model(self, params: PyTree) -> LlamaModel:
-        """The NNX module with ``params`` merged in (inside or outside jit)."""
+        """The NNX module with ``params`` merged in (inside or outside jit). Per-layer
+        parameters (:class:`jaxcd.lm.unrolled.UnrolledParams`) give a model whose layers
+        run unrolled, each reading its own weights in place."""
+        if getattr(params, "is_unrolled_params", False):
+            return params.model(self.graphdef)
         return nnx.merge(self.graphdef, params)
 
     # -- pure implementations ------------------------------------------------------------
