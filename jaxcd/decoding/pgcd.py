@@ -637,13 +637,33 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
     return log_num, log_den
 
 
+def _pallas_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:
+    """Whether this call takes the Pallas kernel (:mod:`jaxcd.decoding.pgcd_pallas`;
+    decided at trace time): ``path="pallas"`` always; ``path="auto"`` on GPU/TPU
+    (:func:`~jaxcd.decoding.pgcd_pallas.default_path`) for float32 particles (float64
+    runs take the XLA path). ``path="xla"`` is the fallback everywhere."""
+    if path == "pallas":
+        return True
+    if path != "auto" or sts.u.dtype != jnp.float32:
+        return False
+    from .pgcd_pallas import default_path
+    return default_path() == "pallas"
+
+
+def _pallas_batch(fa, tables, sts):
+    """:func:`~jaxcd.decoding.pgcd_pallas.pallas_scores`, interpreted on the CPU backend
+    (where Pallas has no compiled lowering), compiled elsewhere."""
+    from .pgcd_pallas import pallas_scores
+    return pallas_scores(fa, tables, sts, interpret=jax.default_backend() == "cpu")
+
+
 def _kernel_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:
     """Whether this call takes the native kernel (decided at trace time): on CPU, with
     ``B`` in float32/bfloat16 and the particles' ``u`` in float32, when the kernel builds
     (:mod:`jaxcd.decoding.kernels`). ``path``: ``"auto"``, ``"kernel"`` (or an error
     saying why not) or ``"xla"``."""
-    if path not in ("auto", "kernel", "xla"):
-        raise ValueError(f"path={path!r}: expected 'auto', 'kernel' or 'xla'")
+    if path not in ("auto", "kernel", "xla", "pallas"):
+        raise ValueError(f"path={path!r}: expected 'auto', 'kernel', 'pallas' or 'xla'")
     if path == "xla":
         return False
     from . import kernels
@@ -731,9 +751,13 @@ def scores(fa: TensorizedAutomaton, tables: PGCDTables, st: PGCDState, D: int | 
            *, path: str = "auto"):
     """``(log ψ(x v) [V], log ψ(x) [], log p_prod(v|x) [V])`` from one pass, over the
     first ``D`` out-edges (default: all). ``path``: ``"kernel"`` (the native ``K·H·V``
-    kernel, :func:`_kernel_scores`), ``"xla"`` (a ``[1 + D, H] @ [H, V]`` matmul, one
+    kernel, :func:`_kernel_scores`), ``"pallas"`` (the Pallas ``K·H·V`` kernel,
+    :mod:`jaxcd.decoding.pgcd_pallas`; the default on GPU/TPU), ``"xla"`` (a ``[1 + D, H] @ [H, V]`` matmul, one
     column kept per token) or ``"auto"`` (the kernel where it runs; see
     :func:`_kernel_ok`)."""
+    if D is None and _pallas_ok(tables, st, path):
+        logpsi, z, lprod = _pallas_batch(fa, tables, jax.tree.map(lambda x: x[None], st))
+        return logpsi[0], z[0], lprod[0]
     if D is None and _kernel_ok(tables, st, path):
         return _kernel_scores(fa, tables, st)
     log_num, log_den = _log_num_den(fa, tables, st, D)
@@ -750,12 +774,19 @@ def batched_scores(fa: TensorizedAutomaton, tables: PGCDTables, sts: PGCDState, 
     """:func:`scores` for a batch of particles (``sts`` with a leading axis ``K``).
 
     On CPU (``path="auto"``, the kernel built) one call of the native kernel:
-    ``O(K·H·V)`` whatever the out-degree. Otherwise (``path="xla"``, GPU/TPU, float64) one
+    ``O(K·H·V)`` whatever the out-degree. On GPU/TPU (``path="auto"``, float32) or with
+    ``path="pallas"``: the Pallas kernel (:mod:`jaxcd.decoding.pgcd_pallas`), also
+    ``O(K·H·V)``. Otherwise (``path="xla"``, GPU/TPU, float64) one
     ``[K·(1+D'), H] @ [H, V]`` matmul, where ``D'`` is the smallest power of two (or the
     automaton's largest out-degree) that covers every particle's :func:`live_degree` —
     chosen at run time with ``lax.switch``, so a step pays for the out-edges that can
     still lead to a valid output, not for the automaton's worst state. Exact: edges past
     a particle's live degree have ``β^P = 0``."""
+    if _pallas_ok(tables, sts, path):
+        lead = sts.u.shape[:-1]
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[len(lead):]), sts)
+        return jax.tree.map(lambda x: x.reshape(lead + x.shape[1:]),
+                            _pallas_batch(fa, tables, flat))
     if _kernel_ok(tables, sts, path):
         return _kernel_scores(fa, tables, sts)
     D = fa.out_dst.shape[1]

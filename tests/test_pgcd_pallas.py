@@ -1,0 +1,144 @@
+"""P-GCD's Pallas scoring kernel (:mod:`jaxcd.decoding.pgcd_pallas`), run in Pallas's
+interpreter on the CPU, against independent references:
+
+* brute-force enumeration (``test_pgcd_exact.Reference``: every token sequence, Python's
+  ``re``, float64);
+* the XLA path (``batched_scores(path="xla")``: one ``[K·(1+D'), H] @ [H, V]`` matmul per
+  step) on an automaton with out-degree 46 whose edges partly lead to states with
+  ``β^P = 0``, with and without the per-state edge index;
+* the selection: ``path="auto"`` takes the kernel on GPU/TPU backends only.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxcd import compile_regex, pgcd
+from jaxcd.decoding import pgcd_pallas
+
+from test_pgcd_exact import CASES, VOCAB, Reference, prefixes, random_hmm
+from test_pgcd_kernel import WIDE, WIDE_PATTERN, _dirichlet_hmm, _f32, _states
+
+_pallas = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="pallas"))
+_xla = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="xla"))
+_batched = jax.jit(pgcd.batched_scores, static_argnames=("path",))
+_one = jax.jit(pgcd.scores, static_argnames=("path",))
+
+
+@pytest.mark.parametrize("pattern,n,H", CASES)
+def test_pallas_scores_equal_enumeration(pattern, n, H):
+    hmm64 = random_hmm(H, seed=len(pattern) * 7 + n, zeros=True)
+    hmm = _f32(hmm64)
+    fa = compile_regex(pattern, VOCAB)
+    ref = Reference(pattern, n, hmm64)
+    tables = pgcd.backward(fa, hmm, n)
+    ps = prefixes(fa, n)
+    logpsi, logz, lprod = (np.asarray(x) for x in _pallas(fa, tables, _states(fa, hmm, ps)))
+    for i, p in enumerate(ps):
+        want = ref.token_psi(p)
+        pos = np.nan_to_num(want) > 0
+        assert np.all(logpsi[i][~pos] == -np.inf), p
+        np.testing.assert_allclose(np.exp(logpsi[i][pos]), want[pos], rtol=1e-4)
+        psi_p = ref.psi(p)
+        if np.nan_to_num(psi_p) > 0:
+            np.testing.assert_allclose(np.exp(logz[i]), psi_p, rtol=1e-4)
+            assert abs(np.exp(lprod[i]).sum() - 1) < 1e-4
+        else:
+            assert logz[i] == -np.inf and np.all(lprod[i] == -np.inf)
+
+
+@pytest.mark.parametrize("with_index", [True, False])
+def test_pallas_equals_xla_path_at_out_degree_46(with_index):
+    fa = compile_regex(WIDE_PATTERN, WIDE)
+    assert np.diff(np.asarray(fa.out_start)).max() > 32
+    rng = np.random.default_rng(5)
+    hmm = _dirichlet_hmm(rng, 24, fa.vocab_size)
+    tables = pgcd.backward(fa, hmm, 4)
+    if with_index:
+        tables = tables._replace(edge_index=pgcd.edge_index(fa))
+    else:
+        tables = tables._replace(edge_index=None)
+    seqs = [(), (1,), (1, 2), (10,), (40,), (47,)]
+    sts = _states(fa, hmm, seqs)
+    got = [np.asarray(x) for x in _pallas(fa, tables, sts)]
+    want = [np.asarray(x) for x in _xla(fa, tables, sts)]
+    live = 0
+    for g, w in zip(got, want):
+        assert np.array_equal(np.isfinite(g), np.isfinite(w))
+        f = np.isfinite(w)
+        live += int(f.sum())
+        np.testing.assert_allclose(g[f], w[f], rtol=2e-5, atol=2e-5)
+    assert live > 20
+
+
+def test_leading_axes_and_single_particle():
+    """``batched_scores`` with two leading axes and ``scores`` of one particle take the
+    kernel too, and agree with the XLA path (on the flattened particles)."""
+    pattern, n, H = CASES[0]
+    hmm = _f32(random_hmm(H, seed=1))
+    fa = compile_regex(pattern, VOCAB)
+    tables = pgcd.backward(fa, hmm, n)
+    sts = _states(fa, hmm, [(), (1,), (2,), (3,)])
+    sts2 = jax.tree.map(lambda x: x.reshape((2, 2) + x.shape[1:]), sts)
+    got = _batched(fa, tables, sts2, path="pallas")
+    want = _batched(fa, tables, sts, path="xla")      # the XLA path takes one axis
+    for g, w in zip(got, want):
+        assert g.shape == (2, 2) + w.shape[1:]
+        g = g.reshape(w.shape)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+    one = jax.tree.map(lambda x: x[1], sts)
+    g1 = _one(fa, tables, one, path="pallas")
+    w1 = _one(fa, tables, one, path="xla")
+    for g, w in zip(g1, w1):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
+def test_auto_selects_pallas_on_accelerators_only(monkeypatch):
+    assert pgcd_pallas.default_path("gpu") == "pallas"
+    assert pgcd_pallas.default_path("tpu") == "pallas"
+    assert pgcd_pallas.default_path("cpu") == "xla"
+    pattern, n, H = CASES[1]
+    hmm = _f32(random_hmm(H, seed=2))
+    fa = compile_regex(pattern, VOCAB)
+    tables = pgcd.backward(fa, hmm, n)
+    sts = _states(fa, hmm, [(), (1,)])
+    assert not pgcd._pallas_ok(tables, sts, "auto")          # this is the CPU backend
+    assert pgcd._pallas_ok(tables, sts, "pallas") and not pgcd._pallas_ok(tables, sts, "xla")
+    calls = []
+    real = pgcd_pallas.pallas_scores
+    monkeypatch.setattr(pgcd_pallas, "pallas_scores",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(pgcd_pallas, "default_path", lambda backend=None: "pallas")
+    got = jax.jit(lambda f, t, s: pgcd.batched_scores(f, t, s, path="auto"))(fa, tables, sts)
+    assert calls, "path='auto' did not take the kernel where default_path says pallas"
+    want = _batched(fa, tables, sts, path="xla")
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=2e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        _batched(fa, tables, sts, path="triton")
+
+
+def test_kernel_block_padding():
+    """A vocabulary that is not a multiple of the block, several block sizes: the same
+    result as a dense host computation of the contract."""
+    rng = np.random.default_rng(0)
+    K, D, H, V = 3, 5, 16, 300
+    Bt = jnp.asarray(rng.random((V, H)), jnp.float32)
+    W = jnp.asarray(rng.random((K, D, H)), jnp.float32)
+    d = rng.integers(-1, D, (K, V)).astype(np.int32)
+    ls = rng.normal(size=(K, D)).astype(np.float32)
+    ls[0, 2] = -np.inf
+    u = jnp.asarray(rng.random((K, H)), jnp.float32)
+    num_w = np.full((K, V), -np.inf)
+    for k in range(K):
+        for v in range(V):
+            if d[k, v] >= 0 and np.isfinite(ls[k, d[k, v]]):
+                num_w[k, v] = np.log(np.asarray(W)[k, d[k, v]] @ np.asarray(Bt)[v]) + ls[k, d[k, v]]
+    den_w = np.log(np.asarray(u) @ np.asarray(Bt).T)
+    for bv in (128, 64, 512):
+        num, den = pgcd_pallas.log_num_den(Bt, W, jnp.asarray(d), jnp.asarray(ls), u,
+                                           block_v=bv, interpret=True)
+        assert np.array_equal(np.isfinite(np.asarray(num)), np.isfinite(num_w))
+        f = np.isfinite(num_w)
+        np.testing.assert_allclose(np.asarray(num)[f], num_w[f], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(den), den_w, rtol=1e-5, atol=1e-5)
