@@ -119,8 +119,9 @@ def test_auto_selects_pallas_on_accelerators_only(monkeypatch):
 
 
 def test_kernel_block_padding():
-    """A vocabulary that is not a multiple of the block, several block sizes: the same
-    result as a dense host computation of the contract."""
+    """A vocabulary that is not a multiple of the block, an out-degree that is not a
+    power of two, several block and chunk sizes: the same result as a dense host
+    computation of the contract."""
     rng = np.random.default_rng(0)
     K, D, H, V = 3, 5, 16, 300
     Bt = jnp.asarray(rng.random((V, H)), jnp.float32)
@@ -135,9 +136,9 @@ def test_kernel_block_padding():
             if d[k, v] >= 0 and np.isfinite(ls[k, d[k, v]]):
                 num_w[k, v] = np.log(np.asarray(W)[k, d[k, v]] @ np.asarray(Bt)[v]) + ls[k, d[k, v]]
     den_w = np.log(np.asarray(u) @ np.asarray(Bt).T)
-    for bv in (128, 64, 512):
+    for bv, bh in ((128, 128), (64, 8), (512, 4)):
         num, den = pgcd_pallas.log_num_den(Bt, W, jnp.asarray(d), jnp.asarray(ls), u,
-                                           block_v=bv, interpret=True)
+                                           block_v=bv, block_h=bh, interpret=True)
         assert np.array_equal(np.isfinite(np.asarray(num)), np.isfinite(num_w))
         f = np.isfinite(num_w)
         np.testing.assert_allclose(np.asarray(num)[f], num_w[f], rtol=1e-5, atol=1e-5)

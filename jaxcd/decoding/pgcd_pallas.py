@@ -14,8 +14,9 @@ multiply-adds for any live out-degree, where the XLA path
 (:func:`jaxcd.decoding.pgcd.batched_scores`, ``path="xla"``) pays ``K·(1+D')·H·V``.
 
 The kernel runs on a grid of ``(K, ⌈V / block_v⌉)`` programs; program ``(k, j)`` reads
-``block_v`` rows of ``Bt`` and particle ``k``'s ``D`` weight rows and writes ``block_v``
-entries of ``log num`` and ``log den``. The token → edge lookup ``d_k(v)`` is made
+``block_v`` rows of ``Bt`` and, for each of those tokens, particle ``k``'s weight row of
+that token's edge (a gather load by edge index), ``block_h`` hidden units at a time, and
+writes ``block_v`` entries of ``log num`` and ``log den``. The token → edge lookup ``d_k(v)`` is made
 outside it (from :attr:`PGCDTables.edge_index <jaxcd.decoding.pgcd.PGCDTables>` where
 built, else by the binary search over the nested cumulative mask rows,
 ``O(V log D)``), as is the final normalisation (a log-sum-exp over ``V``).
@@ -32,9 +33,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 #: tokens per program (a multiple of 128 suits both GPU warps and TPU lanes)
 BLOCK_V = 128
+#: hidden units per inner chunk (the ``[BLOCK_V, BLOCK_H]`` tiles held at once)
+BLOCK_H = 128
 
 
 def default_path(backend: str | None = None) -> str:
@@ -45,53 +49,69 @@ def default_path(backend: str | None = None) -> str:
     return "pallas" if backend in ("gpu", "cuda", "rocm", "tpu") else "xla"
 
 
-def _kernel(bt_ref, w_ref, d_ref, ls_ref, u_ref, num_ref, den_ref):
+def _kernel(bt_ref, w_ref, d_ref, ls_ref, u_ref, num_ref, den_ref, *, block_h: int):
     """One program: ``bt_ref [TV, H]``, ``w_ref [1, D, H]``, ``d_ref [1, TV]`` (int32,
     ``-1`` = no edge), ``ls_ref [1, D]``, ``u_ref [1, H]`` -> ``num_ref`` / ``den_ref``
-    ``[1, TV]`` (log num, log den; float32)."""
-    bt = bt_ref[...].astype(jnp.float32)                       # [TV, H]
+    ``[1, TV]`` (log num, log den; float32). ``H`` is visited in chunks of ``block_h``
+    (the tiles held at once are ``[TV, block_h]``); each token's weight row is loaded by
+    its edge index (a gather load), so the work is ``2·TV·H`` whatever ``D``."""
     d = d_ref[0]                                               # [TV]
     has = d >= 0
     dc = jnp.maximum(d, 0)
-    w = w_ref[0].astype(jnp.float32)                           # [D, H]
-    wt = jnp.take(w, dc, axis=0)                               # [TV, H]: each token's row
-    num = jnp.sum(wt * bt, axis=-1)                            # [TV]
-    den = jnp.sum(u_ref[0].astype(jnp.float32)[None, :] * bt, axis=-1)
+    H = bt_ref.shape[1]
+
+    def body(i, acc):
+        num, den = acc
+        h = pl.ds(pl.multiple_of(i * block_h, block_h), block_h)
+        bt = bt_ref[:, h].astype(jnp.float32)                  # [TV, block_h]
+        w = w_ref[0, dc, h].astype(jnp.float32)                # each token's own row
+        u = u_ref[0, h].astype(jnp.float32)                    # [block_h]
+        return num + jnp.sum(w * bt, axis=-1), den + jnp.sum(u[None, :] * bt, axis=-1)
+
+    z = jnp.zeros(d.shape, jnp.float32)
+    num, den = jax.lax.fori_loop(0, H // block_h, body, (z, z))
     l_d = jnp.take(ls_ref[0], dc, axis=0)
-    ok = has & (num > 0) & jnp.isfinite(l_d)
+    ok = has & (num > 0) & (l_d > -jnp.inf)
     num_ref[0] = jnp.where(ok, jnp.log(jnp.where(ok, num, 1.0)) + jnp.where(ok, l_d, 0.0),
                            -jnp.inf)
     den_ref[0] = jnp.where(den > 0, jnp.log(jnp.where(den > 0, den, 1.0)), -jnp.inf)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v", "interpret"))
-def log_num_den(Bt, W, d, ls, u, *, block_v: int = BLOCK_V, interpret: bool = False):
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@functools.partial(jax.jit, static_argnames=("block_v", "block_h", "interpret"))
+def log_num_den(Bt, W, d, ls, u, *, block_v: int = BLOCK_V, block_h: int = BLOCK_H,
+                interpret: bool = False):
     """The kernel: ``Bt [V, H]``, ``W [K, D, H]`` (particle ``k``'s weight row per
     out-edge), ``d [K, V]`` int32 (each token's out-edge, ``-1`` for none), ``ls [K, D]``
     (the edges' log-scales, ``-inf`` where ``β^P = 0``), ``u [K, H]`` -> ``(log num,
-    log den)`` float32 ``[K, V]``."""
-    from jax.experimental import pallas as pl
-
+    log den)`` float32 ``[K, V]``. ``V`` is padded to whole blocks of ``block_v``, ``H``
+    to whole chunks of ``block_h`` (zeros: they add nothing) and ``D`` to a power of two
+    (padded edges are never looked up)."""
     V, H = Bt.shape
     K, D, _ = W.shape
-    Vp = -(-V // block_v) * block_v
-    if Vp != V:                                  # pad the vocabulary to whole blocks
-        Bt = jnp.pad(Bt, ((0, Vp - V), (0, 0)))
-        d = jnp.pad(d, ((0, 0), (0, Vp - V)), constant_values=-1)
+    bh = min(block_h, _pow2(H))
+    Vp, Hp, Dp = -(-V // block_v) * block_v, -(-H // bh) * bh, _pow2(D)
+    Bt = jnp.pad(Bt, ((0, Vp - V), (0, Hp - H)))
+    d = jnp.pad(d.astype(jnp.int32), ((0, 0), (0, Vp - V)), constant_values=-1)
+    W = jnp.pad(W.astype(Bt.dtype), ((0, 0), (0, Dp - D), (0, Hp - H)))
+    ls = jnp.pad(ls.astype(jnp.float32), ((0, 0), (0, Dp - D)), constant_values=-jnp.inf)
+    u = jnp.pad(u.astype(jnp.float32), ((0, 0), (0, Hp - H)))
     out = jax.ShapeDtypeStruct((K, Vp), jnp.float32)
     num, den = pl.pallas_call(
-        _kernel,
+        functools.partial(_kernel, block_h=bh),
         out_shape=(out, out),
         grid=(K, Vp // block_v),
-        in_specs=[pl.BlockSpec((block_v, H), lambda k, j: (j, 0)),
-                  pl.BlockSpec((1, D, H), lambda k, j: (k, 0, 0)),
+        in_specs=[pl.BlockSpec((block_v, Hp), lambda k, j: (j, 0)),
+                  pl.BlockSpec((1, Dp, Hp), lambda k, j: (k, 0, 0)),
                   pl.BlockSpec((1, block_v), lambda k, j: (k, j)),
-                  pl.BlockSpec((1, D), lambda k, j: (k, 0)),
-                  pl.BlockSpec((1, H), lambda k, j: (k, 0))],
+                  pl.BlockSpec((1, Dp), lambda k, j: (k, 0)),
+                  pl.BlockSpec((1, Hp), lambda k, j: (k, 0))],
         out_specs=(pl.BlockSpec((1, block_v), lambda k, j: (k, j)),) * 2,
         interpret=interpret,
-    )(Bt, W.astype(Bt.dtype), d.astype(jnp.int32), ls.astype(jnp.float32),
-      u.astype(jnp.float32))
+    )(Bt, W, d, ls, u)
     return num[:, :V], den[:, :V]
 
 
@@ -128,4 +148,4 @@ def pallas_scores(fa, tables, sts, *, interpret: bool = False, block_v: int = BL
     return logpsi, z, lprod
 
 
-__all__ = ["pallas_scores", "log_num_den", "default_path", "BLOCK_V"]
+__all__ = ["pallas_scores", "log_num_den", "default_path", "BLOCK_V", "BLOCK_H"]
