@@ -108,13 +108,15 @@ def hlo_moves(hlo: str, min_bytes: int = 0) -> dict[str, int]:
 
 
 def tree_bytes(tree: Any) -> int:
-    """Bytes of the arrays of a pytree."""
-    return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+    """Bytes of the arrays (or ``jax.ShapeDtypeStruct`` s) of a pytree."""
+    return int(sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
 
 
 def step_traffic(lm, params, state, tokens) -> dict:
     """Compile ``lm``'s decode step with ``state`` donated (as :func:`step_donated
-    <jaxcd.lm.llama.step_donated>` runs it) for these arguments and report its traffic:
+    <jaxcd.lm.llama.step_donated>` runs it) for these arguments (arrays, or
+    ``jax.ShapeDtypeStruct`` s: nothing is allocated) and report its traffic:
     ``bytes_accessed`` (XLA's cost analysis), ``hlo_traffic`` (:func:`hlo_traffic`),
     ``weights`` / ``kv_cache`` / ``floor`` bytes, ``ratio`` = bytes accessed / floor,
     ``moves`` (:func:`hlo_moves`) and ``weight_sized_moves`` (those whose result is at
@@ -127,6 +129,7 @@ def step_traffic(lm, params, state, tokens) -> dict:
     hlo = compiled.as_text()
     weights = tree_bytes(params)
     kv = tree_bytes((state["k"], state["v"]))
+    tokens = jax.ShapeDtypeStruct(tokens.shape, tokens.dtype)
     c = lm.config
     smallest = min(c.hidden_size * c.num_kv_heads * c.head_dim,
                    c.hidden_size * c.intermediate_size) * lm.dtype.itemsize
