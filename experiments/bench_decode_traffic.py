@@ -81,7 +81,7 @@ def measure(name: str, dtype, batch: int, prompt_len: int, max_len: int) -> list
             compile_s = time.perf_counter() - t0
         finally:
             jax.lax.scan = scan
-        r.pop("hlo")
+        r.pop("hlo"), r.pop("compiled")
         row = {"model": name, "dtype": jnp.dtype(dtype).name, "variant": variant,
                "batch": batch, "cache_slots": int(state["k"].shape[-1]),
                "compile_s": round(compile_s, 1), **r, "hlo_ratio": r["hlo_traffic"] / r["floor"]}

@@ -120,7 +120,9 @@ def step_traffic(lm, params, state, tokens) -> dict:
     ``bytes_accessed`` (XLA's cost analysis), ``hlo_traffic`` (:func:`hlo_traffic`),
     ``weights`` / ``kv_cache`` / ``floor`` bytes, ``ratio`` = bytes accessed / floor,
     ``moves`` (:func:`hlo_moves`) and ``weight_sized_moves`` (those whose result is at
-    least the smallest projection matrix's size)."""
+    least the smallest projection matrix's size); ``hlo`` (the optimised HLO text) and
+    ``compiled`` (the executable: ``compiled(params, state, tokens)`` runs the step,
+    consuming ``state``)."""
     from .llama import _step_jit_donate
 
     compiled = _step_jit_donate.lower(lm, params, state, tokens).compile()
@@ -137,7 +139,7 @@ def step_traffic(lm, params, state, tokens) -> dict:
     return {"bytes_accessed": ba, "hlo_traffic": hlo_traffic(hlo), "weights": weights,
             "kv_cache": kv, "floor": weights + kv, "ratio": ba / (weights + kv),
             "moves": hlo_moves(hlo), "weight_sized_moves": hlo_moves(hlo, smallest),
-            "hlo": hlo}
+            "hlo": hlo, "compiled": compiled}
 
 
 __all__ = ["step_traffic", "hlo_traffic", "hlo_moves", "shape_bytes", "tree_bytes", "MOVES"]
