@@ -70,7 +70,7 @@ def _kernel(bt_ref, w_ref, d_ref, ls_ref, u_ref, num_ref, den_ref, *, block_h: i
 
     z = jnp.zeros(d.shape, jnp.float32)
     num, den = jax.lax.fori_loop(0, H // block_h, body, (z, z))
-    l_d = jnp.take(ls_ref[0], dc, axis=0)
+    l_d = ls_ref[0, dc]                                        # gather load, [TV]
     ok = has & (num > 0) & (l_d > -jnp.inf)
     num_ref[0] = jnp.where(ok, jnp.log(jnp.where(ok, num, 1.0)) + jnp.where(ok, l_d, 0.0),
                            -jnp.inf)

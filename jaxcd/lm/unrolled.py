@@ -108,10 +108,16 @@ class _UnrolledModel:
         if all(y is None for y in ys):
             return carry, None
         ys = jax.tree.map(lambda *a: jnp.stack(a), *ys)
-        # as with the scan, the outputs all exist only once every layer has run: a caller
-        # that writes the ys into a buffer the layers read (the decode step's KV cache)
-        # then writes after the last read, in place, with no defensive copy
-        zero = 0 * jnp.sum(jax.tree.leaves(carry)[0][..., :1].astype(jnp.float32))
+        # As with the scan, the ys must exist only once every layer has run: the decode
+        # step writes them into the KV cache that the layers read, and XLA updates a
+        # donated buffer in place only when every read of it comes before the write in
+        # the dataflow (else it copies the whole cache, twice). The last layer's
+        # attention reads the cache after its own key/value exist, so the ys are made to
+        # depend on the final carry through an exact zero, 0 * (one element of it),
+        # which XLA does not fold for floats (0 * inf is nan; a non-finite carry makes
+        # the step's log-probabilities non-finite anyway). optimization_barrier does not
+        # survive XLA:CPU's pipeline up to copy insertion.
+        zero = 0 * jax.tree.leaves(carry)[0].reshape(-1)[0].astype(jnp.float32)
         return carry, jax.tree.map(lambda y: y + zero.astype(y.dtype), ys)
 
 
