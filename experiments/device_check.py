@@ -38,7 +38,8 @@ Usage::
     # here: the automaton (once)
     python experiments/bench_pgcd_gpu.py build --out .gpu/js_tool_call_v128k.npz.gz
     # on the device (carry .gpu)
-    PYTHONPATH=. python experiments/device_check.py --automaton .gpu/js_tool_call_v128k.npz.gz --out $OUT/device_check
+    PYTHONPATH=. python experiments/device_check.py \
+        --automaton .gpu/js_tool_call_v128k.npz.gz --out $OUT/device_check
     # on the CPU: the same program at tiny shapes (tests/test_device_check.py)
     python experiments/device_check.py --smoke --out /tmp/device_check
 """
@@ -46,7 +47,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform

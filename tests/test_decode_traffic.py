@@ -11,7 +11,6 @@ same way, unrolled by XLA so that the cost analysis sees all its layers (it coun
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import jax
 import jax.numpy as jnp

@@ -16,8 +16,8 @@ multiply-adds for any live out-degree, where the XLA path
 The kernel runs on a grid of ``(K, ⌈V / block_v⌉)`` programs; program ``(k, j)`` reads
 ``block_v`` rows of ``Bt`` and, for each of those tokens, particle ``k``'s weight row of
 that token's edge (a gather load by edge index), ``block_h`` hidden units at a time, and
-writes ``block_v`` entries of ``log num`` and ``log den``. The token → edge lookup ``d_k(v)`` is made
-outside it (from :attr:`PGCDTables.edge_index <jaxcd.decoding.pgcd.PGCDTables>` where
+writes ``block_v`` entries of ``log num`` and ``log den``. The token → edge lookup
+``d_k(v)`` is made outside it (from :attr:`PGCDTables.edge_index <jaxcd.decoding.pgcd.PGCDTables>` where
 built, else by the binary search over the nested cumulative mask rows,
 ``O(V log D)``), as is the final normalisation (a log-sum-exp over ``V``).
 
