@@ -143,3 +143,37 @@ def test_kernel_block_padding():
         f = np.isfinite(num_w)
         np.testing.assert_allclose(np.asarray(num)[f], num_w[f], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.asarray(den), den_w, rtol=1e-5, atol=1e-5)
+
+
+def test_smc_lookahead_through_the_kernel(monkeypatch):
+    """``smc.run`` takes the kernel through ``path="auto"`` where ``default_path`` says
+    ``"pallas"`` (as on a GPU), and draws what it draws with this backend's own path:
+    the same tokens and the same log-weights up to float rounding."""
+    from jaxcd import smc
+    from test_smc import N, PATTERN, VOCAB as SVOCAB, make_lm
+
+    lm = make_lm()
+    fa = compile_regex(PATTERN, SVOCAB)
+    rng = np.random.default_rng(7)
+    hmm = _dirichlet_hmm(rng, 8, fa.vocab_size)
+    ids, lens = jnp.zeros((6, 1), jnp.int32), jnp.ones((6,), jnp.int32)
+
+    def run():
+        jax.clear_caches()                   # each run traces the scoring path anew
+        return smc.run(jax.random.key(3), lm, lm.params, ids, lens, fa, budget=N,
+                       num_particles=4, proposal="lookahead", hmm=hmm)
+
+    ref = run()
+    calls = []
+    real = pgcd_pallas.pallas_scores
+    monkeypatch.setattr(pgcd_pallas, "pallas_scores",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(pgcd_pallas, "default_path", lambda backend=None: "pallas")
+    got = run()
+    assert calls
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(ref.tokens))
+    w, w0 = np.asarray(got.log_weights), np.asarray(ref.log_weights)
+    assert np.array_equal(np.isfinite(w), np.isfinite(w0))
+    f = np.isfinite(w0)
+    assert f.any()
+    np.testing.assert_allclose(w[f], w0[f], rtol=1e-4, atol=1e-4)
