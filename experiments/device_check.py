@@ -31,7 +31,9 @@ Parts, in order, results written after each (``OUT.json`` and ``OUT.md``; ``OUT`
    Goals: lookahead ≤ 1.05× / 1.1× / 1.3× at H = 1k / 4k / 16k.
 
 ``--time-limit-s`` (default 420): work not yet started when this much wall time has
-passed is skipped and listed in the results (the partial results stay).
+passed is skipped and listed in the results (the partial results stay). ``--parts``
+runs a subset; ``--layers scan`` runs part 3 with the stacked parameters (one block
+compiled per program instead of ``L``: shorter compiles, a slower step).
 
 Usage::
 
@@ -375,8 +377,8 @@ def to_markdown(res: dict) -> str:
                          f"{c['same_support']} | {c['max_abs_logpsi']:.2e} |")
         lines += ["", f"SMC scoring path: {res.get('scoring_path')}", ""]
     for m, d in (res.get("decoding") or {}).items():
-        lines += [f"## Decoding, {m} (unrolled parameters, {res['rounds']} rounds "
-                  "interleaved)", "", "| method | ms/step | slowdown | goal | paper |",
+        lines += [f"## Decoding, {m} ({res.get('layers', 'unrolled')} parameters, "
+                  f"{res['rounds']} rounds interleaved)", "", "| method | ms/step | slowdown | goal | paper |",
                   "|---|---|---|---|---|"]
         for name, r in d.get("rows", {}).items():
             H = int(name.split("=")[1]) if name.startswith("lookahead") else None
@@ -413,6 +415,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--time-limit-s", type=float, default=420.0)
+    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    ap.add_argument("--layers", choices=["unrolled", "scan"], default="unrolled",
+                    help="the LM parameters of part 3 (per-layer, or stacked: faster compiles)")
     ap.add_argument("--out", default=str(RESULTS / "device_check"))
     args = ap.parse_args(argv)
     smoke = args.smoke
@@ -430,7 +435,7 @@ def main(argv=None) -> dict:
     from jaxcd.decoding import pgcd_pallas
     from jaxcd.decoding.decode import tables_for
     from jaxcd.lm.llama import JaxLM
-    from jaxcd.lm.unrolled import random_unrolled_params
+    from jaxcd.lm.unrolled import random_unrolled_params, stack_params
 
     guard = Budget(args.time_limit_s)
     out = Path(args.out)
@@ -439,6 +444,7 @@ def main(argv=None) -> dict:
            "device": dev.device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
            "python": platform.python_version(), "smoke": smoke, "models": models,
            "hidden": hidden, "batch": args.batch, "rounds": args.rounds,
+           "parts": args.parts, "layers": args.layers,
            "decode_floor": {}, "scoring": {}, "decoding": {}, "skipped": guard.skipped,
            "errors": {}}
     fa = smoke_automaton() if smoke else load_automaton(args.automaton)
@@ -456,7 +462,7 @@ def main(argv=None) -> dict:
         lm = JaxLM(cfg, dtype=jnp.bfloat16, precision=None, attn_block=128, matmul="xla")
         lms[m] = lm
     # ---- part 1
-    for m in models:
+    for m in models if 1 in args.parts else []:
         if not guard.ok(f"decode floor {m}"):
             continue
         try:
@@ -479,7 +485,7 @@ def main(argv=None) -> dict:
         ptables[H] = jax.block_until_ready(pgcd.backward(fa, hmm, budget,
                                                          table_dtype=jnp.bfloat16))
         hmms[H] = hmm._replace(B=hmm.B.astype(jnp.bfloat16))
-        if not guard.ok(f"scoring H={H}"):
+        if 2 not in args.parts or not guard.ok(f"scoring H={H}"):
             continue
         try:
             res["scoring"][str(H)] = scoring(fa, fa_d, ptables[H], H, args.repeats)
@@ -491,15 +497,20 @@ def main(argv=None) -> dict:
               not c.get("same_support", True)]
     if failed and jax.default_backend() != "cpu":
         pgcd_pallas.default_path = lambda backend=None: "xla"      # the fallback
-    res["scoring_path"] = ("xla (Pallas failed: H=" + ",".join(failed) + ")" if failed
-                           else pgcd_pallas.default_path())
+    if jax.default_backend() == "cpu":
+        res["scoring_path"] = "the CPU's (native kernel where it builds, else xla)"
+    else:
+        res["scoring_path"] = ("xla (Pallas failed or disagreed: H=" + ",".join(failed) + ")"
+                               if failed else pgcd_pallas.default_path())
     write(res, out)
     # ---- part 3
-    for m in models:
+    for m in models if 3 in args.parts else []:
         if not guard.ok(f"decoding {m}"):
             continue
         try:
             up = jax.block_until_ready(random_unrolled_params(lms[m]))
+            if args.layers == "scan":
+                up = stack_params(up)
             res["decoding"][m] = decoding(lms[m], up, fa_d, gtables, ptables, hmms, budget,
                                           args.batch, args.prompt_len, args.rounds, guard, m)
             del up
