@@ -46,7 +46,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd
+    from jaxcd.decoding import gcd, pgcd
     from jaxcd.decoding import kernels
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.native_build import build

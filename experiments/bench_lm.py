@@ -274,6 +274,8 @@ def main(argv=None):
     import torch
 
     from jaxcd.lm.llama import JaxLM
+
+    from jaxcd.lm.loading import load_lm
     from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
     from jaxcd.model_files import resolve_gguf
 
@@ -308,7 +310,7 @@ def main(argv=None):
         path = resolve_gguf(None if model_arg in ("", "default") else model_arg)
         names.append(path.name)
         t = time.perf_counter()
-        lm = JaxLM.from_gguf(path)
+        lm = load_lm(path, tokenizer=False).lm
         jax_load = time.perf_counter() - t
         t = time.perf_counter()
         hf = load_hf_model_from_gguf(path, torch.float32)

@@ -192,7 +192,7 @@ def pgcd_components(fa_d, hmm, tables, D):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd
+    from jaxcd.decoding import gcd, pgcd
     from jaxcd.decoding import kernels
 
     H, V = hmm.B.shape
@@ -279,7 +279,7 @@ def precompute(fa, hidden, budget, dtypes):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import pgcd
+    from jaxcd.decoding import pgcd
     out = []
     for H in hidden:
         hmm = random_hmm(H, fa.vocab_size, seed=H)
@@ -322,7 +322,7 @@ def memory_child(H, budget, dtype, keep_lm=False):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import pgcd
+    from jaxcd.decoding import pgcd
     from jaxcd.generation import load_model
     from jaxcd.hmm import HMMParams
 
@@ -452,7 +452,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd, smc
+    from jaxcd.decoding import gcd, pgcd, smc
     from jaxcd.decoding.decode import sample, tables_for
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts

@@ -99,7 +99,7 @@ def components(model, fa, tables, ids, lens, budget):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd
+    from jaxcd.decoding import gcd
     from jaxcd.decoding.decode import _init_cs, _lm_step_donated, _select, masked_logits
 
     lm, params = model.lm, model.params

@@ -438,7 +438,7 @@ def main(argv=None) -> int:
         lines += ["", f"Continuous batching: occupancy {cb['occupancy']:.2f} (share of row-steps "
                   f"that decoded a live request), {cb['inserts']} insert calls "
                   f"({cb['insert_s']:.1f} s on the host: their prefills run asynchronously and "
-                  f"finish inside the next decode call; JAXCD_SERVE_SYNC=1 waits for them; "
+                  f"finish inside the next decode call; ServePolicy(sync_inserts=True) waits for them; "
                   f"{cb['prefill_tokens']} prompt tokens prefilled, "
                   f"padding included; the prompts' shared prefix of {cb['prefix_tokens']} "
                   f"tokens prefilled once; {cb['padding_rows']} padding rows), "

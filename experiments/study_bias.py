@@ -232,7 +232,7 @@ def distill_hmm(pb: Problem, H: int, seed: int, num: int, iters: int):
     import jax.numpy as jnp
 
     from hmm_distill import expected_counts, m_step, random_params
-    from jaxcd import decode
+    from jaxcd.decoding import decode
 
     ids = jnp.zeros((num, 1), jnp.int32)
     out = decode.sample(jax.random.key(seed), pb.lm, pb.params, ids, jnp.ones(num, jnp.int32),
@@ -335,7 +335,7 @@ def run_unweighted(pb, oc, method, ks, seeds, runs, seed):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import decode
+    from jaxcd.decoding import decode
 
     Kmax = max(ks)
     M = seeds * runs * Kmax
@@ -359,7 +359,7 @@ def run_smc(pb, oc, proposal, ks, seeds, runs, seed):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import smc
+    from jaxcd.decoding import smc
 
     fa = pb.fa.to_device()
     res, secs = {}, 0.0

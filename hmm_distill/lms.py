@@ -111,10 +111,10 @@ def load_lm(spec: str) -> LoadedLM:
     """Resolve an ``--lm`` spec (see module docstring)."""
     kind, _, arg = spec.partition(":")
     if kind == "gguf":
-        from jaxcd.lm import JaxLM  # lazy: heavy, written elsewhere in the project
+        from jaxcd.lm.loading import load_lm as load_jax_lm  # lazy: heavy
 
         path = arg or None
-        lm = JaxLM.from_gguf(path)
+        lm = load_jax_lm(path, tokenizer=False).lm
 
         def tok_loader():
             from jaxcd.tokenizer import load_tokenizer

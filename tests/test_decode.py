@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd import Vocabulary, compile_regex, gcd
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd
 from jaxcd.decoding.decode import sample, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 

@@ -26,7 +26,7 @@ def test_method_none_valid_is_constraint_met():
 
 def test_greedy_reports_no_proposal_logprob():
     import jax
-    from jaxcd import decode
+    from jaxcd.decoding import decode
     from jaxcd.lm.interface import TableLM
     lm = TableLM.bigram(np.ones(4), np.ones((4, 4)), eos_token_id=0)
     ids, lens = np.zeros((2, 1), np.int32), np.ones(2, np.int32)

@@ -209,9 +209,10 @@ def test_shared_prefill_equals_padded_batch(tmp_path):
 
     from test_lm_llama import write_tiny_gguf
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm as load_jax_lm
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    jlm = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False).lm
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
     which = np.array([0, 1, 1, 3, 2, 0, 3, 3])
@@ -237,11 +238,12 @@ def _pool_against_reference(tmp_path, eos_boost):
     from flax import nnx
     from jaxcd.lm.interface import pad_prompts
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm as load_jax_lm
     from test_lm_llama import write_tiny_gguf
     from hmm_distill.sampler import sample_continuations_with_logprobs, sample_pool
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    base = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    base = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False).lm
     pure = nnx.to_pure_dict(base.params)
     E = np.array(pure["embed"]["embedding"])
     E[188] *= eos_boost

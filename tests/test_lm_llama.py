@@ -61,8 +61,9 @@ def gguf_path():
 @pytest.fixture(scope="module")
 def lm(gguf_path):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
-    return JaxLM.from_gguf(gguf_path)
+    return load_lm(gguf_path, tokenizer=False).lm
 
 
 @pytest.fixture(scope="module")
@@ -336,11 +337,12 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
     JAX vs transformers on every position, and the Q un-permutation vs the truth."""
     torch = pytest.importorskip("torch")
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
     from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
 
     path = tmp_path / f"tiny_{arch}.gguf"
     wq0 = write_tiny_gguf(path, arch, tied)
-    lm = JaxLM.from_gguf(path)
+    lm = load_lm(path, tokenizer=False).lm
     assert lm.config.arch == arch and lm.config.tie_embeddings == tied
     assert lm.config.attention_bias == (arch == "qwen2")
     # the loader undoes llama.cpp's permutation: kernel^T equals the original rows
@@ -371,28 +373,31 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
 # --------------------------------------------------------------------------- (e) bad input
 def test_missing_file_raises(tmp_path):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
     with pytest.raises(ModelFileError, match="not found"):
-        JaxLM.from_gguf(tmp_path / "nope.gguf")
+        load_lm(tmp_path / "nope.gguf", tokenizer=False).lm
 
 
 def test_non_gguf_file_raises(tmp_path):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
     bad = tmp_path / "model.gguf"
     bad.write_text("this is not a model")
     with pytest.raises(ModelFileError, match="not a GGUF"):
-        JaxLM.from_gguf(bad)
+        load_lm(bad, tokenizer=False).lm
 
 
 def test_truncated_gguf_raises(tmp_path, gguf_path):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
     bad = tmp_path / "truncated.gguf"
     with open(gguf_path, "rb") as f:
         bad.write_bytes(f.read(1 << 16))  # header + part of the vocabulary only
     with pytest.raises(ModelFileError, match="truncated.gguf"):
-        JaxLM.from_gguf(bad)
+        load_lm(bad, tokenizer=False).lm
 
 
 def test_bad_prompt_shapes_raise(lm):
@@ -409,17 +414,20 @@ def test_bad_prompt_shapes_raise(lm):
 
 def test_missing_tensor_raises(tmp_path):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
     path = tmp_path / "incomplete.gguf"
     write_tiny_gguf(path, drop=("blk.1.ffn_up.weight",))
     with pytest.raises(ModelFileError, match="blk.1.ffn_up.weight.*missing"):
-        JaxLM.from_gguf(path)
+        load_lm(path, tokenizer=False).lm
 
 
 def test_unsupported_architecture_raises(tmp_path):
     import gguf
 
     from jaxcd.lm.llama import JaxLM
+
+    from jaxcd.lm.loading import load_lm
 
     path = tmp_path / "other.gguf"
     w = gguf.GGUFWriter(str(path), "mamba")
@@ -430,16 +438,17 @@ def test_unsupported_architecture_raises(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelFileError, match="unsupported architecture 'mamba'"):
-        JaxLM.from_gguf(path)
+        load_lm(path, tokenizer=False).lm
 
 
 @pytest.fixture(scope="module")
 def tiny_lm(tmp_path_factory):
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
 
     path = tmp_path_factory.mktemp("tiny") / "tiny_llama.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=1)
-    return JaxLM.from_gguf(path)
+    return load_lm(path, tokenizer=False).lm
 
 
 def test_blocked_decode_attention_equals_full(tiny_lm):

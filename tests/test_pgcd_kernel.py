@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, gcd, pgcd
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd, pgcd
 from jaxcd.decoding import kernels
 from jaxcd.errors import JaxcdError
 from jaxcd.hmm import HMMParams
@@ -255,7 +257,8 @@ def test_path_argument_and_mode():
 
 _FALLBACK = textwrap.dedent("""
     import warnings, numpy as np, jax.numpy as jnp
-    from jaxcd import compile_regex, pgcd
+    from jaxcd import compile_regex
+    from jaxcd.decoding import pgcd
     from jaxcd.decoding import kernels
     from jaxcd.hmm import HMMParams
     from test_pgcd_exact import VOCAB, random_hmm
@@ -277,7 +280,6 @@ _FALLBACK = textwrap.dedent("""
 def test_without_a_compiler_falls_back_with_one_warning(tmp_path):
     env = dict(os.environ, CXX="jaxcd-no-such-compiler", JAXCD_CACHE=str(tmp_path),
                JAX_PLATFORMS="cpu")
-    env.pop("JAXCD_PGCD_KERNEL", None)
     r = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
                        text=True, cwd=os.path.dirname(__file__), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -378,15 +380,14 @@ def test_index_and_mask_lookups_give_identical_scores(dtype):
         assert np.isfinite(np.asarray(a[0])).sum() > 20
 
 
-def test_index_limit_falls_back_to_the_masks(monkeypatch):
-    """Past ``$JAXCD_PGCD_INDEX_MAX_BYTES`` the tables carry no index and the kernel reads
-    the mask rows; the memory estimate counts the index only when it is built."""
+def test_index_limit_falls_back_to_the_masks():
+    """Past ``index_max_bytes`` the tables carry no index and the kernel reads the mask
+    rows; the memory estimate counts the index only when it is built."""
     fa, hmm, tables, sts = _wide_case()
     S, V = fa.num_states, fa.vocab_size
     assert pgcd.backward_nbytes(fa, 8, 4)["index"] == S * V == tables.edge_index.nbytes
-    monkeypatch.setenv("JAXCD_PGCD_INDEX_MAX_BYTES", str(S * V - 1))
-    assert pgcd.backward_nbytes(fa, 8, 4)["index"] == 0
-    small = pgcd.backward(fa, hmm, 4, steps=4)
+    assert pgcd.backward_nbytes(fa, 8, 4, index_max_bytes=S * V - 1)["index"] == 0
+    small = pgcd.backward(fa, hmm, 4, steps=4, index_max_bytes=S * V - 1)
     assert small.edge_index is None
     for x, y in zip(_kernel(fa, small, sts), _kernel(fa, tables, sts)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

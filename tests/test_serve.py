@@ -95,9 +95,11 @@ def tiny(tmp_path_factory):
     from test_lm_llama import write_tiny_gguf
 
     from jaxcd.lm.llama import JaxLM
+
+    from jaxcd.lm.loading import load_lm
     path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=1)
-    base = JaxLM.from_gguf(path)
+    base = load_lm(path, tokenizer=False).lm
     lm = JaxLM(base.config, attn_block=8)                 # blocked decode attention
     toks = [bytes([i]) if 32 <= i < 127 else b"<%d>" % i for i in range(base.vocab_size)]
     vocab = Vocabulary.from_token_bytes(toks, eos_id=base.eos_token_id)
