@@ -74,7 +74,7 @@ def main(argv=None):
 
     model = load_model()
     fa = build_constraint(model.vocab, schema=Path(args.schema).read_text(),
-                          whitespace_pattern="")
+                          whitespace_pattern="", property_order="schema")
     fa_d, V = fa.to_device(), fa.vocab_size
     budget = fa.min_budget + 16
     deg = np.diff(np.asarray(fa.out_start))

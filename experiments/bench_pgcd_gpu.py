@@ -272,7 +272,7 @@ def run(args):
     def dec_call(key, method):
         c = method != "none"
         return sample(key, lm, params, ids16, lens16, fa_d if c else None,
-                      gtables if c else None, budget=budget, constrained=c, temperature=1.0)
+                      gtables if c else None, max_steps=budget, constrained=c, temperature=1.0)
 
     prefill = jax.jit(lambda p, i, l: lm.prefill(p, i, l, i.shape[1] + budget)[1])
     configs = {"none": lambda k: dec_call(k, "none"), "gcd": lambda k: dec_call(k, "gcd"),

@@ -357,7 +357,7 @@ class Runner:
         if method == "none":
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
             out = jax.device_get(decode.sample(key, lm, params, ids, lens, None, None,
-                                               budget=budget, constrained=False,
+                                               max_steps=budget, constrained=False,
                                                temperature=self.temperature, prefilled=pre))
             toks = np.asarray(out.tokens)
             valid = [_accepted(c.dfa, m.vocab, row, eos) for row in toks.tolist()]
@@ -368,7 +368,7 @@ class Runner:
             tables_s = time.perf_counter() - ta
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
             out = jax.device_get(decode.sample(key, lm, params, ids, lens, c.device, tables,
-                                               budget=budget, constrained=True,
+                                               max_steps=budget, constrained=True,
                                                temperature=self.temperature, prefilled=pre))
             toks = np.asarray(out.tokens)
             valid = [bool(v) for v in np.asarray(out.valid)]

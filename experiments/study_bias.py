@@ -236,7 +236,7 @@ def distill_hmm(pb: Problem, H: int, seed: int, num: int, iters: int):
 
     ids = jnp.zeros((num, 1), jnp.int32)
     out = decode.sample(jax.random.key(seed), pb.lm, pb.params, ids, jnp.ones(num, jnp.int32),
-                        None, None, budget=pb.budget, constrained=False)
+                        None, None, max_steps=pb.budget, constrained=False)
     toks = out.tokens
     params = random_params(jax.random.key(seed + 1), H, pb.V, noise=1.0)
 
@@ -343,7 +343,7 @@ def run_unweighted(pb, oc, method, ks, seeds, runs, seed):
     tables = decode.tables_for(fa, method, pb.budget)
     t0 = time.perf_counter()
     out = decode.sample(jax.random.key(seed), pb.lm, pb.params, jnp.zeros((M, 1), jnp.int32),
-                        jnp.ones(M, jnp.int32), fa, tables, budget=pb.budget, constrained=True)
+                        jnp.ones(M, jnp.int32), fa, tables, max_steps=pb.budget, constrained=True)
     toks = np.asarray(out.tokens).reshape(seeds * runs, Kmax, pb.budget)
     valid = np.asarray(out.valid).reshape(seeds * runs, Kmax)
     secs = time.perf_counter() - t0

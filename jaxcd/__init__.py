@@ -14,7 +14,8 @@ from .decoding.buckets import bucket_automaton, stack_automata
 from .errors import (AutomatonTooLargeError, BudgetTooSmallError, EmptyLanguageError, JaxcdError,
                      PrefixRejectedError, RegexSyntaxError, SchemaError, UnsupportedRegexError,
                      UnsupportedSchemaError)
-from .generation import GenerationResult, Model, generate, load_model
+from .generation import (GenerationResult, Model, Particles, SMCConfig, generate, generate_batch,
+                         load_model)
 from .limits import DEFAULT_LIMITS, CompileLimits
 from .model_files import enable_compile_cache, prefer_fast_cpu_compiles
 from .vocab import Vocabulary
@@ -24,7 +25,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Vocabulary", "compile_regex", "compile_json_schema", "compile_keywords",
     "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix",
-    "TensorizedAutomaton", "NFA", "DFA", "errors", "generate", "GenerationResult",
+    "TensorizedAutomaton", "NFA", "DFA", "errors", "generate", "generate_batch", "SMCConfig",
+    "GenerationResult", "Particles",
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",
     "RegexSyntaxError", "SchemaError", "UnsupportedRegexError", "UnsupportedSchemaError",
     "AutomatonTooLargeError", "CompileLimits", "DEFAULT_LIMITS",

@@ -349,9 +349,9 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
         res = {{}}
         for name, m in (("one", one), ("tp", tp)):
             for meth, kw in (("gcd", dict(num_samples=2, temperature=0.0)),
-                             ("smc", dict(particles=2, seed=3))):
-                rs = jaxcd.generate(prompts, constraints=[{{"regex": r}} for r in rxs], model=m,
-                                    method=meth, budget=12, progress=False, **kw)
+                             ("smc", dict(smc=jaxcd.SMCConfig(num_particles=2), seed=3))):
+                rs = jaxcd.generate_batch(prompts, constraints=[{{"regex": r}} for r in rxs],
+                                          model=m, method=meth, budget=12, progress=False, **kw)
                 res[name, meth] = rs
         import re
         for meth in ("gcd", "smc"):
@@ -389,8 +389,9 @@ def test_folder_model_everywhere(tmp_path, bpe_tokenizer, capsys):
     for line in out:
         texts = json.loads(line).get("texts") or [json.loads(line)["text"]]
         assert all(re.fullmatch(rx, t) for t in texts), texts
-    res = jaxcd.generate("hi", regex=rx, method="smc", particles=4, budget=12,
-                         model=str(tmp_path), seed=0)
+    res = jaxcd.generate("hi", regex=rx, method="smc", smc=jaxcd.SMCConfig(num_particles=4),
+                         budget=12, model=str(tmp_path), seed=0, num_samples=3)
+    assert len(res.texts) == 3 and res.particles is None
     assert all(re.fullmatch(rx, t) for t in res.texts)
     assert load_tokenizer(tmp_path).get_vocab() == bpe_tokenizer.get_vocab()
     assert load_lm(tmp_path, tokenizer=False).lm.config.arch == "gemma3_text"

@@ -131,10 +131,10 @@ def test_wide_out_degree_and_dead_successors(H):
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     for n in (3, 4):
-        tables = pgcd.backward(fa, hmm, n, steps=4)
+        tables = pgcd.backward(fa, hmm, n, max_steps=4)
         with jax.enable_x64(True):
             hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
-            beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+            beta = np.asarray(pgcd.backward(fa, hmm64, n, max_steps=4).beta())
         seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (30, 9), (1, 1), (10, 10)]
         seqs = [p for p in seqs if len(p) < n - 1]
         sts = _states(fa, hmm, seqs)
@@ -172,10 +172,10 @@ def test_out_degree_above_64(H, dtype):
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     n = 3
-    tables = pgcd.backward(fa, hmm, n, steps=4, table_dtype=dtype)
+    tables = pgcd.backward(fa, hmm, n, max_steps=4, table_dtype=dtype)
     with jax.enable_x64(True):
         hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
-        beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+        beta = np.asarray(pgcd.backward(fa, hmm64, n, max_steps=4).beta())
     seqs = [(), (1,), (40,), (69,), (70,), (79,)]
     sts = _states(fa, hmm, seqs)
     got = np.asarray(_kernel(fa, tables, sts)[0])
@@ -293,14 +293,14 @@ def test_memory_estimate_and_limit():
     pattern, n, H = CASES[1]
     hmm = _f32(random_hmm(H, seed=4))
     fa = compile_regex(pattern, VOCAB)
-    tables = pgcd.backward(fa, hmm, n, steps=16)
+    tables = pgcd.backward(fa, hmm, n, max_steps=16)
     est = pgcd.backward_nbytes(fa, H, 16)
     assert tables.mant.shape[0] == 17
     assert est["tables"] == tables.mant.nbytes + tables.log_scale.nbytes
     assert est["Bt"] == tables.Bt.nbytes
     with pytest.raises(pgcd.TablesTooLargeError, match=r"bfloat16 \(about .* GiB\)"):
-        pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"] - 1)
-    pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"])          # at the limit: ok
+        pgcd.backward(fa, hmm, n, max_steps=16, max_bytes=est["total"] - 1)
+    pgcd.backward(fa, hmm, n, max_steps=16, max_bytes=est["total"])          # at the limit: ok
 
 
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
@@ -359,7 +359,7 @@ def test_edge_index_is_the_transition_function():
 def _wide_case(n=4, H=8, seed=3):
     fa = compile_regex(WIDE_PATTERN, WIDE)
     hmm = _dirichlet_hmm(np.random.default_rng(seed), H, fa.vocab_size)
-    tables = pgcd.backward(fa, hmm, n, steps=4)
+    tables = pgcd.backward(fa, hmm, n, max_steps=4)
     seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (1, 1), (10, 10)]
     return fa, hmm, tables, _states(fa, hmm, seqs)
 
@@ -370,7 +370,7 @@ def test_index_and_mask_lookups_give_identical_scores(dtype):
     fallback) run the same arithmetic: bitwise equal outputs, at out-degree 46 with
     successors whose β^P is 0, for float32 and bfloat16 tables."""
     fa, hmm, tables, sts = _wide_case()
-    for tab in (tables, pgcd.backward(fa, hmm, 4, steps=4, table_dtype=jnp.bfloat16)):
+    for tab in (tables, pgcd.backward(fa, hmm, 4, max_steps=4, table_dtype=jnp.bfloat16)):
         assert tab.edge_index is not None and tab.edge_index.dtype == jnp.int8
         with_idx = tab._replace(edge_index=pgcd.edge_index(fa, dtype))
         a = _kernel(fa, with_idx, sts)
@@ -387,7 +387,7 @@ def test_index_limit_falls_back_to_the_masks():
     S, V = fa.num_states, fa.vocab_size
     assert pgcd.backward_nbytes(fa, 8, 4)["index"] == S * V == tables.edge_index.nbytes
     assert pgcd.backward_nbytes(fa, 8, 4, index_max_bytes=S * V - 1)["index"] == 0
-    small = pgcd.backward(fa, hmm, 4, steps=4, index_max_bytes=S * V - 1)
+    small = pgcd.backward(fa, hmm, 4, max_steps=4, index_max_bytes=S * V - 1)
     assert small.edge_index is None
     for x, y in zip(_kernel(fa, small, sts), _kernel(fa, tables, sts)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

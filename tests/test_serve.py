@@ -67,7 +67,7 @@ def test_each_request_decodes_exactly_as_alone(fas, method, groups):
         ids, lens = pad_prompts([r.prompt_ids], length=3)
         fa = bucket_automaton(r.fa) if r.fa is not None else None
         tables = tables_for(fa, method, n, N) if fa is not None else None
-        ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, budget=N, limit=n,
+        ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, max_steps=N, budget=n,
                      constrained=method != "none")
         np.testing.assert_array_equal(o.tokens, np.asarray(ref.tokens[0]), err_msg=f"request {i}")
         assert o.logprob == pytest.approx(float(ref.logprob[0]), abs=1e-5)

@@ -274,12 +274,12 @@ def test_mismatched_tables_and_eos_are_clear_errors(problem):
     ids, lens = jnp.zeros((1, 1), jnp.int32), jnp.ones(1, jnp.int32)
     with pytest.raises(ValueError, match="fewer than budget"):
         decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa.to_device(),
-                      gcd.backward(fa.to_device(), 3), budget=N, constrained=True)
+                      gcd.backward(fa.to_device(), 3), max_steps=N, constrained=True)
     swapped = Vocabulary.from_token_bytes(TOKENS[1:] + [b"<eos>"], eos_id=V - 1)
     fa2 = compile_regex(PATTERN, swapped).to_device()
     with pytest.raises(ValueError, match="EOS"):
         decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa2, gcd.backward(fa2, N),
-                      budget=N, constrained=True)
+                      max_steps=N, constrained=True)
 
 
 def test_prebuilt_tables_give_the_same_run(problem):

@@ -441,8 +441,8 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
     fa = c.device
     tables = gcd.backward(fa, budget)
     key = jax.random.PRNGKey(7)
-    a = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True)
-    b = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True,
+    a = decode.sample(key, lm, params, ids, lens, fa, tables, max_steps=budget, constrained=True)
+    b = decode.sample(key, lm, params, ids, lens, fa, tables, max_steps=budget, constrained=True,
                       prefilled=pre)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     assert np.asarray(a.valid).all() and np.array_equal(np.asarray(a.valid), np.asarray(b.valid))
@@ -462,7 +462,7 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
     # a prefill whose cache cannot hold the decode is refused, naming the sizes
     with pytest.raises(ValueError, match="cache of"):
         decode.sample(key, lm, params, ids, lens, fa, gcd.backward(fa, budget + 4),
-                      budget=budget + 4, constrained=True, prefilled=pre)
+                      max_steps=budget + 4, constrained=True, prefilled=pre)
 
 
 def test_runner_prefill_cache_and_shared_draw(tiny_runner):

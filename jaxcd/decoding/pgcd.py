@@ -128,20 +128,20 @@ class PGCDTables:
         return dataclasses.replace(self, **changes)
 
     @property
-    def steps(self) -> int:
+    def max_steps(self) -> int:
         """Static length ``N`` (a budget bucket; rows ``0..N``)."""
         return int(self.mant.shape[0]) - 1
 
     @property
     def budget(self) -> int:
-        return self.steps if self.n is None else int(self.n)
+        return self.max_steps if self.n is None else int(self.n)
 
     def limit(self):
-        return self.steps if self.n is None else self.n
+        return self.max_steps if self.n is None else self.n
 
     def row(self, t):
         """The stored row of step ``t`` for budget ``n``: ``r = n − t`` (clipped)."""
-        return jnp.clip(self.limit() - t, 0, self.steps)
+        return jnp.clip(self.limit() - t, 0, self.max_steps)
 
     def log_scale_by_t(self) -> jax.Array:
         """``log_scale`` indexed by step ``t = 0..n`` (``[n+1, S]``; tests, reports)."""
@@ -536,10 +536,10 @@ def _transpose(B, *, dtype):
 
 
 def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
-             steps: int | None = None, max_bytes: int | None = None, kernel: str = "auto",
+             max_steps: int | None = None, max_bytes: int | None = None, kernel: str = "auto",
              index_max_bytes: int | None = None) -> PGCDTables:
-    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``steps`` steps,
-    default ``n``; with a larger ``steps`` — a budget bucket — the compiled program
+    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``max_steps`` steps,
+    default ``n``; with a larger ``max_steps`` — a budget bucket — the compiled program
     serves every budget up to it). ``fa`` may be a stack of automata (one per prompt
     row; the tables are those of :func:`jaxcd.decoding.buckets.flatten` of it).
 
@@ -559,7 +559,7 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     from .buckets import flatten
     check_hmm(fa, hmm)
     gcd.check_budget(fa, budget)
-    steps = int(budget) if steps is None else int(steps)
+    steps = int(budget) if max_steps is None else int(max_steps)
     gcd.check_steps(budget, steps)
     dt = jnp.result_type(*(jax.dtypes.canonicalize_dtype(                 # x64 off: f32
         getattr(x, "dtype", None) or np.asarray(x).dtype) for x in (hmm.A, hmm.B, hmm.pi)))
