@@ -114,7 +114,7 @@ def load_lm(spec: str) -> LoadedLM:
         from jaxcd.lm.loading import load_lm as load_jax_lm  # lazy: heavy
 
         path = arg or None
-        lm = load_jax_lm(path, tokenizer=False).lm
+        lm, params = load_jax_lm(path, tokenizer=False)[:2]
 
         def tok_loader():
             from jaxcd.tokenizer import load_tokenizer
@@ -122,7 +122,7 @@ def load_lm(spec: str) -> LoadedLM:
             return load_tokenizer(path)
 
         fp = getattr(lm, "vocab_fingerprint", None) or vocabulary_fingerprint(tok_loader(), lm.vocab_size)
-        return LoadedLM(lm, lm.params, f"gguf:{path or 'default'}", fp, tok_loader)
+        return LoadedLM(lm, params, f"gguf:{path or 'default'}", fp, tok_loader)
     if kind == "table":
         from jaxcd.lm.interface import TableLM
 

@@ -117,10 +117,23 @@ gc_on = gc.isenabled()
 import jaxcd, jaxcd.generation, jaxcd.lm.llama, jaxcd.decoding.smc, jaxcd.decoding.serve
 from jaxcd import compile_regex, Vocabulary
 voc = Vocabulary.from_token_bytes([b"a", b"b", b"<eos>"], eos_id=2)
-compile_regex("(ab)+", voc)
+fa = compile_regex("(ab)+", voc)
+# a GCD decode compiled and run with XLA's default flags (the configuration users get)
+import jax, numpy as np
+from jaxcd.decoding.decode import sample, tables_for
+from jaxcd.lm import TableLM, pad_prompts
+lm = TableLM.bigram(np.ones(3), np.ones((3, 3)), eos_token_id=2)
+ids, lens = pad_prompts([[0]] * 8)
+out = sample(jax.random.key(0), lm, lm.params, ids, lens, fa, tables_for(fa, "gcd", 7),
+             budget=7, constrained=True)
+texts = {bytes(voc.decode_bytes([t for t in row if t != 2])) for row in
+         np.asarray(out.tokens).tolist()}
 after_import = {"env_same": dict(os.environ) == before,
                 "cache_fn_same": cc.get_file_cache is get_file_cache,
-                "gc_same": gc.isenabled() == gc_on}
+                "gc_same": gc.isenabled() == gc_on,
+                "decoded_valid": bool(np.asarray(out.valid).all())
+                and all(t in (b"ab", b"abab", b"ababab") for t in texts),
+                "flags_before": os.environ.get("XLA_FLAGS", "")}
 import tempfile
 flag = jaxcd.prefer_fast_cpu_compiles()
 d = jaxcd.enable_compile_cache(path=tempfile.mkdtemp())
@@ -139,6 +152,7 @@ def test_import_changes_nothing_global(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["env_same"] and out["cache_fn_same"] and out["gc_same"], out
+    assert out["decoded_valid"] and out["flags_before"] == "", out
     # the explicit calls do what they say (the flag only where this jaxlib knows it)
     assert out["flag"] == ("--xla_cpu_use_fusion_emitters=false" in out["flags"].split())
     assert out["cache_dir"] and out["cache_fn_after"], out

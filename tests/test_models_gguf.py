@@ -95,7 +95,7 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch):
     # query_pre_attn_scalar = 256 = head_dim, as llama.cpp does for all but 27B)
     D = 128 if arch == "qwen3" else 256
     write_gguf(path, arch, D=D)
-    lm = load_lm(path, tokenizer=False).lm
+    lm, params = load_lm(path, tokenizer=False)[:2]
     c = lm.config
     assert c.qk_norm and c.head_dim == D
     if arch == "gemma3":     # layers 0-4 local (window 4, base 10000), layer 5 global
@@ -104,7 +104,7 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch):
     hf = load_hf_model_from_gguf(path, torch.float32)
     seqs = [[5, 17, 99, 3, 250, 7, 7, 42, 11, 12, 13], [9, 2, 3, 4, 5, 6]]
     ids, lens = pad_prompts(seqs, pad_id=0)
-    ours = np.asarray(lm.logprobs_all(lm.params, ids, lens))
+    ours = np.asarray(lm.logprobs_all(params, ids, lens))
     for b, seq in enumerate(seqs):
         with torch.no_grad():
             ref = torch.log_softmax(hf(torch.tensor([seq])).logits[0].double(), -1).numpy()

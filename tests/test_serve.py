@@ -99,11 +99,11 @@ def tiny(tmp_path_factory):
     from jaxcd.lm.loading import load_lm
     path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=1)
-    base = load_lm(path, tokenizer=False).lm
+    base, base_params = load_lm(path, tokenizer=False)[:2]
     lm = JaxLM(base.config, attn_block=8)                 # blocked decode attention
     toks = [bytes([i]) if 32 <= i < 127 else b"<%d>" % i for i in range(base.vocab_size)]
     vocab = Vocabulary.from_token_bytes(toks, eos_id=base.eos_token_id)
-    return lm, base.params, vocab, toks
+    return lm, base_params, vocab, toks
 
 
 def test_real_lm_rows_match_a_full_recompute(tiny):

@@ -414,9 +414,9 @@ def tiny_runner(tmp_path_factory):
     from jaxcd.vocab import Vocabulary
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=3)
-    lm = load_lm(path, tokenizer=False).lm
+    lm, params = load_lm(path, tokenizer=False)[:2]
     vocab = Vocabulary.from_token_bytes([bytes([i]) for i in range(256)], eos_id=2)
-    runner = Runner(Model(lm, lm.params, None, vocab, str(path)), shapes=Shapes(prompt_multiple=16))
+    runner = Runner(Model(lm, params, None, vocab, str(path)), shapes=Shapes(prompt_multiple=16))
     c = build_constraint(_regex_nfa(r"(ab|cd){1,5}"), vocab, Shapes(prompt_multiple=16))
     return runner, c
 

@@ -610,7 +610,6 @@ class JaxLM:
       config: the hyper-parameters (:class:`LlamaConfig`).
       dtype: compute/storage dtype of weights, activations and cache (float32 default;
         bfloat16 halves memory traffic; norms, softmax and log-probs stay float32).
-      params: optional weights (``nnx.State``), kept as ``lm.params``.
       precision: matmul precision (``"highest"`` default: true float32 on GPU/TPU too).
       attn_block: when the cache holds more than this many slots, a decode step attends
         block by block over the filled slots only (:func:`attend_decode_blocked`);
@@ -629,10 +628,10 @@ class JaxLM:
 
     Hashable and comparable by ``(config, dtype, precision, attn_block, matmul,
     attention, platform)`` only: it is a static jit
-    argument, and the weights travel separately as ``params`` (the ``nnx.State`` of a
-    :class:`LlamaModel`). ``lm.params`` holds the weights the LM was loaded with, for
-    convenience (``lm.prefill(lm.params, ...)``). Note that jit caches keep a reference
-    to the static LM object they were traced with.
+    argument, and it holds the architecture and these choices only: the weights travel
+    separately as the traced ``params`` (the ``nnx.State`` of a :class:`LlamaModel`;
+    :func:`jaxcd.lm.loading.load_lm` returns both), so the compiled programs that jit
+    caches keep (with a reference to their static LM) never keep weights alive.
 
     ``prefill`` / ``step`` are jitted (and traceable, so they can be called inside a
     decoder's own ``jit``/``scan``). Use :meth:`generate_greedy` for host-side tests.
@@ -652,7 +651,7 @@ class JaxLM:
         offset: int32 [B]           left-padding slots of each row
     """
 
-    def __init__(self, config: LlamaConfig, dtype=jnp.float32, params: PyTree | None = None,
+    def __init__(self, config: LlamaConfig, dtype=jnp.float32,
                  precision: str | None = "highest", attn_block: int | None = 128,
                  matmul: str = "auto", attention: str = "auto", platform: str | None = None):
         if attn_block is not None and attn_block < 1:
@@ -686,7 +685,6 @@ class JaxLM:
         abstract = nnx.eval_shape(lambda: LlamaModel(
             config, dtype=self.dtype, precision=self._jax_precision(), rngs=nnx.Rngs(0)))
         self.graphdef, self._abstract_state = nnx.split(abstract)
-        self.params = params
         self._key = (config, self.dtype.name, precision, attn_block, matmul, attention,
                      self.platform)
 
@@ -742,7 +740,7 @@ class JaxLM:
     def params_from_pure_dict(self, pure: dict) -> nnx.State:
         """Turn a nested dict of arrays into the ``nnx.State`` pytree this LM's functions
         take, checking every shape. ``pure["layers"]`` may be stacked (every leaf
-        ``[L, ...]``: the layout of ``nnx.to_pure_dict(lm.params)``) or per layer (the
+        ``[L, ...]``: the layout of ``nnx.to_pure_dict(params)``) or per layer (the
         layout of :func:`load_gguf`: ``{0: {...}, 1: {...}, ...}`` or a list), which is
         stacked here."""
         pure = dict(pure)
@@ -1068,16 +1066,16 @@ class JaxLM:
         return jax.nn.log_softmax(model.logits(x, self.in_place_matmul()), axis=-1)
 
     def generate_greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                        params: PyTree | None = None, stop_at_eos: bool = True,
+                        params: PyTree, stop_at_eos: bool = True,
                         max_len: int | None = None) -> list[list[int]]:
         """Greedy continuation of each token list (host loop around the jitted, buffer-
         donating step). Returns the new tokens per prompt, cut after EOS when
         ``stop_at_eos``."""
         from .interface import pad_prompts
 
-        params = self.params if params is None else params
         if params is None:
-            raise ValueError("generate_greedy: no params (load with jaxcd.lm.loading.load_lm or pass params=)")
+            raise ValueError("generate_greedy: params is None (jaxcd.lm.loading.load_lm "
+                             "returns the LM and its params)")
         if max_new_tokens < 1:
             return [[] for _ in prompts]
         ids, lens = pad_prompts(prompts, pad_id=self.pad_token_id)

@@ -197,7 +197,6 @@ def load_lm(path=None, *, dtype=None, mesh=None, attn_block: int | None = 128,
         where = str(p)
     if mesh is not None:
         params = shard_params(params, mesh)
-    lm.params = params
     vocab = None
     if tokenizer:
         from ..vocab import Vocabulary
