@@ -3,6 +3,13 @@
 Constraints (regex, JSON Schema, keywords, Python-style tool calls, explicit
 automata) compile on the host to tensorized automata over the LM's vocabulary;
 GCD/LCD masks and state updates are pure jitted JAX functions (:mod:`jaxcd.decoding.gcd`).
+
+The package is layered: :mod:`jaxcd.automata` (host-side automata) -> :mod:`jaxcd.decoding`
+(jitted decoders) -> :mod:`jaxcd.lm` (language models, loading) -> the user API here
+(:func:`generate`, :func:`generate_batch`, :func:`load_model`, the ``compile_*``
+functions). Importing jaxcd changes no process state; the application opts in to the
+persistent compile cache (:func:`enable_compile_cache`) and XLA's faster CPU compiles
+(:func:`prefer_fast_cpu_compiles`), as the ``jaxcd`` command does.
 """
 
 from . import errors

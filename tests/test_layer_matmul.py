@@ -222,7 +222,7 @@ def test_mode_and_errors(monkeypatch, tmp_path):
 
     lm, _ = _tiny_lm("llama", "auto")
     assert lm.in_place_matmul() and lm.attention_kernel()
-    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")           # no longer a switch
+    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")           # not a switch: nothing changes
     assert lm.in_place_matmul()
     lx, _ = _tiny_lm("llama", "xla")
     assert not lx.in_place_matmul() and not lx.attention_kernel()

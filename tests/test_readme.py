@@ -73,11 +73,13 @@ def test_smc_example():
     exec(compile(blocks[1].split("out = jaxcd.generate")[0], "README block 2 (schema)", "exec"), ns)
     exec(compile(_block('method="smc"'), "README SMC block", "exec"), ns)     # SMC
     out, schema = ns["out"], ns["schema"]
-    assert len(out.texts) == 8 and out.chosen is not None
-    assert abs(sum(out.weights) - 1) < 1e-6
+    p = out.particles
+    assert len(out.texts) == 1 and len(p.texts) == 8
+    assert abs(sum(p.weights) - 1) < 1e-6
     assert np.isfinite(out.log_Z) and out.log_Z < 0
+    assert out.valid[0] and out.text in {t for t, w in zip(p.texts, p.weights) if w > 0}
     jsonschema.validate(json.loads(out.text), schema)
-    for text, valid, w in zip(out.texts, out.valid, out.weights):
+    for text, valid, w in zip(p.texts, p.valid, p.weights):
         assert valid
         jsonschema.validate(json.loads(text), schema)
 
