@@ -224,16 +224,27 @@ def test_lm_decode_through_the_kernel_matches_the_copying_scan(arch):
 
 
 def test_mode_and_errors(monkeypatch, tmp_path):
-    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")
-    assert not kernels.lm_kernel_available()
+    """The LM's fields decide (the environment does not): ``matmul="xla"`` never takes
+    the kernel, ``"auto"`` takes it on the CPU platform only, and the platform is part of
+    the LM's identity (its jit key)."""
+    from jaxcd.lm.llama import JaxLM
+
     lm, _ = _tiny_lm("llama", "auto")
-    assert not lm.in_place_matmul()
-    monkeypatch.setenv("JAXCD_LM_KERNEL", "bogus")
-    with pytest.raises(ValueError, match="JAXCD_LM_KERNEL"):
-        kernels.lm_kernel_available()
-    monkeypatch.delenv("JAXCD_LM_KERNEL")
+    assert lm.in_place_matmul() and lm.attention_kernel()
+    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")           # not a switch: nothing changes
+    assert lm.in_place_matmul()
+    lx, _ = _tiny_lm("llama", "xla")
+    assert not lx.in_place_matmul() and not lx.attention_kernel()
+    on_gpu = JaxLM(lm.config, platform="gpu")
+    assert not on_gpu.in_place_matmul() and on_gpu != lm and JaxLM(lm.config) == lm
+    with pytest.raises(kernels.KernelUnavailable, match="CPU-only"):
+        JaxLM(lm.config, matmul="kernel", platform="gpu").in_place_matmul()
+    with pytest.raises(kernels.KernelUnavailable, match="in-place"):
+        JaxLM(lm.config, matmul="xla", attention="kernel").attention_kernel()
     with pytest.raises(ValueError, match="matmul"):
         _tiny_lm("llama", "fast")
+    with pytest.raises(ValueError, match="attention"):
+        JaxLM(lm.config, attention="fast")
     with pytest.raises(ValueError, match=r"\[L, K, N\]"):
         kernels.layer_matmul(jnp.ones((2, 3)), jnp.ones((3, 4)), 0)
     # without a compiler: one warning naming the reason, then unavailable
