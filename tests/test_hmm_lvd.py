@@ -28,11 +28,9 @@ V, EOS, T = 3, 2, 4
 
 
 def _table_lm():
-    def fn(prefix):  # depends on the whole prefix; EOS more likely later
-        k = len(prefix)
-        s = sum(prefix)
-        return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
-    return TableLM.from_function(fn, V, depth=T, eos_token_id=EOS), fn
+    from test_hmm_sampler import _prefix_probs
+
+    return TableLM.from_function(_prefix_probs, V, depth=T, eos_token_id=EOS), _prefix_probs
 
 
 def _ref_feature(fn, prefix, R):

@@ -24,12 +24,14 @@ from hmm_distill.sampler import read_prompts, run_sampling, sample_continuations
 V, EOS, T = 3, 2, 4
 
 
+def _prefix_probs(prefix):  # depends on the whole prefix; EOS more likely later
+    k = len(prefix)
+    s = sum(prefix)
+    return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
+
+
 def _table_lm():
-    def fn(prefix):  # depends on the whole prefix; EOS more likely later
-        k = len(prefix)
-        s = sum(prefix)
-        return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
-    return TableLM.from_function(fn, V, depth=T, eos_token_id=EOS)
+    return TableLM.from_function(_prefix_probs, V, depth=T, eos_token_id=EOS)
 
 
 def _exact_distribution(lm, temperature=1.0):
