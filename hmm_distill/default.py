@@ -95,10 +95,11 @@ class TaskSettings(DefaultSettings):
 TASK_PROFILES = {
     # this repository's CPU budget (2 cores, <= 2 hours per model with the sampling)
     "cpu": TaskSettings(hidden_size=256, num_seqs=8192, max_length=96, batch_size=64, pools=2,
-                        epochs=6, patience=2),
+                        epochs=6, patience=2, max_prompt_tokens=512),
     # the references' scale on an accelerator (GeLaTo / Ctrl-G: millions of sequences, H = 4096)
     "accelerator": TaskSettings(hidden_size=4096, num_seqs=2_000_000, max_length=128, batch_size=512,
-                                pools=1, epochs=4, patience=1, shard_size=65536, em_batch_size=2048),
+                                pools=1, epochs=4, patience=1, shard_size=65536, em_batch_size=2048,
+                                max_prompt_tokens=2048),
     # a few minutes anywhere: for tests and smoke runs
     "smoke": TaskSettings(hidden_size=16, num_seqs=64, max_length=24, batch_size=32, pools=1, epochs=2,
                           patience=0, shard_size=32, features=16, em_batch_size=32),
