@@ -24,7 +24,6 @@ the stacked KV cache, read in place from each row's first attended slot; the LM'
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
