@@ -110,7 +110,6 @@ while RMSNorm, softmax and log-probabilities stay float32.
 from __future__ import annotations
 
 import collections
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -118,7 +117,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .gguf_weights import LlamaConfig, load_gguf, read_gguf_config
+from .gguf_weights import LlamaConfig, read_gguf_config
 
 PyTree = Any
 
