@@ -221,7 +221,8 @@ class Runner:
     every call prefills its own batch."""
 
     def __init__(self, model=None, hmm=None, temperature: float = 1.0,
-                 resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes()):
+                 resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes(),
+                 defensive: float | None = None, psi_power: float = 1.0):
         from jaxcd.generation import Model, load_hmm, load_model
         self.model = model if isinstance(model, Model) else load_model(model)
         self.hmm_spec = hmm
@@ -231,6 +232,10 @@ class Runner:
         self.temperature = float(temperature)
         self.resample = resample
         self.ess = float(ess)
+        from jaxcd.decoding.smc import DEFENSIVE
+        #: the P-GCD proposals' GCD share and ψ exponent (smc.run's defensive / psi_power)
+        self.defensive = DEFENSIVE if defensive is None else float(defensive)
+        self.psi_power = float(psi_power)
         self.shapes = shapes
         self._tables: dict = {}
         self.prefill = True
@@ -393,7 +398,7 @@ class Runner:
                               hmm=self._hmm if method in HMM_METHODS else None,
                               resample=self.resample, ess_threshold=self.ess,
                               temperature=self.temperature, tables=tables, ptables=ptables,
-                              prefilled=pre)
+                              prefilled=pre, defensive=self.defensive, psi_power=self.psi_power)
             res = jax.device_get(res)
             toks = np.asarray(res.tokens)[0]
             valid = [bool(v) for v in np.asarray(res.valid)[0]]

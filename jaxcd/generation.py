@@ -134,7 +134,8 @@ class SMCConfig:
     (``"systematic"``, ``"multinomial"``, ...) when the effective sample size falls below
     ``ess_threshold`` × ``num_particles``; ``defensive``: the share of the GCD proposal
     in the P-GCD proposals' defensive mixture (``0``: pure P-GCD, ``1``: GCD; see
-    :mod:`jaxcd.decoding.smc`). ``return_particles``: keep the weighted particles in the
+    :mod:`jaxcd.decoding.smc`); ``psi_power``: the P-GCD proposals score with ``ψ^α``
+    (tempering; the weights stay exact). ``return_particles``: keep the weighted particles in the
     result (:attr:`GenerationResult.particles`).
 
     Example::
@@ -149,6 +150,7 @@ class SMCConfig:
     resample: str = "systematic"
     ess_threshold: float = 0.5
     defensive: float = DEFENSIVE
+    psi_power: float = 1.0
     return_particles: bool = False
 
     def __post_init__(self):
@@ -167,6 +169,8 @@ class SMCConfig:
             v = getattr(self, name)
             if not 0.0 <= float(v) <= 1.0:
                 raise ValueError(f"SMCConfig: {name} must be in [0, 1], got {v!r}")
+        if not float(self.psi_power) > 0:
+            raise ValueError(f"SMCConfig: psi_power must be > 0, got {self.psi_power!r}")
 
 
 @dataclass
@@ -723,7 +727,8 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
         res = smc_mod.run(k, m.lm, m.params, ids, lens, fa, budget=budget, max_steps=N,
                           num_particles=K, proposal=smc.proposal, hmm=hmm_params,
                           resample=smc.resample, ess_threshold=smc.ess_threshold,
-                          temperature=temperature, defensive=smc.defensive)
+                          temperature=temperature, defensive=smc.defensive,
+                          psi_power=smc.psi_power)
         res = jax.device_get(res)
         steps += int(res.steps)
         outs.append((rows, res))
