@@ -61,7 +61,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_distill_sampling"))
     a = ap.parse_args(argv)
 
-    from jaxcd.lm.interface import pad_prompts
+    from jaxcd.decoding.buckets import pad_prompts
     from jaxcd.model_files import resolve_gguf
     from hmm_distill.lms import load_lm
     from hmm_distill.prompts import builtin_prompts_path

@@ -168,7 +168,7 @@ def fmt(xs, scale=1.0):
     return m, sd
 
 
-def bench_model(args, model_name, lm, hf, torch_threads):
+def bench_model(args, model_name, lm, params, hf, torch_threads):
     """Interleaved rounds of every implementation at each batch size -> rows."""
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
@@ -177,15 +177,15 @@ def bench_model(args, model_name, lm, hf, torch_threads):
         runners = {
             f"torch ({torch_threads}t)": torch_runner(hf, ids, n, torch_threads),
             "torch (1t)": torch_runner(hf, ids, n, 1),
-            "jax-step": jax_step_runner(lm, lm.params, ids, n),
-            "jax-scan": jax_scan_runner(lm, lm.params, ids, n),
+            "jax-step": jax_step_runner(lm, params, ids, n),
+            "jax-scan": jax_scan_runner(lm, params, ids, n),
         }
         if lm.in_place_matmul():     # the copying layer scan (XLA's dots), for comparison
             from jaxcd.lm.llama import JaxLM
 
             lm_x = JaxLM(lm.config, dtype=lm.dtype, precision=lm.precision,
                          attn_block=lm.attn_block, matmul="xla")
-            runners["jax-step (xla dots)"] = jax_step_runner(lm_x, lm.params, ids, n)
+            runners["jax-step (xla dots)"] = jax_step_runner(lm_x, params, ids, n)
         if torch_threads == 1:
             runners.pop("torch (1t)")
         if args.no_scan:
@@ -274,6 +274,8 @@ def main(argv=None):
     import torch
 
     from jaxcd.lm.llama import JaxLM
+
+    from jaxcd.lm.loading import load_lm
     from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
     from jaxcd.model_files import resolve_gguf
 
@@ -308,7 +310,7 @@ def main(argv=None):
         path = resolve_gguf(None if model_arg in ("", "default") else model_arg)
         names.append(path.name)
         t = time.perf_counter()
-        lm = JaxLM.from_gguf(path)
+        lm, params = load_lm(path, tokenizer=False)[:2]
         jax_load = time.perf_counter() - t
         t = time.perf_counter()
         hf = load_hf_model_from_gguf(path, torch.float32)
@@ -318,7 +320,7 @@ def main(argv=None):
         print(f"load: jax {jax_load:.1f}s, torch {torch_load:.1f}s; jax {jax.__version__} "
               f"backend={jax.default_backend()}, torch {torch.__version__} "
               f"threads={torch_threads}, cpus={os.cpu_count()}", flush=True)
-        rows += bench_model(args, path.name, lm, hf, torch_threads)
+        rows += bench_model(args, path.name, lm, params, hf, torch_threads)
         del lm, hf
         write()
 

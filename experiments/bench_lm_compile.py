@@ -5,7 +5,7 @@ For each implementation of :mod:`jaxcd.lm.llama` (``after`` = the working tree;
 with ``git show`` into a temporary file and imported as a sibling module) and each model
 
 * ``default``: the default GGUF (SmolLM2-135M-Instruct, 30 layers,
-  :meth:`JaxLM.from_gguf`),
+  :func:`jaxcd.lm.gguf_weights.load_gguf`),
 * ``rand2`` / ``rand30``: its config with 2 / 30 layers and random weights
   (``LlamaModel(cfg, rngs=nnx.Rngs(0))``),
 
@@ -84,8 +84,11 @@ def child(impl: str | None, model: str, warm: int, steps: int) -> dict:
 
     t0 = time.perf_counter()
     if model == "default":
-        lm = llama.JaxLM.from_gguf()
-        params = lm.params
+        from jaxcd.lm.gguf_weights import load_gguf
+
+        cfg, pure = load_gguf(None)
+        lm = llama.JaxLM(cfg)
+        params = lm.params_from_pure_dict(pure)
     else:
         from jaxcd.lm.gguf_weights import read_gguf_config
 

@@ -82,7 +82,7 @@ class Ours:
 
     def __init__(self, vocab):
         import jax
-        from jaxcd import gcd
+        from jaxcd.decoding import gcd
         self.jax, self.gcd, self.vocab = jax, gcd, vocab
 
     def compile(self, kind, source):

@@ -192,7 +192,7 @@ def pgcd_components(fa_d, hmm, tables, D):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd
+    from jaxcd.decoding import gcd, pgcd
     from jaxcd.decoding import kernels
 
     H, V = hmm.B.shape
@@ -262,7 +262,8 @@ def largest_constraint(vocab):
     for c in json.loads((WORKLOAD / "workload.json").read_text())["constraints"]:
         src = (WORKLOAD / c["file"]).read_text()
         try:
-            fa = (build_constraint(vocab, schema=src, whitespace_pattern="")
+            fa = (build_constraint(vocab, schema=src, whitespace_pattern="",
+                                   property_order="schema")
                   if c["kind"] == "json_schema" else build_constraint(vocab, regex=src))
         except Exception as e:  # noqa: BLE001 - report and skip
             print(f"  {c['name']}: does not compile ({type(e).__name__})", flush=True)
@@ -279,7 +280,7 @@ def precompute(fa, hidden, budget, dtypes):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import pgcd
+    from jaxcd.decoding import pgcd
     out = []
     for H in hidden:
         hmm = random_hmm(H, fa.vocab_size, seed=H)
@@ -322,7 +323,7 @@ def memory_child(H, budget, dtype, keep_lm=False):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import pgcd
+    from jaxcd.decoding import pgcd
     from jaxcd.generation import load_model
     from jaxcd.hmm import HMMParams
 
@@ -452,7 +453,7 @@ def main(argv=None):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd, smc
+    from jaxcd.decoding import gcd, pgcd, smc
     from jaxcd.decoding.decode import sample, tables_for
     from jaxcd.generation import build_constraint, load_model
     from jaxcd.lm.interface import pad_prompts
@@ -462,7 +463,8 @@ def main(argv=None):
     model = load_model()
     lm, params = model.lm, model.params
     schema = (WORKLOAD / "json_schema" / "js_tool_call.json").read_text()
-    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="")
+    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="",
+                          property_order="schema")
     fa_d = fa.to_device()
     budget = fa.min_budget + args.margin
     V = fa.vocab_size
@@ -562,7 +564,7 @@ def main(argv=None):
     def dec_call(key, method):
         c = method != "none"
         return sample(key, lm, params, ids16, lens16, fa_d if c else None,
-                      dtables.get(method), budget=budget, constrained=c,
+                      dtables.get(method), max_steps=budget, constrained=c,
                       temperature=1.0)
 
     prefill16 = jax.jit(lambda p, i, l: lm.prefill(p, i, l, i.shape[1] + budget)[1])

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import platform
 import re
 import sys
@@ -165,12 +164,15 @@ def random_hmm(H: int, V: int, seed: int):
     return HMMParams(*make())
 
 
+#: the H200's memory: P-GCD tables up to 120 GiB (pgcd.backward's default limit is 8 GiB)
+MAX_BYTES = 120 * 2**30
+
+
 def run(args):
-    os.environ.setdefault("JAXCD_PGCD_MAX_BYTES", str(120 * 2**30))
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd, smc
+    from jaxcd.decoding import gcd, pgcd, smc
     from jaxcd.automata.tensorized import TensorizedAutomaton
     from jaxcd.decoding.decode import sample, tables_for
     from jaxcd.lm.interface import pad_prompts
@@ -216,9 +218,11 @@ def run(args):
     hmms, ptables, tables_s = {}, {}, {}
     for H in args.hidden:
         hmms[H] = random_hmm(H, V, seed=H)
-        jax.block_until_ready(pgcd.backward(fa, hmms[H], budget, table_dtype=dt))  # compile
+        jax.block_until_ready(pgcd.backward(fa, hmms[H], budget, table_dtype=dt,
+                                            max_bytes=MAX_BYTES))  # compile
         t0 = time.perf_counter()
-        ptables[H] = jax.block_until_ready(pgcd.backward(fa, hmms[H], budget, table_dtype=dt))
+        ptables[H] = jax.block_until_ready(pgcd.backward(fa, hmms[H], budget, table_dtype=dt,
+                                                         max_bytes=MAX_BYTES))
         tables_s[H] = round(time.perf_counter() - t0, 3)
         if dt != jnp.float32:      # the HMM update reads B too: keep one copy, in dt
             hmms[H] = hmms[H]._replace(B=hmms[H].B.astype(dt))
@@ -268,7 +272,7 @@ def run(args):
     def dec_call(key, method):
         c = method != "none"
         return sample(key, lm, params, ids16, lens16, fa_d if c else None,
-                      gtables if c else None, budget=budget, constrained=c, temperature=1.0)
+                      gtables if c else None, max_steps=budget, constrained=c, temperature=1.0)
 
     prefill = jax.jit(lambda p, i, l: lm.prefill(p, i, l, i.shape[1] + budget)[1])
     configs = {"none": lambda k: dec_call(k, "none"), "gcd": lambda k: dec_call(k, "gcd"),

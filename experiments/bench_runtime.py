@@ -99,7 +99,7 @@ def components(model, fa, tables, ids, lens, budget):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd
+    from jaxcd.decoding import gcd
     from jaxcd.decoding.decode import _init_cs, _lm_step_donated, _select, masked_logits
 
     lm, params = model.lm, model.params
@@ -163,7 +163,8 @@ def main(argv=None):
     model = load_model()
     lm, params = model.lm, model.params
     schema = (WORKLOAD / "json_schema" / "js_tool_call.json").read_text()
-    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="").to_device()
+    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="",
+                          property_order="schema").to_device()
     budget = args.budget
     tables = {m: tables_for(fa, m, budget) if m != "none" else None for m in METHODS}
     texts = make_prompts(max(args.prompts1, args.prompts16))
@@ -179,7 +180,7 @@ def main(argv=None):
     def run(method, ids, lens, key):
         c = method != "none"
         out = sample(key, lm, params, ids, lens, fa if c else None, tables[method],
-                     budget=budget, constrained=c, temperature=1.0)
+                     max_steps=budget, constrained=c, temperature=1.0)
         return out
 
     results = {"setup": {}, "batches": {}}

@@ -21,8 +21,9 @@ Parts, in order, results written after each (``OUT.json`` and ``OUT.md``; ``OUT`
    :func:`jaxcd.lm.step_traffic.step_traffic`). Goal: unrolled ≤ 1.3× the floor at 8B.
 2. **P-GCD scoring** (per H, 16 particles in the states of largest out-degree):
    ``batched_scores`` through the Pallas kernel and the XLA path, timed, and compared
-   (same support, max |Δ log ψ|). If the Pallas kernel fails to compile here, the error
-   is recorded and the SMC programs run with the XLA path.
+   (same support, max |Δ log ψ|). If the Pallas kernel fails to compile here or
+   disagrees, the error is recorded and the SMC programs run with the XLA path (the
+   tables' ``pallas`` flag cleared).
 3. **decoding** (per model, unrolled parameters): ``none`` and ``gcd``
    (:func:`jaxcd.decoding.decode.sample`, the prompt repeated ``--batch`` times),
    ``smc-gcd`` and ``lookahead H=…`` (the SMC program, 16 particles of one prompt, the
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
@@ -232,7 +232,7 @@ def scoring(fa, fa_d, tab, H: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import gcd, pgcd
+    from jaxcd.decoding import gcd, pgcd
 
     deg = np.diff(np.asarray(fa.out_start))
     states = np.argsort(-deg, kind="stable")[:K]
@@ -269,7 +269,7 @@ def decoding(lm, up, fa_d, gtables, ptables, hmms, budget: int, batch: int, prom
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import smc
+    from jaxcd.decoding import smc
     from jaxcd.decoding.decode import sample
     from jaxcd.lm.interface import pad_prompts
 
@@ -426,13 +426,11 @@ def main(argv=None) -> dict:
     if smoke:
         args.batch, args.prompt_len, args.margin = min(args.batch, 4), min(args.prompt_len, 8), 4
         args.loop, args.rounds, args.repeats = min(args.loop, 4), min(args.rounds, 2), 1
-    os.environ.setdefault("JAXCD_PGCD_MAX_BYTES", str(120 * 2**30))
 
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import pgcd
-    from jaxcd.decoding import pgcd_pallas
+    from jaxcd.decoding import pgcd
     from jaxcd.decoding.decode import tables_for
     from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.unrolled import random_unrolled_params, stack_params
@@ -482,8 +480,8 @@ def main(argv=None) -> dict:
     hmms, ptables = {}, {}
     for H in hidden:
         hmm = random_hmm(H, V, seed=H)
-        ptables[H] = jax.block_until_ready(pgcd.backward(fa, hmm, budget,
-                                                         table_dtype=jnp.bfloat16))
+        ptables[H] = jax.block_until_ready(pgcd.backward(
+            fa, hmm, budget, table_dtype=jnp.bfloat16, max_bytes=120 << 30))
         hmms[H] = hmm._replace(B=hmm.B.astype(jnp.bfloat16))
         if 2 not in args.parts or not guard.ok(f"scoring H={H}"):
             continue
@@ -495,13 +493,14 @@ def main(argv=None) -> dict:
         print(f"  scoring H={H}: {res['scoring'].get(str(H))}", flush=True)
     failed = [H for H, c in res["scoring"].items() if "pallas_error" in c or
               not c.get("same_support", True)]
-    if failed and jax.default_backend() != "cpu":
-        pgcd_pallas.default_path = lambda backend=None: "xla"      # the fallback
+    if failed:                               # the fallback: tables without the kernel
+        ptables = {H: t._replace(pallas=False) for H, t in ptables.items()}
     if jax.default_backend() == "cpu":
         res["scoring_path"] = "the CPU's (native kernel where it builds, else xla)"
     else:
         res["scoring_path"] = ("xla (Pallas failed or disagreed: H=" + ",".join(failed) + ")"
-                               if failed else pgcd_pallas.default_path())
+                               if failed else ("pallas" if all(t.pallas for t in ptables.values())
+                                               else "xla"))
     write(res, out)
     # ---- part 3
     for m in models if 3 in args.parts else []:

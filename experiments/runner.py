@@ -4,16 +4,16 @@
   particle count ``K`` on one prompt + constraint, returning the texts, validity,
   weights, the chosen output and timings (:class:`RunResult`).
 - Constraints are compiled once per example (:func:`build_constraint`) and **padded to
-  bucketed shapes** (:func:`jaxcd.tensorize.pad_automaton`: states, edges and out-degree
+  bucketed shapes** (:func:`jaxcd.automata.tensorized.pad_automaton`: states, edges and out-degree
   to powers of two with floors), prompts are left-padded to a multiple of
-  ``Shapes.prompt_multiple`` tokens, so the jitted programs (:func:`jaxcd.smc.run`,
-  :func:`jaxcd.decode.sample`, the β / β^P backward passes) are compiled once per
+  ``Shapes.prompt_multiple`` tokens, so the jitted programs (:func:`jaxcd.decoding.smc.run`,
+  :func:`jaxcd.decoding.decode.sample`, the β / β^P backward passes) are compiled once per
   bucket instead of once per example. :class:`RunResult` says whether a call compiled
   (a jit cache grew) so that compile and run time can be reported apart.
 - Work saved per example without changing any output's distribution: the prompt is
-  prefilled once and shared by every method and K (:func:`jaxcd.decode.prefill`, passed
+  prefilled once and shared by every method and K (:func:`jaxcd.decoding.decode.prefill`, passed
   as ``prefilled=``), the decoders
-  stop once every row has emitted EOS (:func:`jaxcd.decode.sample`, :func:`jaxcd.smc.run`),
+  stop once every row has emitted EOS (:func:`jaxcd.decoding.decode.sample`, :func:`jaxcd.decoding.smc.run`),
   and
   :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
 - :func:`bootstrap_ci`, :func:`summarize`, :func:`write_predictions`,
@@ -31,7 +31,7 @@ Methods (:data:`METHODS`)
                    none is). ``K = 1`` is plain LCD / GCD decoding; for ``gcd`` every
                    sample is valid, so the output's distribution does not depend on ``K``.
 ``smc-lcd``        SMC with ``K`` particles and the LCD / GCD proposal (the paper's use of
-``smc-gcd``        LCD and GCD: proposals inside SMC; :mod:`jaxcd.smc`)
+``smc-gcd``        LCD and GCD: proposals inside SMC; :mod:`jaxcd.decoding.smc`)
 ``smc-lookahead``  SMC with the P-GCD proposals (need an HMM: ``hmm=``)
 ``smc-product``
 ``awrs``           SMC with AWRS proposals and a black-box predicate (the example's byte
@@ -118,7 +118,8 @@ class Constraint:
 def build_constraint(nfa, vocab, shapes: Shapes = Shapes(), key: str = "") -> Constraint:
     """Determinise, minimise, tensorize over ``vocab`` and pad to ``shapes``."""
     from jaxcd.automata.fsa import determinize, minimize
-    from jaxcd.tensorize import pad_automaton, tensorize
+    from jaxcd.automata.lifting import tensorize
+    from jaxcd.automata.tensorized import pad_automaton
     t0 = time.perf_counter()
     dfa = minimize(determinize(nfa))
     fa = tensorize(dfa, vocab, key=key)
@@ -175,7 +176,7 @@ class RunResult:
 
 
 def _jit_cache_sizes() -> dict:
-    from jaxcd import decode, gcd, pgcd, smc
+    from jaxcd.decoding import decode, gcd, pgcd, smc
     out = {}
     for name, f in (("smc", smc._run), ("sample", decode._sample), ("beta", gcd._backward),
                     ("beta_p", pgcd._backward)):
@@ -215,12 +216,13 @@ class Runner:
     :meth:`run_ks` one method at several K.
 
     The prompt is prefilled once per (prompt, width, budget) with
-    :func:`jaxcd.decode.prefill` and every call starts from it (``prefilled=``; a batch-1
+    :func:`jaxcd.decoding.decode.prefill` and every call starts from it (``prefilled=``; a batch-1
     prefill serves the K rows of the same prompt); ``prefill=False`` turns this off:
     every call prefills its own batch."""
 
     def __init__(self, model=None, hmm=None, temperature: float = 1.0,
-                 resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes()):
+                 resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes(),
+                 defensive: float | None = None, psi_power: float = 1.0):
         from jaxcd.generation import Model, load_hmm, load_model
         self.model = model if isinstance(model, Model) else load_model(model)
         self.hmm_spec = hmm
@@ -230,6 +232,10 @@ class Runner:
         self.temperature = float(temperature)
         self.resample = resample
         self.ess = float(ess)
+        from jaxcd.decoding.smc import DEFENSIVE
+        #: the P-GCD proposals' GCD share and ψ exponent (smc.run's defensive / psi_power)
+        self.defensive = DEFENSIVE if defensive is None else float(defensive)
+        self.psi_power = float(psi_power)
         self.shapes = shapes
         self._tables: dict = {}
         self.prefill = True
@@ -249,7 +255,7 @@ class Runner:
         return build_constraint(nfa, self.vocab, self.shapes, key)
 
     def _gtables(self, c: Constraint, budget: int, kind: str):
-        from jaxcd import gcd, pgcd
+        from jaxcd.decoding import gcd, pgcd
         k = (c.uid, budget, kind)
         if k not in self._tables:
             if len(self._tables) > 64:
@@ -270,9 +276,9 @@ class Runner:
         self._prefills.clear()
 
     def _prefilled(self, prompt_ids, width: int, budget: int):
-        """The cached :func:`jaxcd.decode.prefill` of this prompt (batch 1, computed on
+        """The cached :func:`jaxcd.decoding.decode.prefill` of this prompt (batch 1, computed on
         first use, timed), or ``None`` when prefill reuse is off."""
-        from jaxcd import decode
+        from jaxcd.decoding import decode
         from jaxcd.lm.interface import pad_prompts
         m = self.model
         if not self.prefill or not hasattr(m.lm, "cache_slots"):
@@ -332,7 +338,7 @@ class Runner:
             particles: int, seed: int, tag: str = "") -> RunResult:
         """Run ``method`` with ``particles`` = K on one prompt; ``tag`` (e.g. the example
         id) enters the seeds so that examples get independent randomness."""
-        from jaxcd import decode, smc
+        from jaxcd.decoding import decode, smc
         from jaxcd.lm.interface import pad_prompts
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -356,7 +362,7 @@ class Runner:
         if method == "none":
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
             out = jax.device_get(decode.sample(key, lm, params, ids, lens, None, None,
-                                               budget=budget, constrained=False,
+                                               max_steps=budget, constrained=False,
                                                temperature=self.temperature, prefilled=pre))
             toks = np.asarray(out.tokens)
             valid = [_accepted(c.dfa, m.vocab, row, eos) for row in toks.tolist()]
@@ -367,7 +373,7 @@ class Runner:
             tables_s = time.perf_counter() - ta
             ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
             out = jax.device_get(decode.sample(key, lm, params, ids, lens, c.device, tables,
-                                               budget=budget, constrained=True,
+                                               max_steps=budget, constrained=True,
                                                temperature=self.temperature, prefilled=pre))
             toks = np.asarray(out.tokens)
             valid = [bool(v) for v in np.asarray(out.valid)]
@@ -392,7 +398,7 @@ class Runner:
                               hmm=self._hmm if method in HMM_METHODS else None,
                               resample=self.resample, ess_threshold=self.ess,
                               temperature=self.temperature, tables=tables, ptables=ptables,
-                              prefilled=pre)
+                              prefilled=pre, defensive=self.defensive, psi_power=self.psi_power)
             res = jax.device_get(res)
             toks = np.asarray(res.tokens)[0]
             valid = [bool(v) for v in np.asarray(res.valid)[0]]

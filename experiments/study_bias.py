@@ -232,11 +232,11 @@ def distill_hmm(pb: Problem, H: int, seed: int, num: int, iters: int):
     import jax.numpy as jnp
 
     from hmm_distill import expected_counts, m_step, random_params
-    from jaxcd import decode
+    from jaxcd.decoding import decode
 
     ids = jnp.zeros((num, 1), jnp.int32)
     out = decode.sample(jax.random.key(seed), pb.lm, pb.params, ids, jnp.ones(num, jnp.int32),
-                        None, None, budget=pb.budget, constrained=False)
+                        None, None, max_steps=pb.budget, constrained=False)
     toks = out.tokens
     params = random_params(jax.random.key(seed + 1), H, pb.V, noise=1.0)
 
@@ -335,7 +335,7 @@ def run_unweighted(pb, oc, method, ks, seeds, runs, seed):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import decode
+    from jaxcd.decoding import decode
 
     Kmax = max(ks)
     M = seeds * runs * Kmax
@@ -343,7 +343,7 @@ def run_unweighted(pb, oc, method, ks, seeds, runs, seed):
     tables = decode.tables_for(fa, method, pb.budget)
     t0 = time.perf_counter()
     out = decode.sample(jax.random.key(seed), pb.lm, pb.params, jnp.zeros((M, 1), jnp.int32),
-                        jnp.ones(M, jnp.int32), fa, tables, budget=pb.budget, constrained=True)
+                        jnp.ones(M, jnp.int32), fa, tables, max_steps=pb.budget, constrained=True)
     toks = np.asarray(out.tokens).reshape(seeds * runs, Kmax, pb.budget)
     valid = np.asarray(out.valid).reshape(seeds * runs, Kmax)
     secs = time.perf_counter() - t0
@@ -359,7 +359,7 @@ def run_smc(pb, oc, proposal, ks, seeds, runs, seed):
     import jax
     import jax.numpy as jnp
 
-    from jaxcd import smc
+    from jaxcd.decoding import smc
 
     fa = pb.fa.to_device()
     res, secs = {}, 0.0

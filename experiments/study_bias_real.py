@@ -490,7 +490,7 @@ def run_smc(key, lm, table_params, fa, budget, K, R, proposal, hmm, steps=STEPS,
         lens = jnp.full((R,), ids.shape[1], jnp.int32)
     return smc.run(key, lm, table_params if params is None else params, ids, lens, fa,
                    budget=budget, num_particles=K, proposal=proposal,
-                   hmm=hmm if proposal in ("lookahead", "product") else None, steps=steps,
+                   hmm=hmm if proposal in ("lookahead", "product") else None, max_steps=steps,
                    prefilled=prefilled,
                    ess_threshold=ESS_THRESHOLD if ess_threshold is None else ess_threshold,
                    defensive=_defensive_value(defensive))

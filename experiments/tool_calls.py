@@ -105,6 +105,10 @@ def parse_args(argv=None):
     p.add_argument("--methods", default="lcd,gcd,smc-gcd,smc-lookahead")
     p.add_argument("--particles", default="4", help="K[,K...]")
     p.add_argument("--hmm", default="default", help="CKPT, default, task or none")
+    p.add_argument("--defensive", type=float, default=None,
+                   help="P-GCD proposals: the GCD share of the defensive mixture (default smc.DEFENSIVE)")
+    p.add_argument("--psi-power", type=float, default=1.0,
+                   help="P-GCD proposals: propose with psi^alpha (weights stay exact)")
     p.add_argument("--budget", default="auto",
                    help="N, auto (per example) or auto-max (the run's largest auto budget, "
                         "per format: fewer compiles)")
@@ -247,7 +251,7 @@ def run(a) -> dict:
     t_start = time.perf_counter()
     exs = load(a)
     runner = Runner(a.model, hmm=a.hmm if any(m in HMM_METHODS for m in a.method_list) else None,
-                    temperature=a.temperature)
+                    temperature=a.temperature, defensive=a.defensive, psi_power=a.psi_power)
     runner.prefill = not a.no_prefill_cache
     tok, vocab = runner.tokenizer, runner.vocab
     rows: list[dict] = []

@@ -95,10 +95,11 @@ class TaskSettings(DefaultSettings):
 TASK_PROFILES = {
     # this repository's CPU budget (2 cores, <= 2 hours per model with the sampling)
     "cpu": TaskSettings(hidden_size=256, num_seqs=8192, max_length=96, batch_size=64, pools=2,
-                        epochs=6, patience=2),
+                        epochs=6, patience=2, max_prompt_tokens=512),
     # the references' scale on an accelerator (GeLaTo / Ctrl-G: millions of sequences, H = 4096)
     "accelerator": TaskSettings(hidden_size=4096, num_seqs=2_000_000, max_length=128, batch_size=512,
-                                pools=1, epochs=4, patience=1, shard_size=65536, em_batch_size=2048),
+                                pools=1, epochs=4, patience=1, shard_size=65536, em_batch_size=2048,
+                                max_prompt_tokens=2048),
     # a few minutes anywhere: for tests and smoke runs
     "smoke": TaskSettings(hidden_size=16, num_seqs=64, max_length=24, batch_size=32, pools=1, epochs=2,
                           patience=0, shard_size=32, features=16, em_batch_size=32),
@@ -166,8 +167,13 @@ def default_hmm(model_path: str | os.PathLike | None = None, *, hidden_size: int
     settings = settings or DefaultSettings()
     if hidden_size is not None:
         settings = DefaultSettings(**{**asdict(settings), "hidden_size": int(hidden_size)})
+    return _cached(default_hmm_dir(model_path, settings), model_path, settings, progress, rebuild, log)
+
+
+def _cached(root: Path, model_path, settings, progress: bool, rebuild: bool, log) -> tuple[HMMParams, dict]:
+    """The HMM cached in ``root`` (built first if it is not there, or with ``rebuild``;
+    a lock file serialises concurrent builds of one key) and its info."""
     say = log or (lambda msg: print(f"hmm_distill: {msg}", file=sys.stderr, flush=True))
-    root = default_hmm_dir(model_path, settings)
     final, info_path = root / "hmm.safetensors", root / "info.json"
     with _lock(root.parent / f".{root.name}.lock"):
         if rebuild and root.exists():
@@ -179,8 +185,7 @@ def default_hmm(model_path: str | os.PathLike | None = None, *, hidden_size: int
     ck = load_checkpoint(final, expect_vocab_size=info["vocab_size"],
                          expect_fingerprint=info["vocab_fingerprint"])
     info.update(path=str(final), cached=cached)
-    params = HMMParams(*(jnp.asarray(x) for x in ck.params))
-    return params, info
+    return HMMParams(*(jnp.asarray(x) for x in ck.params)), info
 
 
 DEMO_SETTINGS = DefaultSettings(hidden_size=32, num_seqs=64, max_length=32, batch_size=64, epochs=10)
@@ -328,20 +333,7 @@ def task_hmm(model_path: str | os.PathLike | None = None, *, profile: str = "cpu
         settings = TASK_PROFILES[profile]
     if hidden_size is not None:
         settings = TaskSettings(**{**asdict(settings), "hidden_size": int(hidden_size)})
-    say = log or (lambda msg: print(f"hmm_distill: {msg}", file=sys.stderr, flush=True))
-    root = task_hmm_dir(model_path, settings)
-    final, info_path = root / "hmm.safetensors", root / "info.json"
-    with _lock(root.parent / f".{root.name}.lock"):
-        if rebuild and root.exists():
-            shutil.rmtree(root)
-        cached = final.exists() and info_path.exists()
-        if not cached:
-            _build(model_path, settings, root, progress, say)
-        info = json.loads(info_path.read_text())
-    ck = load_checkpoint(final, expect_vocab_size=info["vocab_size"],
-                         expect_fingerprint=info["vocab_fingerprint"])
-    info.update(path=str(final), cached=cached)
-    return HMMParams(*(jnp.asarray(x) for x in ck.params)), info
+    return _cached(task_hmm_dir(model_path, settings), model_path, settings, progress, rebuild, log)
 
 
 def main(argv=None) -> int:

@@ -111,10 +111,10 @@ def load_lm(spec: str) -> LoadedLM:
     """Resolve an ``--lm`` spec (see module docstring)."""
     kind, _, arg = spec.partition(":")
     if kind == "gguf":
-        from jaxcd.lm import JaxLM  # lazy: heavy, written elsewhere in the project
+        from jaxcd.lm.loading import load_lm as load_jax_lm  # lazy: heavy
 
         path = arg or None
-        lm = JaxLM.from_gguf(path)
+        lm, params = load_jax_lm(path, tokenizer=False)[:2]
 
         def tok_loader():
             from jaxcd.tokenizer import load_tokenizer
@@ -122,7 +122,7 @@ def load_lm(spec: str) -> LoadedLM:
             return load_tokenizer(path)
 
         fp = getattr(lm, "vocab_fingerprint", None) or vocabulary_fingerprint(tok_loader(), lm.vocab_size)
-        return LoadedLM(lm, lm.params, f"gguf:{path or 'default'}", fp, tok_loader)
+        return LoadedLM(lm, params, f"gguf:{path or 'default'}", fp, tok_loader)
     if kind == "table":
         from jaxcd.lm.interface import TableLM
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcd.decode import draw as jaxcd_draw
+from jaxcd.decoding.decode import draw as jaxcd_draw
 from jaxcd.lm.interface import pad_prompts
 
 from .data import (SAMPLES_FORMAT, features_name, load_shard, logprobs_name, read_metadata,

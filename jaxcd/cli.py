@@ -120,22 +120,21 @@ def cmd_requests(args) -> int:
     if args.method == "awrs":
         raise UsageError("--requests is for --method none|lcd|gcd|smc")
     reqs = _read_requests(args.requests, args.strict)
-    extra = {}
-    if args.method == "smc":
-        extra = dict(proposal=args.proposal, particles=args.particles, hmm=args.hmm,
-                     resample=args.resample, ess=args.ess)
-    res = G.generate([r["prompt"] for r in reqs], constraints=[r["constraint"] for r in reqs],
-                     method=args.method, budget=args.budget, temperature=args.temperature,
-                     seed=args.seed, num_samples=args.num_samples, model=args.model,
-                     chat=not args.no_chat, whitespace_pattern=args.whitespace,
-                     closed_objects=args.closed_objects,
-                     batch_size=args.batch_size,
-                     **(extra or {"batching": args.batching}))
+    extra = {"smc": _smc_config(args)} if args.method == "smc" else {"batching": args.batching}
+    res = G.generate_batch([r["prompt"] for r in reqs],
+                           constraints=[r["constraint"] for r in reqs],
+                           method=args.method, budget=args.budget, temperature=args.temperature,
+                           seed=args.seed, num_samples=args.num_samples, model=args.model,
+                           chat=not args.no_chat, whitespace_pattern=args.whitespace,
+                           closed_objects=args.closed_objects, cache=True,
+                           batch_size=args.batch_size, **extra)
     n_valid = 0
     for r, out in zip(reqs, res):
         line = {"id": r["id"], "texts": out.texts, "valid": out.valid}
-        if out.chosen is not None:
-            line.update(text=out.text, weights=out.weights, log_Z=out.log_Z)
+        if out.log_Z is not None:
+            line["log_Z"] = out.log_Z
+        if out.particles is not None:
+            line["particles"] = {"texts": out.particles.texts, "weights": out.particles.weights}
         n_valid += sum(out.valid)
         print(json.dumps(line))
     sys.stdout.flush()
@@ -145,6 +144,19 @@ def cmd_requests(args) -> int:
           f"xla_compiles={s['xla_compiles']} "
           f"decode={s['decode_s']:.2f}s steps={s['steps']}", file=sys.stderr)
     return 0
+
+
+def _smc_config(args):
+    """The :class:`~jaxcd.generation.SMCConfig` of the ``--method smc|awrs`` flags."""
+    from .generation import SMCConfig
+    try:
+        extra = {} if args.defensive is None else {"defensive": args.defensive}
+        return SMCConfig(num_particles=args.num_particles, proposal=args.proposal,
+                         hmm=args.hmm, resample=args.resample,
+                         ess_threshold=args.ess_threshold,
+                         return_particles=getattr(args, "show_particles", False), **extra)
+    except ValueError as e:
+        raise UsageError(str(e).replace("SMCConfig: ", "")) from None
 
 
 def cmd_generate(args) -> int:
@@ -178,41 +190,44 @@ def cmd_generate(args) -> int:
     if args.method == "smc" and args.proposal in ("lookahead", "product") and not args.hmm:
         raise UsageError(f"--proposal {args.proposal} needs --hmm CKPT (an HMM distilled with "
                          "`hmm-distill`) or --hmm default")
-    extra = {}
-    if particle:
-        extra = dict(proposal=args.proposal, particles=args.particles, hmm=args.hmm,
-                     resample=args.resample, ess=args.ess, predicate=args.predicate)
-        if args.num_samples != 1:
-            raise UsageError("--num-samples is for --method none|lcd|gcd; SMC/AWRS use "
-                             "--particles")
+    if args.show_particles and not particle:
+        raise UsageError("--show-particles is for --method smc|awrs")
+    extra = {"smc": _smc_config(args), "predicate": args.predicate} if particle else {}
     res = G.generate(args.prompt, method=args.method, budget=args.budget,
                      temperature=args.temperature, seed=args.seed,
                      num_samples=args.num_samples, model=args.model, chat=not args.no_chat,
                      whitespace_pattern=args.whitespace, batch_size=args.batch_size,
-                     closed_objects=args.closed_objects, **constraint, **extra)
-    if particle:
-        if args.json:
-            for text, valid, w, lw in zip(res.texts, res.valid, res.weights, res.log_weights):
-                print(json.dumps({"text": text, "valid": valid, "weight": w,
+                     closed_objects=args.closed_objects, cache=True, **constraint, **extra)
+    none_valid = particle and not np.isfinite(res.log_Z)
+    if none_valid:
+        print("jaxcd: every particle has weight 0 (no valid output found)", file=sys.stderr)
+    elif particle and args.show_particles:
+        p = res.particles
+        for i, (text, valid, w, lw) in enumerate(zip(p.texts, p.valid, p.weights,
+                                                     p.log_weights)):
+            if args.json:
+                print(json.dumps({"particle": i, "text": text, "valid": valid, "weight": w,
                                   "log_weight": lw, "log_Z": res.log_Z}))
-        elif res.chosen is not None:
-            print(res.text.replace("\n", "\\n"))
-        else:
-            print("jaxcd: every particle has weight 0 (no valid output found)", file=sys.stderr)
-    for text, ids, valid, ended in ([] if particle else
-                                    zip(res.texts, res.token_ids, res.valid, res.ended)):
-        if args.json:
-            print(json.dumps({"text": text, "valid": valid, "ended": ended, "tokens": len(ids)}))
-        else:
-            print(text.replace("\n", "\\n"))
+            else:
+                print(f"[{w:.4f}] " + text.replace("\n", "\\n"))
+    else:
+        for text, ids, valid, ended in zip(res.texts, res.token_ids, res.valid, res.ended):
+            if args.json:
+                line = {"text": text, "valid": valid, "ended": ended, "tokens": len(ids)}
+                if particle:
+                    line["log_Z"] = res.log_Z
+                print(json.dumps(line))
+            else:
+                print(text.replace("\n", "\\n"))
     sys.stdout.flush()          # outputs before the stats line on a shared terminal
     s = res.stats
     if particle:
         print(f"[jaxcd] method={s['method']} proposal={s['proposal']} budget={s['budget']} "
-              f"particles={s['particles']} valid={s['valid']}/{s['particles']} "
+              f"num_particles={s['num_particles']} valid particles="
+              f"{s['valid_particles']}/{s['num_particles']} samples={s['num_samples']} "
               f"log_Z={s['log_Z']:.4f} resampling_steps={s['resampling_steps']} "
               f"decode(incl. jit)={s['decode_s']:.2f}s", file=sys.stderr)
-        return 0 if res.chosen is not None else 1
+        return 1 if none_valid else 0
     print(f"[jaxcd] method={s['method']} budget={s['budget']} samples={s['num_samples']} "
           f"valid={s['valid']}/{s['num_samples']} generated_tokens={s['generated_tokens']} "
           f"compile={s['compile_s']:.2f}s xla_compiles={s['xla_compiles']} "
@@ -244,7 +259,7 @@ def cmd_demo(args) -> int:
     for method, budget in [("gcd", 96), ("gcd", tight), ("lcd", tight)]:
         res = G.generate(DEMO_PROMPT, schema=DEMO_SCHEMA, method=method, budget=budget,
                          temperature=args.temperature, seed=args.seed,
-                         num_samples=args.num_samples, model=model)
+                         num_samples=args.num_samples, model=model, cache=True)
         ok = sum(_validate("schema", DEMO_SCHEMA, t) and v for t, v in zip(res.texts, res.valid))
         cities = [_city(t) for t, v in zip(res.texts, res.valid) if v]
         share = sum(1 for c in cities if c) / len(res.texts)
@@ -272,17 +287,21 @@ def cmd_demo(args) -> int:
     for proposal, hmm in smc_runs:
         drawn, est, ok, log_z = [], [], 0, []
         for i in range(args.num_samples):
-            res = G.generate(DEMO_PROMPT, schema=DEMO_SCHEMA, method="smc", proposal=proposal,
-                             hmm=hmm, particles=args.particles, budget=tight,
-                             temperature=args.temperature, seed=args.seed + i, model=model)
-            if res.chosen is None:
+            res = G.generate(DEMO_PROMPT, schema=DEMO_SCHEMA, method="smc",
+                             smc=G.SMCConfig(num_particles=args.num_particles,
+                                             proposal=proposal, hmm=hmm,
+                                             return_particles=True),
+                             budget=tight, temperature=args.temperature, seed=args.seed + i,
+                             model=model, cache=True)
+            if not np.isfinite(res.log_Z):
                 continue
-            ok += _validate("schema", DEMO_SCHEMA, res.text) and res.valid[res.chosen]
+            ok += _validate("schema", DEMO_SCHEMA, res.text) and res.valid[0]
             drawn.append(res.text)
-            est.append(sum(w for t, w in zip(res.texts, res.weights) if _city(t)))
+            p = res.particles
+            est.append(sum(w for t, w in zip(p.texts, p.weights) if _city(t)))
             log_z.append(res.log_Z)
         share = sum(1 for t in drawn if _city(t)) / args.num_samples
-        name = f"SMC-{proposal} K={args.particles}"
+        name = f"SMC-{proposal} K={args.num_particles}"
         rows.append((name, tight, f"{ok}/{args.num_samples}", f"{share:.0%}",
                      f"{np.mean(est):.0%}" if est else "-"))
         print(f"\n== {name} budget={tight}: {ok}/{args.num_samples} drawn outputs valid; "
@@ -317,28 +336,30 @@ def _demo_paris(args, model, G, runs: int = 4, budget: int = 8) -> list:
     n = 4 * args.num_samples
     print(f"\n== The Paris question: {PARIS_PROMPT!r}, regex {PARIS_REGEX}, budget {budget}")
     res = G.generate(PARIS_PROMPT, regex=PARIS_REGEX, method="gcd", budget=budget,
-                     temperature=args.temperature, seed=args.seed, num_samples=n, model=model)
+                     temperature=args.temperature, seed=args.seed, num_samples=n, model=model,
+                     cache=True)
     words = [t for t, v in zip(res.texts, res.valid) if v]
     gcd = {w: words.count(w) / max(len(words), 1) for w in PARIS_WORDS}
     print(f"  GCD, {n} samples: " + ", ".join(f"{w} {gcd[w]:.0%}" for w in PARIS_WORDS))
-    outs = G.generate([PARIS_PROMPT] * runs, regex=[PARIS_REGEX] * runs, method="smc",
-                      proposal="gcd", particles=args.particles, budget=budget,
-                      temperature=args.temperature, seed=args.seed, model=model,
-                      batch_size=runs)
+    outs = G.generate_batch([PARIS_PROMPT] * runs, regex=PARIS_REGEX, method="smc",
+                            smc=G.SMCConfig(num_particles=args.num_particles, proposal="gcd",
+                                            return_particles=True),
+                            budget=budget, temperature=args.temperature, seed=args.seed,
+                            model=model, batch_size=runs, cache=True)
     est = dict.fromkeys(PARIS_WORDS, 0.0)
     drawn = []
     log_z = np.array([r.log_Z for r in outs], np.float64)
     zhat = np.exp(log_z - log_z.max())          # runs pooled with their Ẑ (common factor out)
     for r, z in zip(outs, zhat):
-        if r.chosen is not None:
-            drawn.append(r.texts[r.chosen])
-        for t, w in zip(r.texts, r.weights):
+        if np.isfinite(r.log_Z):
+            drawn.append(r.text)
+        for t, w in zip(r.particles.texts, r.particles.weights):
             if t in est:
                 est[t] += z * w
     tot = sum(est.values())
     smc = {w: v / tot for w, v in est.items()} if tot > 0 else {}
     drawn_share = {w: drawn.count(w) / max(len(drawn), 1) for w in PARIS_WORDS}
-    name = f"SMC-gcd K={args.particles}, {runs} runs"
+    name = f"SMC-gcd K={args.num_particles}, {runs} runs"
     print(f"  {name}: drawn outputs " +
           ", ".join(f"{w} {drawn.count(w)}" for w in PARIS_WORDS if drawn.count(w)) +
           "; pooled weighted estimate " +
@@ -376,13 +397,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "(particles with a black-box --predicate)")
     g.add_argument("--proposal", choices=["lcd", "gcd", "lookahead", "product"], default="gcd",
                    help="--method smc: proposal (lookahead/product need --hmm)")
-    g.add_argument("--particles", type=int, default=16, help="--method smc/awrs: particles")
+    g.add_argument("--num-particles", type=int, default=16,
+                   help="--method smc/awrs: particles per prompt")
     g.add_argument("--hmm", default=None, metavar="CKPT|default|task",
-                   help="HMM checkpoint from `hmm-distill train`, 'default', or 'task' (the model's task HMM, built on first use)")
+                   help="HMM checkpoint from `hmm-distill train`, 'default', or 'task' (the "
+                        "model's task HMM, built on first use)")
     g.add_argument("--resample", choices=["systematic", "stratified", "multinomial"],
                    default="systematic")
-    g.add_argument("--ess", type=float, default=0.5,
-                   help="resample when ESS < ess * particles (0 = importance sampling)")
+    g.add_argument("--ess-threshold", type=float, default=0.5,
+                   help="resample when ESS < ess-threshold * num-particles (0 = importance "
+                        "sampling)")
+    g.add_argument("--defensive", type=float, default=None,
+                   help="--proposal lookahead/product: the GCD share of the defensive "
+                        "mixture (0 = pure P-GCD, 1 = GCD; default: SMCConfig's)")
+    g.add_argument("--show-particles", action="store_true",
+                   help="--method smc/awrs: print the weighted particles instead of the "
+                        "samples drawn from them")
     g.add_argument("--predicate", default=None, metavar="MODULE:FUNCTION",
                    help="--method awrs: predicate(prefix: bytes, final: bool) -> bool")
     g.add_argument("--temperature", type=float, default=1.0)
@@ -405,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--temperature", type=float, default=1.0)
     d.add_argument("--num-samples", type=int, default=8)
-    d.add_argument("--particles", type=int, default=16)
+    d.add_argument("--num-particles", type=int, default=16)
     d.add_argument("--hmm", default="demo", metavar="demo|default|CKPT|none",
                    help="HMM for the SMC run with the P-GCD lookahead proposal: 'demo' (a "
                         "small one distilled on first use, default), 'default', a checkpoint, "

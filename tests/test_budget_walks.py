@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from jaxcd import (BudgetTooSmallError, UnsupportedSchemaError, allowed_tokens,
-                   compile_json_schema, compile_keywords, compile_regex, compile_tool_call, gcd)
+                   compile_json_schema, compile_keywords, compile_regex, compile_tool_call)
+from jaxcd.decoding import gcd
 from jaxcd.automata.json_schema import schema_to_regex
 from jaxcd.automata.keywords import KeywordError
 from jaxcd.decoding.buckets import bucket_automaton, budget_bucket

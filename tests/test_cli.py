@@ -127,25 +127,33 @@ def date(prefix: bytes, final: bool) -> bool:
 
 
 def test_generate_smc_and_awrs_json_lines(tmp_path, cli, monkeypatch):
-    """--method smc / awrs --json: one line per particle, normalised weights summing to 1,
-    the same log_Z on every line, every positive-weight text valid (checked with re).
-    In this process (the entry point itself is covered by the subprocess test)."""
+    """--method smc / awrs --json --show-particles: one line per particle, normalised
+    weights summing to 1, the same log_Z on every line, every positive-weight text valid
+    (checked with re). Without --show-particles: --num-samples lines, each a particle of
+    positive weight (a draw from the weighted ensemble). In this process (the entry point
+    itself is covered by the subprocess test)."""
     pattern = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
     (tmp_path / "datepred.py").write_text(PREDICATE)
     monkeypatch.syspath_prepend(str(tmp_path))
     runs = [("--regex", pattern, "--method", "smc", "--proposal", "gcd"),
             ("--method", "awrs", "--predicate", "datepred:date")]
     for args in runs:
-        r = cli("generate", *args, "--prompt", "When did Apollo 11 land?", "--budget", "12",
-                "--particles", "4", "--json")
+        common = ("generate", *args, "--prompt", "When did Apollo 11 land?", "--budget", "12",
+                  "--num-particles", "4", "--json")
+        r = cli(*common, "--show-particles")
         assert r.returncode == 0, r.stderr[-3000:]
         rows = [json.loads(line) for line in r.stdout.splitlines()]
-        assert len(rows) == 4
+        assert len(rows) == 4 and [x["particle"] for x in rows] == [0, 1, 2, 3]
         assert abs(sum(x["weight"] for x in rows) - 1) < 1e-6
         assert len({x["log_Z"] for x in rows}) == 1 and rows[0]["log_Z"] < 0
         for x in rows:
             if x["weight"] > 0:
                 assert x["valid"] and re.fullmatch(pattern, x["text"]), x
+        r = cli(*common, "--num-samples", "3")
+        assert r.returncode == 0, r.stderr[-3000:]
+        draws = [json.loads(line) for line in r.stdout.splitlines()]
+        weighted = {x["text"] for x in rows if x["weight"] > 0}
+        assert len(draws) == 3 and all(d["text"] in weighted and d["valid"] for d in draws)
 
 
 def test_smc_user_errors(tmp_path, cli):

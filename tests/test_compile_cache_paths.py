@@ -51,7 +51,7 @@ def _copy_package(dst: Path) -> Path:
 
 def _run(where: Path, cc: Path, jaxcd_cache: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("JAXCD_COMPILE_CACHE_MIN_S", "JAXCD_LM_KERNEL", "PYTHONPATH",
+           if k not in ("JAXCD_COMPILE_CACHE_MIN_S", "PYTHONPATH",
                          "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES")}
     env.update(PYTHONPATH=str(where), JAXCD_COMPILE_CACHE="1")
     if jaxcd_cache is not None:

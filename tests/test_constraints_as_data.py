@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, gcd, pgcd, smc
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd, pgcd, smc
 from jaxcd.decoding import compile_stats
 from jaxcd.decoding.buckets import (automaton_bucket, bucket_automaton, budget_bucket,
                                     flatten, stack_automata)
@@ -83,8 +85,8 @@ def _decode(lm, fa, n, key=0, B=8, steps=None, method="gcd"):
     ids, lens = pad_prompts([[1]] * B)
     steps = steps or n
     tables = tables_for(fa, method, n, steps)
-    return sample(jax.random.key(key), lm, lm.params, ids, lens, fa, tables, budget=steps,
-                  limit=n, constrained=True)
+    return sample(jax.random.key(key), lm, lm.params, ids, lens, fa, tables, max_steps=steps,
+                  budget=n, constrained=True)
 
 
 def test_second_constraint_and_budget_in_a_bucket_compile_nothing(fas):
@@ -172,7 +174,7 @@ def test_stacked_pgcd_tables_are_each_rows_tables(fas):
     hmm = _random_hmm(4)
     stack = stack_automata(fas)
     S = stack.num_states
-    tab = pgcd.backward(stack, hmm, 7, steps=16)
+    tab = pgcd.backward(stack, hmm, 7, max_steps=16)
     from jaxcd.automata.tensorized import pad_automaton
     for b, fa in enumerate(fas):
         _, new_id = pad_automaton(fa, *stack.bucket)
@@ -187,7 +189,7 @@ def test_smc_mixed_batch_prompts_run_as_alone(fas, proposal):
     hmm = _random_hmm(4) if proposal == "lookahead" else None
     B, K, n = 4, 8, 9
     ids, lens = pad_prompts([[1]] * B)
-    kw = dict(budget=n, num_particles=K, proposal=proposal, hmm=hmm, steps=16)
+    kw = dict(budget=n, num_particles=K, proposal=proposal, hmm=hmm, max_steps=16)
     stack = stack_automata(fas)
     mixed = smc.run(jax.random.key(5), lm, lm.params, ids, lens, stack, **kw)
     for b, fa in enumerate(fas):
@@ -209,18 +211,18 @@ def test_prefill_once_decode_many(fas):
     fa = fas[0].to_device()
     pre = prefill(lm, lm.params, ids, lens, ids.shape[1] + 16)
     tab = tables_for(fa, "gcd", 9, 16)
-    a = sample(jax.random.key(2), lm, lm.params, ids, lens, fa, tab, budget=16, constrained=True)
-    b = sample(jax.random.key(2), lm, lm.params, ids, lens, fa, tab, budget=16, constrained=True,
+    a = sample(jax.random.key(2), lm, lm.params, ids, lens, fa, tab, max_steps=16, constrained=True)
+    b = sample(jax.random.key(2), lm, lm.params, ids, lens, fa, tab, max_steps=16, constrained=True,
                prefilled=pre)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-    r1 = smc.run(jax.random.key(3), lm, lm.params, ids, lens, fas[0], budget=9, steps=16,
+    r1 = smc.run(jax.random.key(3), lm, lm.params, ids, lens, fas[0], budget=9, max_steps=16,
                  num_particles=4)
-    r2 = smc.run(jax.random.key(3), lm, lm.params, ids, lens, fas[0], budget=9, steps=16,
+    r2 = smc.run(jax.random.key(3), lm, lm.params, ids, lens, fas[0], budget=9, max_steps=16,
                  num_particles=4, prefilled=pre)
     np.testing.assert_array_equal(np.asarray(r1.tokens), np.asarray(r2.tokens))
     with pytest.raises(ValueError, match="cache of"):
         sample(jax.random.key(2), lm, lm.params, ids, lens, fa, tables_for(fa, "gcd", 9, 32),
-               budget=32, constrained=True, prefilled=pre)
+               max_steps=32, constrained=True, prefilled=pre)
 
 
 def test_stack_errors(fas):
@@ -263,7 +265,7 @@ def test_pgcd_second_constraint_in_a_bucket_compiles_nothing(fas):
     hmm = _random_hmm(4)
     ids, lens = pad_prompts([[1]] * 2)
     bucket = (64, 256, 16, 64)
-    kw = dict(budget=9, steps=16, num_particles=4, proposal="lookahead", hmm=hmm)
+    kw = dict(budget=9, max_steps=16, num_particles=4, proposal="lookahead", hmm=hmm)
     jax.block_until_ready(smc.run(jax.random.key(0), lm, lm.params, ids, lens,
                                   bucket_automaton(fas[0], bucket), **kw))
     c0 = compile_stats.snapshot()

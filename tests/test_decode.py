@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxcd import Vocabulary, compile_regex, gcd
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd
 from jaxcd.decoding.decode import sample, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 
@@ -63,7 +65,7 @@ def gcd_samples(lm, n, N, seed, temperature=1.0):
     fa = compile_regex(PATTERN, VOCAB).to_device()
     tables = tables_for(fa, "gcd", n)
     ids, lens = pad_prompts([[0]] * N)
-    return sample(jax.random.PRNGKey(seed), lm, lm.params, ids, lens, fa, tables, budget=n,
+    return sample(jax.random.PRNGKey(seed), lm, lm.params, ids, lens, fa, tables, max_steps=n,
                   constrained=True, temperature=temperature)
 
 
@@ -131,7 +133,7 @@ def test_lcd_runs_out_of_budget_where_gcd_does_not():
     res = {}
     for method in ("gcd", "lcd"):
         out = sample(jax.random.PRNGKey(3), lm, lm.params, ids, lens, fa,
-                     tables_for(fa, method, n), budget=n, constrained=True)
+                     tables_for(fa, method, n), max_steps=n, constrained=True)
         res[method] = np.asarray(out.valid).mean()
         for row, v in zip(np.asarray(out.tokens).tolist(), np.asarray(out.valid)):
             assert v == is_valid(tuple(row))

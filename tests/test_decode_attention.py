@@ -261,11 +261,14 @@ def test_lm_decode_through_the_kernel_matches_xla(arch, attn_block):
     np.testing.assert_allclose(outs["kernel"], outs["xla"], atol=2e-5, rtol=0)
 
 
-def test_switch_off(monkeypatch):
-    """``JAXCD_DECODE_ATTENTION=xla`` keeps the layer kernels but not this one."""
-    monkeypatch.setenv("JAXCD_DECODE_ATTENTION", "xla")
-    assert not kernels.decode_attention_available()
-    lk, params = _tiny_lm("llama", "kernel", None)
+def test_switch_off():
+    """``JaxLM(attention="xla")`` keeps the layer kernels but not this one; it is
+    another LM (another jit key) than the default."""
+    from jaxcd.lm.llama import JaxLM
+
+    base, params = _tiny_lm("llama", "kernel", None)
+    lk = JaxLM(base.config, matmul="kernel", attn_block=None, attention="xla")
+    assert lk != base and base.attention_kernel() and not lk.attention_kernel()
     from jaxcd.lm.interface import pad_prompts
 
     ids, lens = pad_prompts([[5, 6, 7]], pad_id=0)

@@ -80,7 +80,7 @@ def test_early_stop_pads_with_eos(fa):
                                                                  (V, 1)), eos_token_id=EOS)
     ids, lens = pad_prompts([[1]] * 64)
     tables = tables_for(fa, "gcd", 8)
-    a = sample(jax.random.PRNGKey(0), lm, lm.params, ids, lens, fa, tables, budget=8,
+    a = sample(jax.random.PRNGKey(0), lm, lm.params, ids, lens, fa, tables, max_steps=8,
                constrained=True)
     b = sample_stepwise(jax.random.PRNGKey(0), lm, lm.params, ids, lens, fa, tables, budget=8,
                         max_len=9, constrained=True)

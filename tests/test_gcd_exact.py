@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from jaxcd import (BudgetTooSmallError, EmptyLanguageError, PrefixRejectedError, Vocabulary,
-                   allowed_tokens, compile_regex, gcd)
+                   allowed_tokens, compile_regex)
+from jaxcd.decoding import gcd
 from jaxcd.host import HostMasker
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"\xc3", b"\xa9", b"\xc3\xa9", b"-"]

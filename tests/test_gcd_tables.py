@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import BudgetTooSmallError, Vocabulary, compile_regex, gcd
+from jaxcd import BudgetTooSmallError, Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd
 from jaxcd.host import HostMasker
 
 VOCAB = Vocabulary.from_token_bytes([b"<eos>", b"a", b"b", b"ab", b"ba", b"\xc3", b"\xa9", b"-"],

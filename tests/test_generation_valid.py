@@ -26,11 +26,11 @@ def test_method_none_valid_is_constraint_met():
 
 def test_greedy_reports_no_proposal_logprob():
     import jax
-    from jaxcd import decode
+    from jaxcd.decoding import decode
     from jaxcd.lm.interface import TableLM
     lm = TableLM.bigram(np.ones(4), np.ones((4, 4)), eos_token_id=0)
     ids, lens = np.zeros((2, 1), np.int32), np.ones(2, np.int32)
-    out = decode.sample(jax.random.key(0), lm, lm.params, ids, lens, None, None, budget=3,
+    out = decode.sample(jax.random.key(0), lm, lm.params, ids, lens, None, None, max_steps=3,
                         constrained=False, greedy=True)
     assert np.all(np.isnan(np.asarray(out.proposal_logprob)))
     assert np.all(np.isfinite(np.asarray(out.logprob)))
@@ -52,8 +52,8 @@ def test_mixed_constraints_one_batch_each_row_its_own():
             ("A city as JSON.", {"schema": schema}),
             ("Yes or no?", {"regex": "yes|no"}),
             ("A date.", {"regex": r"[0-9]{4}-[0-9]{2}-[0-9]{2}"})]
-    outs = jaxcd.generate([p for p, _ in reqs], constraints=[c for _, c in reqs], method="gcd",
-                          budget=24, num_samples=2, seed=1, model=model)
+    outs = jaxcd.generate_batch([p for p, _ in reqs], constraints=[c for _, c in reqs],
+                                method="gcd", budget=24, num_samples=2, seed=1, model=model)
     assert len(outs) == len(reqs)
     for (p, c), out in zip(reqs, outs):
         assert len(out.texts) == 2 and all(out.valid)
@@ -70,8 +70,8 @@ def test_mixed_constraints_one_batch_each_row_its_own():
     assert jaxcd.decoding.buckets.common_bucket(
         [G.build_constraint(model.vocab, **c) for c in new]) == tuple(outs[0].stats["bucket"])
     c0 = compile_stats.snapshot()
-    again = jaxcd.generate([p for p, _ in reqs], constraints=new, method="gcd", budget=20,
-                           num_samples=2, seed=2, model=model)
+    again = jaxcd.generate_batch([p for p, _ in reqs], constraints=new, method="gcd",
+                                 budget=20, num_samples=2, seed=2, model=model)
     d = compile_stats.snapshot() - c0
     assert (d.traces, d.backend_compiles) == (0, 0), d
     for out, c in zip(again, new):

@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 
 import jaxcd  # noqa: E402
-from jaxcd.checkpoints import load_checkpoint  # noqa: E402
+from jaxcd.lm.loading import load_lm  # noqa: E402
 from jaxcd.errors import ModelFileError  # noqa: E402
 from jaxcd.lm.llama import JaxLM  # noqa: E402
 from jaxcd.vocab import Vocabulary  # noqa: E402
@@ -261,7 +261,7 @@ def test_rope_scaling_matches_transformers():
 
 
 def test_unsupported_configs_are_refused(tmp_path):
-    from jaxcd.lm.hf_checkpoint import read_hf_config
+    from jaxcd.lm.hf_checkpoint import load_hf_weights, read_hf_config
 
     base = dict(COMMON, model_type="llama")
     cases = {
@@ -282,7 +282,7 @@ def test_unsupported_configs_are_refused(tmp_path):
             read_hf_config(tmp_path)
     with pytest.raises(ModelFileError, match="no model.safetensors"):
         (tmp_path / "config.json").write_text(json.dumps(base))
-        JaxLM.from_hf(tmp_path)
+        load_hf_weights(tmp_path, read_hf_config(tmp_path), np.float32)
 
 
 def test_sharded_checkpoint_bf16_and_memory_refusal(tmp_path, bpe_tokenizer, monkeypatch):
@@ -293,8 +293,8 @@ def test_sharded_checkpoint_bf16_and_memory_refusal(tmp_path, bpe_tokenizer, mon
     model.to(torch.bfloat16).save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     bpe_tokenizer.save_pretrained(tmp_path / "sharded")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    lm1, p1, *_ = load_checkpoint(str(tmp_path / "one"), dtype="float32")
-    lm2, p2, *_ = load_checkpoint(str(tmp_path / "sharded"), dtype="bfloat16")
+    lm1, p1, *_ = load_lm(str(tmp_path / "one"), dtype="float32")
+    lm2, p2, *_ = load_lm(str(tmp_path / "sharded"), dtype="bfloat16")
     assert lm2.dtype == jnp.bfloat16
     a = np.asarray(p1["layers"]["mlp"]["up_proj"]["kernel"][...])
     b = np.asarray(p2["layers"]["mlp"]["up_proj"]["kernel"][...]).astype(np.float32)
@@ -307,7 +307,7 @@ def test_sharded_checkpoint_bf16_and_memory_refusal(tmp_path, bpe_tokenizer, mon
     assert 0 < err < 0.15, err
     monkeypatch.setenv("JAXCD_MEMORY_LIMIT_GB", "0.00001")
     with pytest.raises(ModelFileError, match=r"needs 0\.\d+ GiB.*only 0\.00 GiB"):
-        load_checkpoint(str(tmp_path / "one"))
+        load_lm(str(tmp_path / "one"))
     with pytest.raises(ModelFileError, match="KV cache"):
         lm1.prefill(p1, jnp.zeros((1, 4), jnp.int32), jnp.asarray([4]), 64)
 
@@ -322,7 +322,7 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
         import sys, numpy as np, jax, jax.numpy as jnp
         from jax.sharding import Mesh
         import jaxcd
-        from jaxcd.checkpoints import data_sharding
+        from jaxcd.lm.loading import data_sharding
         assert len(jax.devices()) == 4
         one = jaxcd.load_model({str(tmp_path)!r})
         mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
@@ -349,9 +349,9 @@ def test_mesh_sharding_equals_one_device(tmp_path, bpe_tokenizer):
         res = {{}}
         for name, m in (("one", one), ("tp", tp)):
             for meth, kw in (("gcd", dict(num_samples=2, temperature=0.0)),
-                             ("smc", dict(particles=2, seed=3))):
-                rs = jaxcd.generate(prompts, constraints=[{{"regex": r}} for r in rxs], model=m,
-                                    method=meth, budget=12, progress=False, **kw)
+                             ("smc", dict(smc=jaxcd.SMCConfig(num_particles=2), seed=3))):
+                rs = jaxcd.generate_batch(prompts, constraints=[{{"regex": r}} for r in rxs],
+                                          model=m, method=meth, budget=12, progress=False, **kw)
                 res[name, meth] = rs
         import re
         for meth in ("gcd", "smc"):
@@ -389,8 +389,9 @@ def test_folder_model_everywhere(tmp_path, bpe_tokenizer, capsys):
     for line in out:
         texts = json.loads(line).get("texts") or [json.loads(line)["text"]]
         assert all(re.fullmatch(rx, t) for t in texts), texts
-    res = jaxcd.generate("hi", regex=rx, method="smc", particles=4, budget=12,
-                         model=str(tmp_path), seed=0)
+    res = jaxcd.generate("hi", regex=rx, method="smc", smc=jaxcd.SMCConfig(num_particles=4),
+                         budget=12, model=str(tmp_path), seed=0, num_samples=3)
+    assert len(res.texts) == 3 and res.particles is None
     assert all(re.fullmatch(rx, t) for t in res.texts)
     assert load_tokenizer(tmp_path).get_vocab() == bpe_tokenizer.get_vocab()
-    assert JaxLM.from_gguf(tmp_path).config.arch == "gemma3_text"
+    assert load_lm(tmp_path, tokenizer=False).lm.config.arch == "gemma3_text"

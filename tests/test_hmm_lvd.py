@@ -28,11 +28,9 @@ V, EOS, T = 3, 2, 4
 
 
 def _table_lm():
-    def fn(prefix):  # depends on the whole prefix; EOS more likely later
-        k = len(prefix)
-        s = sum(prefix)
-        return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
-    return TableLM.from_function(fn, V, depth=T, eos_token_id=EOS), fn
+    from test_hmm_sampler import _prefix_probs
+
+    return TableLM.from_function(_prefix_probs, V, depth=T, eos_token_id=EOS), _prefix_probs
 
 
 def _ref_feature(fn, prefix, R):
@@ -74,16 +72,16 @@ def test_continuous_batching_records_the_teacher_forced_features(tmp_path):
     """Tiny random Llama, continuous batching (rows refilled mid-run): every recorded
     feature equals token_features of the log-probabilities the model gives that prefix
     when the prompt and the drawn tokens are fed at once (float16 storage)."""
-    from jaxcd.lm.interface import pad_prompts
-    from jaxcd.lm.llama import JaxLM
+    from jaxcd.decoding.buckets import pad_prompts
+    from jaxcd.lm.loading import load_lm as load_jax_lm
     from test_lm_llama import write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    jlm, jparams = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False)[:2]
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5)]
     D, L, n = 6, 7, 9
-    meta = run_sampling(jlm, jlm.params, tmp_path / "s", num_seqs=n, length=L, shard_size=n, batch_size=4,
+    meta = run_sampling(jlm, jparams, tmp_path / "s", num_seqs=n, length=L, shard_size=n, batch_size=4,
                         seed=5, prompt_ids=prompts, progress=False, features=D)
     assert meta["decode_row_steps"] > 0
     data = load_samples(tmp_path / "s")
@@ -95,7 +93,7 @@ def test_continuous_batching_records_the_teacher_forced_features(tmp_path):
         valid = int(first_eos_mask(data.tokens[i:i + 1], eos).sum())
         full = p + data.tokens[i, :valid - 1].tolist()
         ids, lens = pad_prompts([full])
-        lp = np.asarray(jlm.logprobs_all(jlm.params, ids, lens))[0]  # [P, V]: after each position
+        lp = np.asarray(jlm.logprobs_all(jparams, ids, lens))[0]  # [P, V]: after each position
         ref = np.asarray(token_features(jnp.asarray(lp[len(p) - 1:len(p) - 1 + valid]), R))
         scale = np.abs(ref).max()
         np.testing.assert_allclose(feats[i, :valid], ref, atol=2e-3 * scale + 1e-3)
@@ -218,21 +216,21 @@ def test_train_with_lvd_init_from_sampled_features(tmp_path):
 def test_continuations_per_prompt(tmp_path):
     """c consecutive sequences share a prompt: the same draws as c = 1 over the prompt list
     with each prompt repeated c times (tiny random Llama: the draws depend on the prompt)."""
-    from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm as load_jax_lm
     from test_lm_llama import write_tiny_gguf
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    jlm, jparams = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False)[:2]
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 9, 5)]
     kw = dict(num_seqs=14, length=5, shard_size=7, batch_size=4, seed=1, progress=False)
-    m = run_sampling(jlm, jlm.params, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=3, **kw)
-    run_sampling(jlm, jlm.params, tmp_path / "b", prompt_ids=[p for p in prompts for _ in range(3)], **kw)
+    m = run_sampling(jlm, jparams, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=3, **kw)
+    run_sampling(jlm, jparams, tmp_path / "b", prompt_ids=[p for p in prompts for _ in range(3)], **kw)
     assert m["continuations_per_prompt"] == 3
     a, b = load_samples(tmp_path / "a"), load_samples(tmp_path / "b")
     np.testing.assert_array_equal(a.tokens, b.tokens)
     with pytest.raises(SampleDirMismatchError, match="continuations_per_prompt"):
-        run_sampling(jlm, jlm.params, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=2, **kw)
+        run_sampling(jlm, jparams, tmp_path / "a", prompt_ids=prompts, continuations_per_prompt=2, **kw)
 
 
 DEVICES_SCRIPT = r"""
@@ -240,25 +238,25 @@ import json, sys
 import numpy as np, jax
 sys.path.insert(0, sys.argv[2])
 from test_lm_llama import write_tiny_gguf
-from jaxcd.lm.llama import JaxLM
+from jaxcd.lm.loading import load_lm as load_jax_lm
 from hmm_distill.data import load_features, load_samples
 from hmm_distill.sampler import run_sampling
 assert len(jax.devices()) == 2, jax.devices()
 d = sys.argv[1]
 write_tiny_gguf(d + "/tiny.gguf", "llama", tied=True, seed=1)
-jlm = JaxLM.from_gguf(d + "/tiny.gguf", attn_block=8)
+jlm, jparams = load_jax_lm(d + "/tiny.gguf", attn_block=8, tokenizer=False)[:2]
 rng = np.random.default_rng(0)
 prompts = [list(map(int, rng.integers(1, 250, size=k))) for k in (3, 9, 5, 12)]
 kw = dict(num_seqs=20, length=6, shard_size=10, batch_size=4, seed=2, prompt_ids=prompts, progress=False,
           features=4)
-run_sampling(jlm, jlm.params, d + "/one", pools=2, **kw)
+run_sampling(jlm, jparams, d + "/one", pools=2, **kw)
 import hmm_distill.sampler as S
 seen, orig = [], S.sample_pool
 def spy(lm, params, *a, **k):
     seen.append(sorted({dv.id for x in jax.tree.leaves(params) for dv in x.devices()}))
     return orig(lm, params, *a, **k)
 S.sample_pool = spy
-m = run_sampling(jlm, jlm.params, d + "/two", devices=jax.devices(), **kw)
+m = run_sampling(jlm, jparams, d + "/two", devices=jax.devices(), **kw)
 a, b = load_samples(d + "/one"), load_samples(d + "/two")
 fa = [np.asarray(load_features(__import__("pathlib").Path(d) / x / s["features"], (10, 6)), np.float32)
       for x in ("one", "two") for s in m["shards"]]

@@ -24,12 +24,14 @@ from hmm_distill.sampler import read_prompts, run_sampling, sample_continuations
 V, EOS, T = 3, 2, 4
 
 
+def _prefix_probs(prefix):  # depends on the whole prefix; EOS more likely later
+    k = len(prefix)
+    s = sum(prefix)
+    return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
+
+
 def _table_lm():
-    def fn(prefix):  # depends on the whole prefix; EOS more likely later
-        k = len(prefix)
-        s = sum(prefix)
-        return np.array([1.0 + (s % 2), 1.0 + k, 0.3 + 0.5 * k])
-    return TableLM.from_function(fn, V, depth=T, eos_token_id=EOS)
+    return TableLM.from_function(_prefix_probs, V, depth=T, eos_token_id=EOS)
 
 
 def _exact_distribution(lm, temperature=1.0):
@@ -209,19 +211,20 @@ def test_shared_prefill_equals_padded_batch(tmp_path):
 
     from test_lm_llama import write_tiny_gguf
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm as load_jax_lm
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    jlm = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
+    jlm, jparams = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False)[:2]
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
     which = np.array([0, 1, 1, 3, 2, 0, 3, 3])
     keys = sequence_keys(1, np.arange(len(which)))
     L = 12
-    toks, lps, npre = sample_rows_shared_prefill(jlm, jlm.params, prompts, which, keys, length=L,
+    toks, lps, npre = sample_rows_shared_prefill(jlm, jparams, prompts, which, keys, length=L,
                                                  prompt_bucket=4, unique_bucket=8)
     assert npre == 8 * 20  # 4 distinct prompts padded to 8 rows of 20 (19 rounded up to 4)
     ids, lens = pad_prompts([prompts[w] for w in which], length=24)  # wider padding than above
-    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, keys, length=L)
+    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jparams, ids, lens, keys, length=L)
     np.testing.assert_array_equal(np.asarray(toks), np.asarray(ref_t))
     np.testing.assert_allclose(np.asarray(lps), np.asarray(ref_lp), atol=1e-4)
     assert np.asarray(toks).std() > 0
@@ -237,33 +240,34 @@ def _pool_against_reference(tmp_path, eos_boost):
     from flax import nnx
     from jaxcd.lm.interface import pad_prompts
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm as load_jax_lm
     from test_lm_llama import write_tiny_gguf
     from hmm_distill.sampler import sample_continuations_with_logprobs, sample_pool
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)
-    base = JaxLM.from_gguf(tmp_path / "tiny.gguf", attn_block=8)
-    pure = nnx.to_pure_dict(base.params)
+    base, base_params = load_jax_lm(tmp_path / "tiny.gguf", attn_block=8, tokenizer=False)[:2]
+    pure = nnx.to_pure_dict(base_params)
     E = np.array(pure["embed"]["embedding"])
     E[188] *= eos_boost
     pure["embed"]["embedding"] = E
     jlm = JaxLM(dataclasses.replace(base.config, eos_token_id=188), attn_block=8)
-    jlm.params = jlm.params_from_pure_dict(pure)
+    jparams = jlm.params_from_pure_dict(pure)
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(1, 250, size=k)) for k in (3, 11, 5, 19)]
     n, L = 23, 10
     seq_ids = np.arange(n) + 100
     which = seq_ids % 4
     out = {}
-    st = sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
+    st = sample_pool(jlm, jparams, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
                      prompt_bucket=4, on_done=lambda j, t, lq: out.__setitem__(j, (t, lq)))
     assert sorted(out) == list(range(n))
     ids, lens = pad_prompts([prompts[w] for w in which])
-    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jlm.params, ids, lens, sequence_keys(7, seq_ids),
+    ref_t, ref_lp = sample_continuations_with_logprobs(jlm, jparams, ids, lens, sequence_keys(7, seq_ids),
                                                        length=L)
     got = np.stack([out[j][0] for j in range(n)])
     np.testing.assert_array_equal(got, np.asarray(ref_t))
     np.testing.assert_allclose(np.stack([out[j][1] for j in range(n)]), np.asarray(ref_lp), atol=1e-4)
-    return jlm, prompts, n, L, seq_ids, which, out, st, got
+    return jlm, prompts, n, L, seq_ids, which, out, st, got, jparams
 
 
 def test_continuous_batching_equals_batch_sampling(tmp_path):
@@ -273,12 +277,13 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     its own key (log-probs to float32 noise), and exactly what the whole-cache refill gives. A tiny random Llama whose EOS is made likely (so rows end at different steps)."""
     from hmm_distill.sampler import sample_pool
 
-    jlm, prompts, n, L, seq_ids, which, out, st, got = _pool_against_reference(tmp_path, eos_boost=3.0)
+    jlm, prompts, n, L, seq_ids, which, out, st, got, jparams = _pool_against_reference(
+        tmp_path, eos_boost=3.0)
     assert st["shifts"] > 0
     assert st["refills"] == n and st["refill_calls"] > st["shifts"]
     # the whole-cache refill (the earlier method) gives the same draws, bit for bit
     out_copy = {}
-    sample_pool(jlm, jlm.params, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
+    sample_pool(jlm, jparams, prompts, seq_ids, which, 7, length=L, batch_size=4, chunk=3, group=2,
                 prompt_bucket=4, refill="copy", on_done=lambda j, t, lq: out_copy.__setitem__(j, (t, lq)))
     for j in range(n):
         np.testing.assert_array_equal(out_copy[j][0], out[j][0])
@@ -287,8 +292,8 @@ def test_continuous_batching_equals_batch_sampling(tmp_path):
     assert 0.3 < ended.mean() < 1  # rows end at different steps, some at the cap
     # run_sampling: continuous (default for a JaxLM) and batched give the same shards
     kw = dict(num_seqs=n, length=L, shard_size=12, batch_size=4, seed=3, prompt_ids=prompts, progress=False)
-    m1 = run_sampling(jlm, jlm.params, tmp_path / "c", **kw)
-    run_sampling(jlm, jlm.params, tmp_path / "b", continuous=False, **kw)
+    m1 = run_sampling(jlm, jparams, tmp_path / "c", **kw)
+    run_sampling(jlm, jparams, tmp_path / "b", continuous=False, **kw)
     a, b = load_samples(tmp_path / "c"), load_samples(tmp_path / "b")
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
@@ -311,7 +316,7 @@ def test_two_pools_in_threads_equal_batch_sampling(tmp_path):
     and each prompt is prefilled in one pool only."""
     from hmm_distill.sampler import split_by_prompt
 
-    jlm, prompts = _pool_against_reference(tmp_path, eos_boost=3.0)[:2]
+    jlm, prompts, *_, jparams = _pool_against_reference(tmp_path, eos_boost=3.0)
     which = np.array([0, 0, 2, 2, 1, 3, 3, 3, 1])
     parts = split_by_prompt(which, 2)
     assert sorted(np.concatenate(parts).tolist()) == list(range(len(which)))
@@ -319,14 +324,14 @@ def test_two_pools_in_threads_equal_batch_sampling(tmp_path):
     assert not set(which[parts[0]]) & set(which[parts[1]])  # a prompt lives in one part
     assert [len(p) for p in split_by_prompt(which, 9)] == [2, 2, 2, 3]  # empty parts dropped
     kw = dict(num_seqs=29, length=10, shard_size=29, batch_size=4, seed=5, prompt_ids=prompts, progress=False)
-    m2 = run_sampling(jlm, jlm.params, tmp_path / "p2", pools=2, **kw)
-    run_sampling(jlm, jlm.params, tmp_path / "b", continuous=False, **kw)
+    m2 = run_sampling(jlm, jparams, tmp_path / "p2", pools=2, **kw)
+    run_sampling(jlm, jparams, tmp_path / "b", continuous=False, **kw)
     a, b = load_samples(tmp_path / "p2"), load_samples(tmp_path / "b")
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-4)
     assert m2["pools"] == 2 and 0 < m2["eos_fraction"] < 1
     with pytest.raises(ConfigError):
-        run_sampling(jlm, jlm.params, tmp_path / "p0", pools=0, **kw)
+        run_sampling(jlm, jparams, tmp_path / "p0", pools=0, **kw)
 
 
 def test_pools_stop_when_one_fails(tmp_path, monkeypatch):
@@ -365,20 +370,20 @@ def test_pool_memory_is_estimated_before_sampling(tmp_path, monkeypatch):
     from hmm_distill.errors import MemoryEstimateError
     from hmm_distill.sampler import pool_memory_bytes
 
-    jlm, prompts = _pool_against_reference(tmp_path, eos_boost=3.0)[:2]
+    jlm, prompts, *_, jparams = _pool_against_reference(tmp_path, eos_boost=3.0)
     P, T, B = max(len(p) for p in prompts), 10, 4
     S = jlm.cache_slots(P + T + 16)
-    st, lp = jlm.prefill(jlm.params, jnp.zeros((B, P), jnp.int32), jnp.full((B,), P, jnp.int32), S)
+    st, lp = jlm.prefill(jparams, jnp.zeros((B, P), jnp.int32), jnp.full((B,), P, jnp.int32), S)
     real = sum(x.nbytes for x in jax.tree.leaves((st, lp)))
-    est = pool_memory_bytes(jlm, jlm.params, batch_size=B, max_prompt_len=P, length=T)
+    est = pool_memory_bytes(jlm, jparams, batch_size=B, max_prompt_len=P, length=T)
     assert est >= 2 * real
-    assert pool_memory_bytes(jlm, jlm.params, batch_size=2 * B, max_prompt_len=P, length=T) > est
+    assert pool_memory_bytes(jlm, jparams, batch_size=2 * B, max_prompt_len=P, length=T) > est
 
     kw = dict(num_seqs=8, length=T, shard_size=8, batch_size=B, seed=5, prompt_ids=prompts, progress=False)
     monkeypatch.setattr(em, "available_memory_bytes", lambda device=None: est // 2)
     with pytest.raises(MemoryEstimateError, match=r"GiB are available: lower --batch-size"):
-        run_sampling(jlm, jlm.params, tmp_path / "small", **kw)
+        run_sampling(jlm, jparams, tmp_path / "small", **kw)
     assert not list((tmp_path / "small").glob("*.npy"))
     monkeypatch.setattr(em, "available_memory_bytes", lambda device=None: 4 * est)
-    meta = run_sampling(jlm, jlm.params, tmp_path / "ok", **kw)
+    meta = run_sampling(jlm, jparams, tmp_path / "ok", **kw)
     assert meta["complete"] and load_samples(tmp_path / "ok").tokens.shape == (8, T)

@@ -22,7 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxcd import compile_json_schema, gcd
+from jaxcd import compile_json_schema
+
+from jaxcd.decoding import gcd
 from jaxcd.automata.bits import unpack_bits
 from jaxcd.automata.fsa import DFA, determinize, minimize
 from jaxcd.automata.json_schema import schema_to_nfa, schema_to_regex, strip_unenforced

@@ -122,10 +122,10 @@ def test_rows_do_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_few_rows_kernel_matches_float64_and_the_packed_kernel(monkeypatch, dtype):
+def test_few_rows_kernel_matches_float64_and_the_packed_kernel(dtype):
     """2..16 rows go through the transposed kernel (x's rows in the vector lanes, W read
     where it lies, the next block prefetched): within the float64 bound, and bit for bit
-    the packed kernel's result (``JAXCD_GEMM=o``, read at each call), whose k order it
+    the packed kernel's result (``scheme="o"``), whose k order it
     keeps; widths that leave every pass remainder (6/12 columns a pass), a ragged tail,
     K not a multiple of the 128-row block. The output projection's prefetching (M >= 2)
     likewise changes no bit."""
@@ -133,22 +133,24 @@ def test_few_rows_kernel_matches_float64_and_the_packed_kernel(monkeypatch, dtyp
     for K, N, Ms in ((576, 576, (9, 16)), (300, 200, (2, 5)), (257, 23, (8, 13))):
         w = jnp.asarray(rng.standard_normal((2, K, N), np.float32), dtype)
         e = jnp.asarray(rng.standard_normal((N * 5 + 3, K), np.float32), dtype)
-        f = jax.jit(lambda x, w: kernels.layer_matmul(x, w, 1, use_kernel=True))
-        g = jax.jit(lambda x, e: kernels.rows_matmul(x, e, use_kernel=True))
+        f, g = {}, {}
+        for s in ("auto", "o", "r"):
+            f[s] = jax.jit(lambda x, w, s=s: kernels.layer_matmul(x, w, 1, use_kernel=True,
+                                                                   scheme=s))
+            g[s] = jax.jit(lambda x, e, s=s: kernels.rows_matmul(x, e, use_kernel=True,
+                                                                  scheme=s))
         w64 = np.asarray(w[1].astype(jnp.float32), np.float64)
         for M in Ms:
             x = jnp.asarray(rng.standard_normal((M, K), np.float32))
-            monkeypatch.delenv("JAXCD_GEMM", raising=False)
-            got, got_e = np.asarray(f(x, w)), np.asarray(g(x, e))
+            got, got_e = np.asarray(f["auto"](x, w)), np.asarray(g["auto"](x, e))
             x64 = np.asarray(x, np.float64)
             assert (np.abs(got - x64 @ w64) <= _bound(x64, w64)).all()
-            monkeypatch.setenv("JAXCD_GEMM", "o")
-            np.testing.assert_array_equal(got, np.asarray(f(x, w)))
-            np.testing.assert_array_equal(got_e, np.asarray(g(x, e)))
-            monkeypatch.setenv("JAXCD_GEMM", "r")
-            np.testing.assert_array_equal(got, np.asarray(f(x, w)))
-            monkeypatch.delenv("JAXCD_GEMM")
-            np.testing.assert_array_equal(np.asarray(f(x[-1:], w))[0], got[-1])
+            np.testing.assert_array_equal(got, np.asarray(f["o"](x, w)))
+            np.testing.assert_array_equal(got_e, np.asarray(g["o"](x, e)))
+            np.testing.assert_array_equal(got, np.asarray(f["r"](x, w)))
+            np.testing.assert_array_equal(np.asarray(f["auto"](x[-1:], w))[0], got[-1])
+    with pytest.raises(ValueError, match="scheme"):
+        kernels.layer_matmul(x, w, 1, use_kernel=True, scheme="fast")
 
 
 def test_vmap_and_scan():
@@ -224,16 +226,27 @@ def test_lm_decode_through_the_kernel_matches_the_copying_scan(arch):
 
 
 def test_mode_and_errors(monkeypatch, tmp_path):
-    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")
-    assert not kernels.lm_kernel_available()
+    """The LM's fields decide (the environment does not): ``matmul="xla"`` never takes
+    the kernel, ``"auto"`` takes it on the CPU platform only, and the platform is part of
+    the LM's identity (its jit key)."""
+    from jaxcd.lm.llama import JaxLM
+
     lm, _ = _tiny_lm("llama", "auto")
-    assert not lm.in_place_matmul()
-    monkeypatch.setenv("JAXCD_LM_KERNEL", "bogus")
-    with pytest.raises(ValueError, match="JAXCD_LM_KERNEL"):
-        kernels.lm_kernel_available()
-    monkeypatch.delenv("JAXCD_LM_KERNEL")
+    assert lm.in_place_matmul() and lm.attention_kernel()
+    monkeypatch.setenv("JAXCD_LM_KERNEL", "xla")           # not a switch: nothing changes
+    assert lm.in_place_matmul()
+    lx, _ = _tiny_lm("llama", "xla")
+    assert not lx.in_place_matmul() and not lx.attention_kernel()
+    on_gpu = JaxLM(lm.config, platform="gpu")
+    assert not on_gpu.in_place_matmul() and on_gpu != lm and JaxLM(lm.config) == lm
+    with pytest.raises(kernels.KernelUnavailable, match="CPU-only"):
+        JaxLM(lm.config, matmul="kernel", platform="gpu").in_place_matmul()
+    with pytest.raises(kernels.KernelUnavailable, match="in-place"):
+        JaxLM(lm.config, matmul="xla", attention="kernel").attention_kernel()
     with pytest.raises(ValueError, match="matmul"):
         _tiny_lm("llama", "fast")
+    with pytest.raises(ValueError, match="attention"):
+        JaxLM(lm.config, attention="fast")
     with pytest.raises(ValueError, match=r"\[L, K, N\]"):
         kernels.layer_matmul(jnp.ones((2, 3)), jnp.ones((3, 4)), 0)
     # without a compiler: one warning naming the reason, then unavailable

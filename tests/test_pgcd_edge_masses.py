@@ -8,7 +8,9 @@ not build the dense ``[E, W]`` label words (``fa.label_words`` is made to fail).
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, pgcd
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import pgcd
 from jaxcd.automata.tensorized import TensorizedAutomaton
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from hmm_distill import HMMParams
-from jaxcd import Vocabulary, compile_regex, gcd, pgcd
+from jaxcd import Vocabulary, compile_regex
+from jaxcd.decoding import gcd, pgcd
 
 TOKENS = [b"<eos>", b"a", b"b", b"ab", b"ba", b"\xc3", b"\xa9", b"\xc3\xa9", b"-"]
 EOS = 0

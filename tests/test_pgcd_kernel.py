@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import Vocabulary, compile_regex, gcd, pgcd
+from jaxcd import Vocabulary, compile_regex
+
+from jaxcd.decoding import gcd, pgcd
 from jaxcd.decoding import kernels
 from jaxcd.errors import JaxcdError
 from jaxcd.hmm import HMMParams
@@ -138,10 +140,10 @@ def test_wide_out_degree_and_dead_successors(H):
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     for n in (3, 4):
-        tables = pgcd.backward(fa, hmm, n, steps=4)
+        tables = pgcd.backward(fa, hmm, n, max_steps=4)
         with jax.enable_x64(True):
             hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
-            beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+            beta = np.asarray(pgcd.backward(fa, hmm64, n, max_steps=4).beta())
         seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (30, 9), (1, 1), (10, 10)]
         seqs = [p for p in seqs if len(p) < n - 1]
         sts = _states(fa, hmm, seqs)
@@ -179,10 +181,10 @@ def test_out_degree_above_64(H, dtype):
     V = fa.vocab_size
     hmm = _dirichlet_hmm(rng, H, V)
     n = 3
-    tables = pgcd.backward(fa, hmm, n, steps=4, table_dtype=dtype)
+    tables = pgcd.backward(fa, hmm, n, max_steps=4, table_dtype=dtype)
     with jax.enable_x64(True):
         hmm64 = HMMParams(*(jnp.asarray(np.asarray(a), jnp.float64) for a in hmm))
-        beta = np.asarray(pgcd.backward(fa, hmm64, n, steps=4).beta())
+        beta = np.asarray(pgcd.backward(fa, hmm64, n, max_steps=4).beta())
     seqs = [(), (1,), (40,), (69,), (70,), (79,)]
     sts = _states(fa, hmm, seqs)
     got = np.asarray(_kernel(fa, tables, sts)[0])
@@ -264,7 +266,8 @@ def test_path_argument_and_mode():
 
 _FALLBACK = textwrap.dedent("""
     import warnings, numpy as np, jax.numpy as jnp
-    from jaxcd import compile_regex, pgcd
+    from jaxcd import compile_regex
+    from jaxcd.decoding import pgcd
     from jaxcd.decoding import kernels
     from jaxcd.hmm import HMMParams
     from test_pgcd_exact import VOCAB, random_hmm
@@ -286,7 +289,6 @@ _FALLBACK = textwrap.dedent("""
 def test_without_a_compiler_falls_back_with_one_warning(tmp_path):
     env = dict(os.environ, CXX="jaxcd-no-such-compiler", JAXCD_CACHE=str(tmp_path),
                JAX_PLATFORMS="cpu")
-    env.pop("JAXCD_PGCD_KERNEL", None)
     r = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
                        text=True, cwd=os.path.dirname(__file__), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -300,14 +302,14 @@ def test_memory_estimate_and_limit():
     pattern, n, H = CASES[1]
     hmm = _f32(random_hmm(H, seed=4))
     fa = compile_regex(pattern, VOCAB)
-    tables = pgcd.backward(fa, hmm, n, steps=16)
+    tables = pgcd.backward(fa, hmm, n, max_steps=16)
     est = pgcd.backward_nbytes(fa, H, 16)
     assert tables.mant.shape[0] == 17
     assert est["tables"] == tables.mant.nbytes + tables.log_scale.nbytes
     assert est["Bt"] == tables.Bt.nbytes
     with pytest.raises(pgcd.TablesTooLargeError, match=r"bfloat16 \(about .* GiB\)"):
-        pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"] - 1)
-    pgcd.backward(fa, hmm, n, steps=16, max_bytes=est["total"])          # at the limit: ok
+        pgcd.backward(fa, hmm, n, max_steps=16, max_bytes=est["total"] - 1)
+    pgcd.backward(fa, hmm, n, max_steps=16, max_bytes=est["total"])          # at the limit: ok
 
 
 @pytest.mark.parametrize("table_dtype", [jnp.float32, jnp.bfloat16])
@@ -366,7 +368,7 @@ def test_edge_index_is_the_transition_function():
 def _wide_case(n=4, H=8, seed=3):
     fa = compile_regex(WIDE_PATTERN, WIDE)
     hmm = _dirichlet_hmm(np.random.default_rng(seed), H, fa.vocab_size)
-    tables = pgcd.backward(fa, hmm, n, steps=4)
+    tables = pgcd.backward(fa, hmm, n, max_steps=4)
     seqs = [(), (1,), (20,), (39,), (40,), (43,), (44,), (1, 1), (10, 10)]
     return fa, hmm, tables, _states(fa, hmm, seqs)
 
@@ -377,7 +379,7 @@ def test_index_and_mask_lookups_give_identical_scores(dtype):
     fallback) run the same arithmetic: bitwise equal outputs, at out-degree 46 with
     successors whose β^P is 0, for float32 and bfloat16 tables."""
     fa, hmm, tables, sts = _wide_case()
-    for tab in (tables, pgcd.backward(fa, hmm, 4, steps=4, table_dtype=jnp.bfloat16)):
+    for tab in (tables, pgcd.backward(fa, hmm, 4, max_steps=4, table_dtype=jnp.bfloat16)):
         assert tab.edge_index is not None and tab.edge_index.dtype == jnp.int8
         with_idx = tab._replace(edge_index=pgcd.edge_index(fa, dtype))
         a = _kernel(fa, with_idx, sts)
@@ -387,15 +389,14 @@ def test_index_and_mask_lookups_give_identical_scores(dtype):
         assert np.isfinite(np.asarray(a[0])).sum() > 20
 
 
-def test_index_limit_falls_back_to_the_masks(monkeypatch):
-    """Past ``$JAXCD_PGCD_INDEX_MAX_BYTES`` the tables carry no index and the kernel reads
-    the mask rows; the memory estimate counts the index only when it is built."""
+def test_index_limit_falls_back_to_the_masks():
+    """Past ``index_max_bytes`` the tables carry no index and the kernel reads the mask
+    rows; the memory estimate counts the index only when it is built."""
     fa, hmm, tables, sts = _wide_case()
     S, V = fa.num_states, fa.vocab_size
     assert pgcd.backward_nbytes(fa, 8, 4)["index"] == S * V == tables.edge_index.nbytes
-    monkeypatch.setenv("JAXCD_PGCD_INDEX_MAX_BYTES", str(S * V - 1))
-    assert pgcd.backward_nbytes(fa, 8, 4)["index"] == 0
-    small = pgcd.backward(fa, hmm, 4, steps=4)
+    assert pgcd.backward_nbytes(fa, 8, 4, index_max_bytes=S * V - 1)["index"] == 0
+    small = pgcd.backward(fa, hmm, 4, max_steps=4, index_max_bytes=S * V - 1)
     assert small.edge_index is None
     for x, y in zip(_kernel(fa, small, sts), _kernel(fa, tables, sts)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -6,7 +6,9 @@ interpreter on the CPU, against independent references:
 * the XLA path (``batched_scores(path="xla")``: one ``[K·(1+D'), H] @ [H, V]`` matmul per
   step) on an automaton with out-degree 46 whose edges partly lead to states with
   ``β^P = 0``, with and without the per-state edge index;
-* the selection: ``path="auto"`` takes the kernel on GPU/TPU backends only.
+* the selection: ``path="auto"`` takes the kernel for tables built on a GPU/TPU platform
+  (``PGCDTables.pallas``), ``kernel="xla"`` keeps the XLA path;
+* ``smc.run`` through the kernel against ``smc.run`` through the XLA path.
 """
 
 import jax
@@ -14,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import compile_regex, pgcd
+from jaxcd import compile_regex
+from jaxcd.decoding import pgcd
 from jaxcd.decoding import pgcd_pallas
 
 from test_pgcd_exact import CASES, VOCAB, Reference, prefixes, random_hmm
@@ -94,24 +97,46 @@ def test_leading_axes_and_single_particle():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
 
 
-def test_auto_selects_pallas_on_accelerators_only(monkeypatch):
+def _interpreted(monkeypatch, calls):
+    """Make the kernel run in Pallas's interpreter whatever it is asked (this is the CPU)
+    and count its calls."""
+    real = pgcd_pallas.pallas_scores
+
+    def fake(*a, **k):
+        calls.append(k.get("interpret"))
+        return real(*a, **{**k, "interpret": True})
+
+    monkeypatch.setattr(pgcd_pallas, "pallas_scores", fake)
+
+
+def test_auto_selects_pallas_for_tables_built_on_accelerators(monkeypatch):
     assert pgcd_pallas.default_path("gpu") == "pallas"
     assert pgcd_pallas.default_path("tpu") == "pallas"
     assert pgcd_pallas.default_path("cpu") == "xla"
+    assert pgcd_pallas.use_pallas(jnp.bfloat16, "gpu")
+    assert not pgcd_pallas.use_pallas(jnp.float64, "gpu")
+    assert not pgcd_pallas.use_pallas(jnp.float32, "cpu")
     pattern, n, H = CASES[1]
     hmm = _f32(random_hmm(H, seed=2))
     fa = compile_regex(pattern, VOCAB)
     tables = pgcd.backward(fa, hmm, n)
+    assert not tables.pallas                                # built on the CPU platform
     sts = _states(fa, hmm, [(), (1,)])
-    assert not pgcd._pallas_ok(tables, sts, "auto")          # this is the CPU backend
+    assert not pgcd._pallas_ok(tables, sts, "auto")
     assert pgcd._pallas_ok(tables, sts, "pallas") and not pgcd._pallas_ok(tables, sts, "xla")
+    # backward on a GPU platform records the kernel: path="auto" then takes it, compiled
+    monkeypatch.setattr(pgcd_pallas, "default_path", lambda platform=None: "pallas")
+    gpu_tables = pgcd.backward(fa, hmm, n, kernel="auto")
+    if gpu_tables.kernel:                    # this CPU has the native kernel: that wins
+        gpu_tables = gpu_tables._replace(kernel=False, edge_index=None)
+        gpu_tables = gpu_tables._replace(pallas=True)
+    assert gpu_tables.pallas
+    assert not pgcd.backward(fa, hmm, n, kernel="xla").pallas     # the explicit fallback
     calls = []
-    real = pgcd_pallas.pallas_scores
-    monkeypatch.setattr(pgcd_pallas, "pallas_scores",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(pgcd_pallas, "default_path", lambda backend=None: "pallas")
-    got = jax.jit(lambda f, t, s: pgcd.batched_scores(f, t, s, path="auto"))(fa, tables, sts)
-    assert calls, "path='auto' did not take the kernel where default_path says pallas"
+    _interpreted(monkeypatch, calls)
+    got = jax.jit(lambda f, t, s: pgcd.batched_scores(f, t, s, path="auto"))(
+        fa, gpu_tables, sts)
+    assert calls == [False], calls          # taken, and asked to run compiled
     want = _batched(fa, tables, sts, path="xla")
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=2e-5, atol=1e-6)
     with pytest.raises(ValueError):
@@ -146,10 +171,10 @@ def test_kernel_block_padding():
 
 
 def test_smc_lookahead_through_the_kernel(monkeypatch):
-    """``smc.run`` takes the kernel through ``path="auto"`` where ``default_path`` says
-    ``"pallas"`` (as on a GPU), and draws what it draws with this backend's own path:
-    the same tokens and the same log-weights up to float rounding."""
-    from jaxcd import smc
+    """``smc.run`` with tables built for the kernel (as on a GPU) takes it through
+    ``path="auto"`` and draws what it draws with the XLA path: the same tokens and the
+    same log-weights up to float rounding."""
+    from jaxcd.decoding import smc
     from test_smc import N, PATTERN, VOCAB as SVOCAB, make_lm
 
     lm = make_lm()
@@ -157,20 +182,18 @@ def test_smc_lookahead_through_the_kernel(monkeypatch):
     rng = np.random.default_rng(7)
     hmm = _dirichlet_hmm(rng, 8, fa.vocab_size)
     ids, lens = jnp.zeros((6, 1), jnp.int32), jnp.ones((6,), jnp.int32)
+    xla_tables = pgcd.backward(fa, hmm, N, kernel="xla")
+    assert not xla_tables.kernel and not xla_tables.pallas
 
-    def run():
-        jax.clear_caches()                   # each run traces the scoring path anew
+    def run(ptables):
         return smc.run(jax.random.key(3), lm, lm.params, ids, lens, fa, budget=N,
-                       num_particles=4, proposal="lookahead", hmm=hmm)
+                       num_particles=4, proposal="lookahead", hmm=hmm, ptables=ptables)
 
-    ref = run()
+    ref = run(xla_tables)
     calls = []
-    real = pgcd_pallas.pallas_scores
-    monkeypatch.setattr(pgcd_pallas, "pallas_scores",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(pgcd_pallas, "default_path", lambda backend=None: "pallas")
-    got = run()
-    assert calls
+    _interpreted(monkeypatch, calls)
+    got = run(xla_tables._replace(pallas=True))
+    assert calls and not any(calls)
     np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(ref.tokens))
     w, w0 = np.asarray(got.log_weights), np.asarray(ref.log_weights)
     assert np.array_equal(np.isfinite(w), np.isfinite(w0))

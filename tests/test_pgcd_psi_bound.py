@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hmm_distill import HMMParams
-from jaxcd import compile_regex, pgcd
+from jaxcd import compile_regex
+from jaxcd.decoding import pgcd
 from jaxcd.decoding.buckets import bucket_automaton
 from jaxcd.errors import BudgetTooSmallError
 from test_pgcd_exact import V, VOCAB, Reference, prefixes, random_hmm, run_state

@@ -67,7 +67,7 @@ def test_each_request_decodes_exactly_as_alone(fas, method, groups):
         ids, lens = pad_prompts([r.prompt_ids], length=3)
         fa = bucket_automaton(r.fa) if r.fa is not None else None
         tables = tables_for(fa, method, n, N) if fa is not None else None
-        ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, budget=N, limit=n,
+        ref = sample(r.key, lm, lm.params, ids, lens, fa, tables, max_steps=N, budget=n,
                      constrained=method != "none")
         np.testing.assert_array_equal(o.tokens, np.asarray(ref.tokens[0]), err_msg=f"request {i}")
         assert o.logprob == pytest.approx(float(ref.logprob[0]), abs=1e-5)
@@ -95,13 +95,15 @@ def tiny(tmp_path_factory):
     from test_lm_llama import write_tiny_gguf
 
     from jaxcd.lm.llama import JaxLM
+
+    from jaxcd.lm.loading import load_lm
     path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=1)
-    base = JaxLM.from_gguf(path)
+    base, base_params = load_lm(path, tokenizer=False)[:2]
     lm = JaxLM(base.config, attn_block=8)                 # blocked decode attention
     toks = [bytes([i]) if 32 <= i < 127 else b"<%d>" % i for i in range(base.vocab_size)]
     vocab = Vocabulary.from_token_bytes(toks, eos_id=base.eos_token_id)
-    return lm, base.params, vocab, toks
+    return lm, base_params, vocab, toks
 
 
 def test_real_lm_rows_match_a_full_recompute(tiny):

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from hmm_distill import HMMParams
-from jaxcd import Vocabulary, compile_regex, pgcd, smc
+from jaxcd import Vocabulary, compile_regex
+from jaxcd.decoding import pgcd, smc
 from jaxcd.lm.hmm_lm import HMMLM
 from jaxcd.lm.interface import TableLM
 
@@ -262,7 +263,7 @@ def test_particles_sharded_over_forced_host_devices(tmp_path):
 def test_mismatched_tables_and_eos_are_clear_errors(problem):
     """Where automaton, tables and LM meet, a mismatch is a clear error, not a silent
     out-of-range gather."""
-    from jaxcd import decode, gcd
+    from jaxcd.decoding import decode, gcd
     lm, fa, _, _ = problem
     other = compile_regex(r"a{5}", VOCAB)
     hmm = random_hmm(2, seed=0)
@@ -273,16 +274,16 @@ def test_mismatched_tables_and_eos_are_clear_errors(problem):
     ids, lens = jnp.zeros((1, 1), jnp.int32), jnp.ones(1, jnp.int32)
     with pytest.raises(ValueError, match="fewer than budget"):
         decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa.to_device(),
-                      gcd.backward(fa.to_device(), 3), budget=N, constrained=True)
+                      gcd.backward(fa.to_device(), 3), max_steps=N, constrained=True)
     swapped = Vocabulary.from_token_bytes(TOKENS[1:] + [b"<eos>"], eos_id=V - 1)
     fa2 = compile_regex(PATTERN, swapped).to_device()
     with pytest.raises(ValueError, match="EOS"):
         decode.sample(jax.random.key(0), lm, lm.params, ids, lens, fa2, gcd.backward(fa2, N),
-                      budget=N, constrained=True)
+                      max_steps=N, constrained=True)
 
 
 def test_prebuilt_tables_give_the_same_run(problem):
-    from jaxcd import gcd
+    from jaxcd.decoding import gcd
     lm, fa, _, _ = problem
     hmm = random_hmm(3, seed=1)
     a = run(lm, fa, R, 32, "lookahead", hmm=hmm, seed=7)

@@ -256,7 +256,7 @@ def test_finished_particles_are_not_resampled_against_unfinished_ones():
     Resampling across the two (the old rule) kept ``b`` in almost no run; resampling only
     the unfinished particles leaves the pooled estimate within 4× the noise floor of R
     exact samples and Ẑ unbiased.
-    (``tests/test_smc_defensive.py`` checks the same for :func:`jaxcd.smc.run`.)"""
+    (``tests/test_smc_defensive.py`` checks the same for :func:`jaxcd.decoding.smc.run`.)"""
     from test_smc_defensive import assert_near_posterior, finish_early_lm
 
     pattern = r"b|a-"

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from hmm_distill import HMMParams
-from jaxcd import compile_regex, smc
+from jaxcd import compile_regex
+from jaxcd.decoding import smc
 from test_smc import EOS, N, PATTERN, R, V, VOCAB, decode, exact_posterior, key_of, make_lm
 
 B_TOKEN = 2                       # "b": the HMM never emits it

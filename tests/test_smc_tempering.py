@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcd import compile_regex, smc
+from jaxcd import compile_regex
+from jaxcd.decoding import smc
 from test_smc import EOS, N, PATTERN, R, V, VOCAB, key_of, make_lm
 from test_smc_defensive import VALID, gcd_allows, hmm_filter, psi, zero_hmm
 

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from hmm_distill import HMMParams
-from jaxcd import smc
+from jaxcd.decoding import smc
 from jaxcd.generation import build_constraint, load_model
 from jaxcd.lm.interface import pad_prompts
 

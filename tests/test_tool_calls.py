@@ -266,7 +266,7 @@ def vocab():
 
 
 def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
-    from jaxcd import gcd
+    from jaxcd.decoding import gcd
     from jaxcd.automata.lifting import tensorize
     from jaxcd.automata.tensorized import pad_automaton
     shapes = Shapes(min_states=1024, min_edges=4096, min_degree=64, min_mask_rows=512)
@@ -302,7 +302,8 @@ def test_pad_automaton_same_language_and_one_compile(main_examples, vocab):
 def test_pad_automaton_pgcd_tables_unchanged(vocab):
     """β^P of the padded automaton equals the original's on the real states (tiny HMM)."""
     from hmm_distill import HMMParams
-    from jaxcd import compile_regex, pgcd
+    from jaxcd import compile_regex
+    from jaxcd.decoding import pgcd
     from jaxcd.automata.tensorized import pad_automaton
     fa = compile_regex(r'\[f\(a=(1|22|333)\)\]', vocab)
     p, new_id = pad_automaton(fa)
@@ -409,12 +410,13 @@ def tiny_runner(tmp_path_factory):
     from experiments.runner import Runner
     from jaxcd.generation import Model
     from jaxcd.lm.llama import JaxLM
+    from jaxcd.lm.loading import load_lm
     from jaxcd.vocab import Vocabulary
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     write_tiny_gguf(path, "llama", tied=True, seed=3)
-    lm = JaxLM.from_gguf(path)
+    lm, params = load_lm(path, tokenizer=False)[:2]
     vocab = Vocabulary.from_token_bytes([bytes([i]) for i in range(256)], eos_id=2)
-    runner = Runner(Model(lm, lm.params, None, vocab, str(path)), shapes=Shapes(prompt_multiple=16))
+    runner = Runner(Model(lm, params, None, vocab, str(path)), shapes=Shapes(prompt_multiple=16))
     c = build_constraint(_regex_nfa(r"(ab|cd){1,5}"), vocab, Shapes(prompt_multiple=16))
     return runner, c
 
@@ -428,7 +430,7 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
     """decode.sample and smc.run with prefilled= (one batch-1 prefill from
     decode.prefill, broadcast to the batch) give the same tokens, validity, weights and
     evidence as with the LM's own batched prefill."""
-    from jaxcd import decode, gcd, smc
+    from jaxcd.decoding import decode, gcd, smc
     from jaxcd.lm.interface import pad_prompts
     runner, c = tiny_runner
     lm, params = runner.model.lm, runner.model.params
@@ -439,8 +441,8 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
     fa = c.device
     tables = gcd.backward(fa, budget)
     key = jax.random.PRNGKey(7)
-    a = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True)
-    b = decode.sample(key, lm, params, ids, lens, fa, tables, budget=budget, constrained=True,
+    a = decode.sample(key, lm, params, ids, lens, fa, tables, max_steps=budget, constrained=True)
+    b = decode.sample(key, lm, params, ids, lens, fa, tables, max_steps=budget, constrained=True,
                       prefilled=pre)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     assert np.asarray(a.valid).all() and np.array_equal(np.asarray(a.valid), np.asarray(b.valid))
@@ -460,7 +462,7 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
     # a prefill whose cache cannot hold the decode is refused, naming the sizes
     with pytest.raises(ValueError, match="cache of"):
         decode.sample(key, lm, params, ids, lens, fa, gcd.backward(fa, budget + 4),
-                      budget=budget + 4, constrained=True, prefilled=pre)
+                      max_steps=budget + 4, constrained=True, prefilled=pre)
 
 
 def test_runner_prefill_cache_and_shared_draw(tiny_runner):

@@ -16,6 +16,4 @@ automaton type, never a model (a language model is passed in, see :mod:`jaxcd.lm
   blocked inverse-CDF token sampler;
 - :mod:`~jaxcd.decoding.buckets`: shape buckets and stacks, one compiled program per bucket;
 - :mod:`~jaxcd.decoding.compile_stats`: counts of JAX traces and XLA compiles.
-
-The old paths (``jaxcd.gcd``, ``jaxcd.smc``, ...) still import these modules.
 """

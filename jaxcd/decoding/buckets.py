@@ -32,7 +32,7 @@ import numpy as np
 
 from ..automata.tensorized import TensorizedAutomaton, pad_automaton
 
-__all__ = ["automaton_bucket", "bucket_automaton", "stack_automata", "common_bucket", "flatten",
+__all__ = ["pad_prompts", "automaton_bucket", "bucket_automaton", "stack_automata", "common_bucket", "flatten",
            "budget_bucket", "prompt_bucket", "LEVELS"]
 
 #: ``(states, edges, out-degree, mask rows)`` of the coarse automaton buckets; an
@@ -44,6 +44,22 @@ LEVELS: tuple[tuple[int, int, int, int], ...] = tuple(
 
 _MIN_BUDGET_BUCKET = 16
 _MIN_PROMPT_BUCKET = 32
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
+                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Left-pad token lists into ``(ids [B, P] int32, lengths [B] int32)``."""
+    if len(prompts) == 0:
+        raise ValueError("pad_prompts: need at least one prompt")
+    lengths = np.array([len(p) for p in prompts], dtype=np.int32)
+    width = int(lengths.max()) if length is None else int(length)
+    if width < lengths.max():
+        raise ValueError(f"pad_prompts: a prompt has {lengths.max()} tokens, more than length={width}")
+    ids = np.full((len(prompts), max(width, 1)), pad_id, dtype=np.int32)
+    for i, p in enumerate(prompts):
+        if len(p):
+            ids[i, ids.shape[1] - len(p):] = np.asarray(p, dtype=np.int32)
+    return ids, lengths
 
 
 def _pow2(x: int) -> int:

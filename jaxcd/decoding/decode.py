@@ -181,13 +181,13 @@ def prefill(lm, params: Any, prompt_ids, prompt_lengths, max_len: int) -> Prefil
     return Prefilled(state, logp, int(prompt_ids.shape[1]), int(max_len))
 
 
-def check_prefilled(pre: Prefilled, prompt_ids, steps: int) -> None:
+def check_prefilled(pre: Prefilled, prompt_ids, max_steps: int) -> None:
     if pre.width != prompt_ids.shape[1] or pre.logp.shape[0] not in (1, prompt_ids.shape[0]):
         raise ValueError(f"prefilled= is for prompts [{pre.logp.shape[0]}, {pre.width}], not "
                          f"{list(prompt_ids.shape)}")
-    if pre.max_len < pre.width + steps:
+    if pre.max_len < pre.width + max_steps:
         raise ValueError(f"prefilled= has a cache of {pre.max_len} slots, fewer than the prompt "
-                         f"width {pre.width} + {steps} steps: prefill with a larger max_len")
+                         f"width {pre.width} + {max_steps} max_steps: prefill with a larger max_len")
 
 
 def broadcast_prefill(pre, B: int):
@@ -202,34 +202,44 @@ def broadcast_prefill(pre, B: int):
 
 
 def sample(key: jax.Array, lm, params: Any, prompt_ids: jax.Array, prompt_lengths: jax.Array,
-           fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *, budget: int,
-           constrained: bool, temperature: float = 1.0, greedy: bool = False,
-           limit=None, prefilled: Prefilled | None = None) -> SampleOutput:
+           fa: TensorizedAutomaton | None, tables: gcd.BudgetTables | None, *,
+           constrained: bool, budget=None, max_steps: int | None = None,
+           temperature: float = 1.0, greedy: bool = False,
+           prefilled: Prefilled | None = None) -> SampleOutput:
     """Sample up to ``budget`` tokens for every prompt (left-padded ``[B, P]``).
 
-    ``budget`` (static) is the length of the loop and of ``tokens``; ``limit`` (int,
-    possibly traced; default ``budget``, or the tables' own budget ``tables.n``) the
-    budget actually enforced, so that one compiled program (per LM, batch shape, budget
-    bucket and automaton bucket) serves every budget ``≤ budget`` and every constraint
-    of the bucket: tokens past ``limit`` are EOS. ``fa`` may be one automaton for every
+    ``budget`` (int, possibly traced; default: the tables' own budget when constrained,
+    else ``max_steps``) is the budget enforced: tokens past it are EOS. ``max_steps``
+    (static; default ``budget``) is the length of the loop and of ``tokens``, so that one
+    compiled program (per LM, batch shape, ``max_steps`` bucket and automaton bucket)
+    serves every budget ``≤ max_steps`` and every constraint of the bucket. Give at
+    least one of the two. ``fa`` may be one automaton for every
     row or a stack with one per row (:func:`jaxcd.decoding.buckets.stack_automata`; ``tables``
     then from :func:`jaxcd.decoding.gcd.backward` of that stack). ``steps`` in the output counts
     the decoding steps actually run. ``prefilled``: the prompts already run through the
     LM (:func:`prefill`), for several decodes from one prefill."""
-    if limit is None:
-        limit = tables.limit() if (constrained and tables is not None) else budget
+    if budget is None and max_steps is None:
+        raise ValueError("sample: give budget= or max_steps=")
+    if max_steps is None:
+        if isinstance(budget, jax.core.Tracer):
+            raise ValueError("sample: a traced budget needs a static max_steps=")
+        max_steps = int(budget)
+    if budget is None:
+        budget = tables.limit() if (constrained and tables is not None) else max_steps
+    gcd.check_steps(budget, int(max_steps))
     pre = None
     if prefilled is not None:
-        check_prefilled(prefilled, prompt_ids, int(budget))
+        check_prefilled(prefilled, prompt_ids, int(max_steps))
         pre = (prefilled.state, prefilled.logp)
     return _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables,
-                   jnp.asarray(limit, jnp.int32), jnp.asarray(temperature, jnp.float32), pre,
-                   budget=int(budget), constrained=constrained, greedy=greedy)
+                   jnp.asarray(budget, jnp.int32), jnp.asarray(temperature, jnp.float32), pre,
+                   budget=int(max_steps), constrained=constrained, greedy=greedy)
 
 
 @partial(jax.jit, static_argnames=("lm", "budget", "constrained", "greedy"))
 def _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables, limit, temperature, pre, *,
             budget: int, constrained: bool, greedy: bool) -> SampleOutput:
+    # ``budget`` (static) is the loop length max_steps; ``limit`` the budget enforced
     if constrained:
         from .buckets import flatten
         fa = flatten(fa)
@@ -271,16 +281,16 @@ def _sample(key, lm, params, prompt_ids, prompt_lengths, fa, tables, limit, temp
 
 
 def tables_for(fa: TensorizedAutomaton, method: str, budget: int,
-               steps: int | None = None) -> gcd.BudgetTables | None:
+               max_steps: int | None = None) -> gcd.BudgetTables | None:
     """β tables for ``method`` ('gcd' checks the budget first and names the minimum);
-    ``steps``: their static length (a budget bucket, default ``budget``)."""
+    ``max_steps``: their static length (a budget bucket, default ``budget``)."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "gcd":
         gcd.check_budget(fa, budget)
-        return gcd.backward(fa, budget, steps)
+        return gcd.backward(fa, budget, max_steps)
     if method == "lcd":
-        return gcd.lcd_tables(fa, budget, steps)
+        return gcd.lcd_tables(fa, budget, max_steps)
     return None
 
 

@@ -58,18 +58,18 @@ class BudgetTables(NamedTuple):
     n: jax.Array | None = None
 
     @property
-    def steps(self) -> int:
+    def max_steps(self) -> int:
         """Static length ``N`` (rows ``0..N``)."""
         return self.beta.shape[0] - 1
 
     @property
     def budget(self):
         """The budget ``n`` (host side: an int)."""
-        return self.steps if self.n is None else int(self.n)
+        return self.max_steps if self.n is None else int(self.n)
 
     def limit(self):
         """The budget as a (possibly traced) scalar, for jitted code."""
-        return self.steps if self.n is None else self.n
+        return self.max_steps if self.n is None else self.n
 
 
 class ConstraintState(NamedTuple):
@@ -100,12 +100,12 @@ def check_budget(fa: TensorizedAutomaton, budget: int) -> None:
         raise BudgetTooSmallError(int(budget), need, what)
 
 
-def check_steps(budget, steps: int) -> None:
-    """The budget must fit the tables' static length (host side, when concrete)."""
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if not isinstance(budget, jax.core.Tracer) and int(budget) > int(steps):
-        raise ValueError(f"budget {int(budget)} exceeds the tables' length steps={steps}")
+def check_steps(budget, max_steps: int) -> None:
+    """The budget must fit the static length ``max_steps`` (host side, when concrete)."""
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+    if not isinstance(budget, jax.core.Tracer) and int(budget) > int(max_steps):
+        raise ValueError(f"budget {int(budget)} exceeds max_steps={max_steps}")
 
 
 def is_final(fa: TensorizedAutomaton, state: jax.Array) -> jax.Array:
@@ -114,16 +114,17 @@ def is_final(fa: TensorizedAutomaton, state: jax.Array) -> jax.Array:
     return jnp.take(fa.dist, state, mode="clip") == 0
 
 
-def backward(fa: TensorizedAutomaton, budget, steps: int | None = None) -> BudgetTables:
-    """β tables for budget ``n`` by the backward recursion (a ``lax.scan`` of ``steps``
-    steps; default ``steps = budget``). ``budget`` may be traced: one compiled program
-    per automaton bucket and ``steps`` serves every budget ``n ≤ steps``. ``fa`` may be a
+def backward(fa: TensorizedAutomaton, budget, max_steps: int | None = None) -> BudgetTables:
+    """β tables for budget ``n`` by the backward recursion (a ``lax.scan`` of
+    ``max_steps`` steps; default ``max_steps = budget``). ``budget`` may be traced: one
+    compiled program per automaton bucket and ``max_steps`` serves every budget
+    ``n ≤ max_steps``. ``fa`` may be a
     stack (:func:`jaxcd.decoding.buckets.stack_automata`): the tables are then those of its
     flattened form (:func:`jaxcd.decoding.buckets.flatten`), which every decoder uses."""
-    if steps is None:
-        steps = int(budget)
-    check_steps(budget, steps)
-    return _backward(fa, jnp.asarray(budget, jnp.int32), steps=int(steps))
+    if max_steps is None:
+        max_steps = int(budget)
+    check_steps(budget, max_steps)
+    return _backward(fa, jnp.asarray(budget, jnp.int32), steps=int(max_steps))
 
 
 @partial(jax.jit, static_argnames=("steps",))
@@ -151,13 +152,13 @@ def live_out_counts(fa: TensorizedAutomaton, beta: jax.Array) -> jax.Array:
     return jax.ops.segment_sum(per_edge, fa.edge_src, num_segments=fa.num_states).T
 
 
-def lcd_tables(fa: TensorizedAutomaton, max_len, steps: int | None = None) -> BudgetTables:
-    """Tables that make :func:`mask` compute the LCD mask for ``max_len`` steps (the
-    budget; may be traced when ``steps``, the static length, is given)."""
-    if steps is None:
-        steps = int(max_len)
-    check_steps(max_len, steps)
-    return _lcd_tables(fa, jnp.asarray(max_len, jnp.int32), steps=int(steps))
+def lcd_tables(fa: TensorizedAutomaton, budget, max_steps: int | None = None) -> BudgetTables:
+    """Tables that make :func:`mask` compute the LCD mask for ``budget`` steps (may be
+    traced when ``max_steps``, the static length, is given)."""
+    if max_steps is None:
+        max_steps = int(budget)
+    check_steps(budget, max_steps)
+    return _lcd_tables(fa, jnp.asarray(budget, jnp.int32), steps=int(max_steps))
 
 
 @partial(jax.jit, static_argnames=("steps",))

@@ -57,6 +57,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import NamedTuple
 
@@ -88,14 +89,18 @@ class HMMMismatchError(JaxcdError, ValueError):
 
 class TablesTooLargeError(JaxcdError, MemoryError):
     """The ``β^P`` tables (and the work to build them) would exceed the memory limit
-    (``max_bytes=``, ``$JAXCD_PGCD_MAX_BYTES``, default 8 GiB)."""
+    (``max_bytes=``, default :data:`DEFAULT_MAX_BYTES`)."""
 
 
-#: default limit on :func:`backward`'s memory estimate; ``$JAXCD_PGCD_MAX_BYTES`` overrides
+#: default limit on :func:`backward`'s memory estimate (``max_bytes=``)
 DEFAULT_MAX_BYTES = 8 << 30
 
 
-class PGCDTables(NamedTuple):
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["mant", "log_scale", "Bt", "n", "edge_index"],
+         meta_fields=["kernel", "pallas"])
+@dataclasses.dataclass(frozen=True)
+class PGCDTables:
     """``β^P`` for budget ``n``, stored by **remaining steps** ``r = n − t`` (so one table
     of static length ``N ≥ n`` serves every budget up to ``N``, and building it writes
     each row once): ``mant [N+1, S, H]`` (max 1 per state, or all 0) and ``log_scale
@@ -107,29 +112,42 @@ class PGCDTables(NamedTuple):
     ``edge_index [S, V]`` (int8, or int16 past out-degree 127; ``None`` where it is not
     built): the out-edge of state ``s`` whose label holds token ``v``, ``−1`` for none —
     the native kernel's token → out-edge lookup, one byte per (state, token) instead of
-    the state's ``D`` cumulative mask rows (:func:`edge_index`)."""
+    the state's ``D`` cumulative mask rows (:func:`edge_index`).
+
+    ``kernel`` (static, so part of the jit key of every program that takes the tables):
+    whether the per-step scores use the native CPU kernel (:func:`backward` decides it
+    from its ``kernel`` argument and the platform, on the host). ``pallas`` (static too):
+    whether ``path="auto"`` scores with the compiled Pallas kernel
+    (:mod:`jaxcd.decoding.pgcd_pallas`; :func:`backward` sets it on GPU/TPU platforms
+    with ``kernel="auto"``)."""
 
     mant: jax.Array
     log_scale: jax.Array
     Bt: jax.Array
     n: jax.Array | None = None      # the budget (int32, may be traced); None: N = rows - 1
     edge_index: jax.Array | None = None
+    kernel: bool = False
+    pallas: bool = False            # score with the compiled Pallas kernel (GPU/TPU)
+
+    def _replace(self, **changes) -> "PGCDTables":
+        """A copy with ``changes`` (as a NamedTuple's ``_replace``)."""
+        return dataclasses.replace(self, **changes)
 
     @property
-    def steps(self) -> int:
+    def max_steps(self) -> int:
         """Static length ``N`` (a budget bucket; rows ``0..N``)."""
         return int(self.mant.shape[0]) - 1
 
     @property
     def budget(self) -> int:
-        return self.steps if self.n is None else int(self.n)
+        return self.max_steps if self.n is None else int(self.n)
 
     def limit(self):
-        return self.steps if self.n is None else self.n
+        return self.max_steps if self.n is None else self.n
 
     def row(self, t):
         """The stored row of step ``t`` for budget ``n``: ``r = n − t`` (clipped)."""
-        return jnp.clip(self.limit() - t, 0, self.steps)
+        return jnp.clip(self.limit() - t, 0, self.max_steps)
 
     def log_scale_by_t(self) -> jax.Array:
         """``log_scale`` indexed by step ``t = 0..n`` (``[n+1, S]``; tests, reports)."""
@@ -183,7 +201,8 @@ def tables_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
 
 
 def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
-                    table_dtype=jnp.float32, work_dtype=jnp.float32) -> dict[str, int]:
+                    table_dtype=jnp.float32, work_dtype=jnp.float32, *, kernel: str = "auto",
+                    index_max_bytes: int | None = None) -> dict[str, int]:
     """Memory estimate of :func:`backward` before it allocates anything (bytes on top of
     the HMM), from the shapes alone. :func:`backward` runs in three phases, each waited
     for, so that the largest arrays are never alive together:
@@ -205,7 +224,7 @@ def backward_nbytes(fa: TensorizedAutomaton, hidden_size: int, budget: int,
     S = int(np.prod(np.shape(fa.dist)))
     E = int(np.prod(np.shape(fa.edge_src)))
     H, V = int(hidden_size), int(fa.vocab_size)
-    idx = _edge_index_dtype(fa, table_dtype)
+    idx = _edge_index_dtype(fa, table_dtype, use_kernel(kernel, table_dtype), index_max_bytes)
     out = {"tables": (budget + 1) * S * (H * item + 4), "Bt": V * H * item,
            "work": 2 * E * H * w + 4 * S * H * w,
            "index": 0 if idx is None else S * V * jnp.dtype(idx).itemsize,
@@ -222,14 +241,15 @@ def _gib(x: int) -> str:
 
 
 def check_memory(fa: TensorizedAutomaton, hidden_size: int, steps: int, table_dtype,
-                 work_dtype, max_bytes: int | None = None) -> dict[str, int]:
+                 work_dtype, max_bytes: int | None = None, *, kernel: str = "auto",
+                 index_max_bytes: int | None = None) -> dict[str, int]:
     """Raise :class:`TablesTooLargeError` (with the estimate, the limit and what to
     change) if :func:`backward_nbytes` exceeds ``max_bytes`` (default
-    ``$JAXCD_PGCD_MAX_BYTES`` or :data:`DEFAULT_MAX_BYTES`); return the estimate."""
-    import os
+    :data:`DEFAULT_MAX_BYTES`); return the estimate."""
     if max_bytes is None:
-        max_bytes = int(os.environ.get("JAXCD_PGCD_MAX_BYTES", DEFAULT_MAX_BYTES))
-    est = backward_nbytes(fa, hidden_size, steps, table_dtype, work_dtype)
+        max_bytes = DEFAULT_MAX_BYTES
+    est = backward_nbytes(fa, hidden_size, steps, table_dtype, work_dtype, kernel=kernel,
+                          index_max_bytes=index_max_bytes)
     if est["total"] > max_bytes:
         S = int(np.prod(np.shape(fa.dist)))
         hint = ""
@@ -240,7 +260,7 @@ def check_memory(fa: TensorizedAutomaton, hidden_size: int, steps: int, table_dt
             f"P-GCD tables for H={hidden_size}, {steps} steps and {S} automaton states need "
             f"about {_gib(est['total'])} at the peak (tables {_gib(est['tables'])}, then "
             f"B {_gib(est['Bt'])} or work {_gib(est['work'])}), above the limit of "
-            f"{_gib(max_bytes)} (max_bytes= or $JAXCD_PGCD_MAX_BYTES): use {hint}a smaller "
+            f"{_gib(max_bytes)} (max_bytes=): use {hint}a smaller "
             "budget or a smaller HMM")
     return est
 
@@ -396,32 +416,50 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------
 # the kernel's token -> out-edge index
 # ---------------------------------------------------------------------------------------
-#: default limit on the edge index (``S·V`` bytes); ``$JAXCD_PGCD_INDEX_MAX_BYTES`` overrides
+#: default limit on the edge index (``S·V`` bytes; ``index_max_bytes=``)
 DEFAULT_INDEX_MAX_BYTES = 256 << 20
 
 
-def _index_max_bytes() -> int:
-    import os
-    return int(os.environ.get("JAXCD_PGCD_INDEX_MAX_BYTES", DEFAULT_INDEX_MAX_BYTES))
+def use_kernel(kernel: str, table_dtype, platform: str | None = None) -> bool:
+    """Whether tables in ``table_dtype`` score with the native kernel: ``kernel`` is
+    ``"auto"`` (on the CPU platform, tables in float32/bfloat16, the kernel built),
+    ``"kernel"`` (the same conditions, or an error saying which fails) or ``"xla"``
+    (never). ``platform``: default ``jax.default_backend()``. Host side: called by
+    :func:`backward`, never while tracing."""
+    if kernel not in ("auto", "kernel", "xla"):
+        raise ValueError(f"kernel={kernel!r}: expected 'auto', 'kernel' or 'xla'")
+    if kernel == "xla":
+        return False
+    from . import kernels
+    platform = platform or jax.default_backend()
+    why = None
+    if platform != "cpu":
+        why = f"the kernel is CPU-only (platform {platform!r})"
+    elif jnp.dtype(table_dtype) not in (jnp.float32, jnp.bfloat16):
+        why = f"the kernel takes float32/bfloat16 tables (got {jnp.dtype(table_dtype)})"
+    elif not kernels.pgcd_kernel_available(required=kernel == "kernel"):
+        why = f"the kernel is unavailable: {kernels.build_error()}"
+    if why is not None and kernel == "kernel":
+        raise JaxcdError(why)
+    return why is None
 
 
-def _edge_index_dtype(fa: TensorizedAutomaton, table_dtype):
+def _edge_index_dtype(fa: TensorizedAutomaton, table_dtype, kernel: bool,
+                      index_max_bytes: int | None = None):
     """The dtype of :func:`edge_index` for ``fa`` (int8 up to out-degree 127, else int16),
     or ``None`` where :func:`backward` does not build it: the native kernel is not in use
-    (not CPU, not built, ``JAXCD_PGCD_KERNEL=xla``, tables neither float32 nor bfloat16)
-    or the index would exceed ``$JAXCD_PGCD_INDEX_MAX_BYTES`` (default 256 MiB). Decided
-    from shapes only, so every automaton of a bucket gets the same."""
-    if jnp.dtype(table_dtype) not in (jnp.float32, jnp.bfloat16) or jax.default_backend() != "cpu":
+    (``kernel`` false) or the index would exceed ``index_max_bytes`` (default
+    :data:`DEFAULT_INDEX_MAX_BYTES`). Decided from shapes only, so every automaton of a
+    bucket gets the same."""
+    if not kernel:
         return None
     D = int(np.shape(fa.out_dst)[-1])
     if D > 32767:
         return None
     dt = jnp.int8 if D <= 127 else jnp.int16
     S = int(np.prod(np.shape(fa.dist)))
-    if S * int(fa.vocab_size) * jnp.dtype(dt).itemsize > _index_max_bytes():
-        return None
-    from . import kernels
-    if not kernels.pgcd_kernel_available():
+    limit = DEFAULT_INDEX_MAX_BYTES if index_max_bytes is None else int(index_max_bytes)
+    if S * int(fa.vocab_size) * jnp.dtype(dt).itemsize > limit:
         return None
     return dt
 
@@ -504,9 +542,10 @@ def _transpose(B, *, dtype):
 
 
 def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
-             steps: int | None = None, max_bytes: int | None = None) -> PGCDTables:
-    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``steps`` steps,
-    default ``n``; with a larger ``steps`` — a budget bucket — the compiled program
+             max_steps: int | None = None, max_bytes: int | None = None, kernel: str = "auto",
+             index_max_bytes: int | None = None) -> PGCDTables:
+    """``β^P`` tables for budget ``n`` (one jitted ``lax.scan`` over ``max_steps`` steps,
+    default ``n``; with a larger ``max_steps`` — a budget bucket — the compiled program
     serves every budget up to it). ``fa`` may be a stack of automata (one per prompt
     row; the tables are those of :func:`jaxcd.decoding.buckets.flatten` of it).
 
@@ -516,17 +555,23 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     ``jnp.bfloat16`` halves their memory, see :func:`tables_nbytes`).
 
     Memory: the estimate of :func:`backward_nbytes` is checked against ``max_bytes``
-    (default ``$JAXCD_PGCD_MAX_BYTES`` or 8 GiB) before anything is allocated:
-    :class:`TablesTooLargeError` names the estimate and what to change."""
+    (default :data:`DEFAULT_MAX_BYTES`, 8 GiB) before anything is allocated:
+    :class:`TablesTooLargeError` names the estimate and what to change.
+
+    ``kernel`` (``"auto"``, ``"kernel"``, ``"xla"``; :func:`use_kernel`): whether the
+    per-step scores use the native CPU kernel, recorded in the tables
+    (``PGCDTables.kernel``); on a GPU/TPU platform ``"auto"`` records the Pallas kernel
+    instead (``PGCDTables.pallas``) and ``"xla"`` keeps the XLA path. With the kernel, the per-state edge index is built when it
+    takes at most ``index_max_bytes`` (default :data:`DEFAULT_INDEX_MAX_BYTES`)."""
     from .buckets import flatten
     check_hmm(fa, hmm)
     gcd.check_budget(fa, budget)
-    steps = int(budget) if steps is None else int(steps)
+    steps = int(budget) if max_steps is None else int(max_steps)
     gcd.check_steps(budget, steps)
     dt = jnp.result_type(*(jax.dtypes.canonicalize_dtype(                 # x64 off: f32
         getattr(x, "dtype", None) or np.asarray(x).dtype) for x in (hmm.A, hmm.B, hmm.pi)))
     check_memory(fa, int(np.shape(hmm.A)[0]), steps, jnp.dtype(table_dtype or dt), dt,
-                 max_bytes)
+                 max_bytes, kernel=kernel, index_max_bytes=index_max_bytes)
     fa = flatten(jax.device_get(fa))
     A = jnp.asarray(hmm.A)
     B = jnp.asarray(hmm.B)
@@ -541,9 +586,12 @@ def backward(fa: TensorizedAutomaton, hmm, budget: int, *, table_dtype=None,
     mant, ls = _backward(fa, A, edge_masses(fa, B), budget=steps, table_dtype=tdt)
     jax.block_until_ready((mant, ls))
     Bt = jax.block_until_ready(_transpose(B, dtype=tdt))
-    idx = _edge_index_dtype(fa, tdt)
+    kern = use_kernel(kernel, tdt)
+    idx = _edge_index_dtype(fa, tdt, kern, index_max_bytes)
+    from .pgcd_pallas import use_pallas
     return PGCDTables(mant, ls, Bt, jnp.asarray(budget, jnp.int32),
-                      None if idx is None else edge_index(fa, idx))
+                      None if idx is None else edge_index(fa, idx), kernel=kern,
+                      pallas=kernel == "auto" and not kern and use_pallas(tdt))
 
 
 # ---------------------------------------------------------------------------------------
@@ -639,42 +687,38 @@ def _log_num_den(fa, tables: PGCDTables, st: PGCDState, D: int | None = None):
 
 def _pallas_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:
     """Whether this call takes the Pallas kernel (:mod:`jaxcd.decoding.pgcd_pallas`;
-    decided at trace time): ``path="pallas"`` always; ``path="auto"`` on GPU/TPU
-    (:func:`~jaxcd.decoding.pgcd_pallas.default_path`) for float32 particles (float64
-    runs take the XLA path). ``path="xla"`` is the fallback everywhere."""
+    decided at trace time from static facts only): ``path="pallas"`` always;
+    ``path="auto"`` when the tables were built for it (``tables.pallas``: GPU/TPU,
+    :func:`backward`) and the particles' ``u`` is float32 (float64 runs take the XLA
+    path). ``path="xla"`` is the fallback everywhere."""
     if path == "pallas":
         return True
-    if path != "auto" or sts.u.dtype != jnp.float32:
-        return False
-    from .pgcd_pallas import default_path
-    return default_path() == "pallas"
+    return path == "auto" and tables.pallas and sts.u.dtype == jnp.float32
 
 
 def _pallas_batch(fa, tables, sts):
-    """:func:`~jaxcd.decoding.pgcd_pallas.pallas_scores`, interpreted on the CPU backend
-    (where Pallas has no compiled lowering), compiled elsewhere."""
-    from .pgcd_pallas import pallas_scores
-    return pallas_scores(fa, tables, sts, interpret=jax.default_backend() == "cpu")
+    """:func:`~jaxcd.decoding.pgcd_pallas.pallas_scores`: compiled for tables built for
+    it (``tables.pallas``), else in Pallas's interpreter (an explicit ``path="pallas"``
+    on a platform without a compiled lowering, e.g. the CPU)."""
+    from . import pgcd_pallas
+    return pgcd_pallas.pallas_scores(fa, tables, sts, interpret=not tables.pallas)
 
 
 def _kernel_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:
-    """Whether this call takes the native kernel (decided at trace time): on CPU, with
-    ``B`` in float32/bfloat16 and the particles' ``u`` in float32, when the kernel builds
-    (:mod:`jaxcd.decoding.kernels`). ``path``: ``"auto"``, ``"kernel"`` (or an error
-    saying why not) or ``"xla"``."""
+    """Whether this call takes the native kernel (decided at trace time from static
+    facts only): the tables were built for it (``tables.kernel``, :func:`backward`),
+    ``B`` is float32/bfloat16 and the particles' ``u`` float32. ``path``: ``"auto"``,
+    ``"kernel"`` (or an error saying why not), ``"pallas"`` or ``"xla"`` (both: no)."""
     if path not in ("auto", "kernel", "xla", "pallas"):
         raise ValueError(f"path={path!r}: expected 'auto', 'kernel', 'pallas' or 'xla'")
-    if path == "xla":
+    if path in ("xla", "pallas"):
         return False
-    from . import kernels
     why = None
-    if jax.default_backend() != "cpu":
-        why = f"the kernel is CPU-only (backend {jax.default_backend()!r})"
+    if not tables.kernel:
+        why = "the tables were built without the kernel (backward(kernel=...))"
     elif tables.Bt.dtype not in (jnp.float32, jnp.bfloat16) or sts.u.dtype != jnp.float32:
         why = (f"the kernel takes float32/bfloat16 B and float32 u (got {tables.Bt.dtype}, "
                f"{sts.u.dtype})")
-    elif not kernels.pgcd_kernel_available():
-        why = f"the kernel is unavailable: {kernels.build_error()}"
     if why is not None and path == "kernel":
         raise JaxcdError(why)
     return why is None

@@ -22,9 +22,12 @@ built, else by the binary search over the nested cumulative mask rows,
 ``O(V log D)``), as is the final normalisation (a log-sum-exp over ``V``).
 
 Selected by ``path="pallas"`` in :func:`~jaxcd.decoding.pgcd.batched_scores` /
-:func:`~jaxcd.decoding.pgcd.scores`; ``path="auto"`` takes it on GPU and TPU (see
-:func:`default_path`) and the native C++ kernel on CPU. ``interpret=True`` runs the same
-kernel in Pallas's interpreter (any backend; the tests use it on CPU).
+:func:`~jaxcd.decoding.pgcd.scores`; ``path="auto"`` takes it for tables that
+:func:`~jaxcd.decoding.pgcd.backward` built for it (``PGCDTables.pallas``: a GPU or TPU
+platform, ``kernel="auto"``; ``kernel="xla"`` keeps the XLA path), and the native C++
+kernel on CPU. ``interpret=True`` runs the same kernel in Pallas's interpreter (any
+backend; the tests use it on CPU; an explicit ``path="pallas"`` with tables not built
+for the compiled kernel runs interpreted).
 """
 
 from __future__ import annotations
@@ -41,12 +44,24 @@ BLOCK_V = 128
 BLOCK_H = 128
 
 
-def default_path(backend: str | None = None) -> str:
-    """The scoring path ``path="auto"`` resolves to off the CPU: ``"pallas"`` on
-    ``"gpu"``/``"cuda"``/``"rocm"``/``"tpu"``, ``"xla"`` elsewhere. (On CPU the native
-    kernel, when it builds, is chosen before this is asked.)"""
-    backend = jax.default_backend() if backend is None else backend
-    return "pallas" if backend in ("gpu", "cuda", "rocm", "tpu") else "xla"
+#: platforms where the kernel is compiled (and ``path="auto"`` takes it)
+PLATFORMS = ("gpu", "cuda", "rocm", "tpu")
+
+
+def default_path(platform: str | None = None) -> str:
+    """The scoring path tables built for ``platform`` (default
+    ``jax.default_backend()``) get with ``kernel="auto"`` when the native CPU kernel is
+    not in use: ``"pallas"`` on GPU/TPU, ``"xla"`` elsewhere. Host side."""
+    platform = jax.default_backend() if platform is None else platform
+    return "pallas" if platform in PLATFORMS else "xla"
+
+
+def use_pallas(table_dtype, platform: str | None = None) -> bool:
+    """Whether :func:`jaxcd.decoding.pgcd.backward` records the compiled kernel in the
+    tables (``PGCDTables.pallas``): on a GPU/TPU platform (:func:`default_path`), tables
+    in float32 or bfloat16. Host side, never while tracing."""
+    return (default_path(platform) == "pallas"
+            and jnp.dtype(table_dtype) in (jnp.float32, jnp.bfloat16))
 
 
 def _kernel(bt_ref, w_ref, d_ref, ls_ref, u_ref, num_ref, den_ref, *, block_h: int):
@@ -148,4 +163,5 @@ def pallas_scores(fa, tables, sts, *, interpret: bool = False, block_v: int = BL
     return logpsi, z, lprod
 
 
-__all__ = ["pallas_scores", "log_num_den", "default_path", "BLOCK_V", "BLOCK_H"]
+__all__ = ["pallas_scores", "log_num_den", "default_path", "use_pallas", "PLATFORMS",
+           "BLOCK_V", "BLOCK_H"]

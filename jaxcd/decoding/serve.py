@@ -52,7 +52,6 @@ into the stack's tables).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -64,10 +63,10 @@ import numpy as np
 
 from ..automata.tensorized import TensorizedAutomaton, pad_automaton
 from . import gcd
-from .buckets import budget_bucket, common_bucket, flatten, prompt_bucket
+from .buckets import budget_bucket, common_bucket, flatten, pad_prompts, prompt_bucket
 from .decode import draw, masked_logits, tables_for
 
-__all__ = ["Request", "Finished", "ServeStats", "serve", "stack_bytes", "shared_prefix_len",
+__all__ = ["Request", "Finished", "ServeStats", "ServePolicy", "serve", "stack_bytes", "shared_prefix_len",
            "stream_prefix_len", "insert_classes", "rest_bucket"]
 
 
@@ -380,17 +379,18 @@ def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def insert_classes(lengths: Sequence[int], P: int, n0: int) -> list[tuple[int, int]]:
+def insert_classes(lengths: Sequence[int], P: int, n0: int, pow2_rest: bool = False
+                   ) -> list[tuple[int, int]]:
     """The insert class of prompts of ``lengths`` tokens in a stream of width ``P`` whose
     prompts share ``n0`` tokens (0: no shared prefix): ``(0, T)``, prefilled after the
     shared prefix at rest width ``T`` (the insert writes the prefix's bucket + ``T`` <=
     ``P`` slots), or ``(1, Pg)``, prefilled whole at its prompt bucket. One prefill
     program and one insert program per class: a warm-up with a request of each class
-    compiles every program of a stream."""
+    compiles every program of a stream. ``pow2_rest``: :class:`ServePolicy`'s."""
     PB = prompt_bucket(n0) if n0 else 0
     out = []
     for n in lengths:
-        T = (prompt_bucket(n - n0) if _POW2_REST else rest_bucket(n - n0)) if n0 else 0
+        T = (prompt_bucket(n - n0) if pow2_rest else rest_bucket(n - n0)) if n0 else 0
         out.append((0, T) if n0 and PB + T <= P else (1, prompt_bucket(n)))
     return out
 
@@ -411,17 +411,21 @@ def stream_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     return n0 if n0 >= _MIN_PREFIX else 0
 
 
-#: ``JAXCD_SERVE_SYNC=1``: wait for each insert's programs before timing it (profiling:
-#: otherwise an insert's device work runs asynchronously and is timed in the next decode
-#: call, so ``ServeStats.insert_s`` counts only the host's share).
-_SYNC_INSERTS = os.environ.get("JAXCD_SERVE_SYNC", "") not in ("", "0")
-#: For A/B measurements of the scheduling (read once, at import):
-#: ``JAXCD_SERVE_WHOLE_GROUPS=1`` inserts whole groups only, a decode call running until
-#: ``group`` rows are free (the scheme before held groups); ``JAXCD_SERVE_POW2_REST=1``
-#: prefills a rest at :func:`~jaxcd.decoding.buckets.prompt_bucket` width, not
-#: :func:`rest_bucket`.
-_WHOLE_GROUPS = os.environ.get("JAXCD_SERVE_WHOLE_GROUPS", "") not in ("", "0")
-_POW2_REST = os.environ.get("JAXCD_SERVE_POW2_REST", "") not in ("", "0")
+@dataclass(frozen=True)
+class ServePolicy:
+    """Scheduling choices of :func:`serve` (host side; the defaults are the fastest).
+
+    ``sync_inserts``: wait for each insert's programs before timing it (profiling:
+    otherwise an insert's device work runs asynchronously and is timed in the next
+    decode call, so ``ServeStats.insert_s`` counts only the host's share).
+    ``whole_groups``: insert whole groups only, a decode call running until ``group``
+    rows are free (instead of inserting into the free rows and holding the rest).
+    ``pow2_rest``: prefill a prompt's rest after the shared prefix at
+    :func:`~jaxcd.decoding.buckets.prompt_bucket` width, not :func:`rest_bucket`."""
+
+    sync_inserts: bool = False
+    whole_groups: bool = False
+    pow2_rest: bool = False
 
 _MAX_PREFIX = 32     # a shared prefix is prefilled at width 32 (longer ones are cut)
 _MIN_PREFIX = 8      # shorter shared prefixes are not worth a program of their own
@@ -452,7 +456,8 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
           rows: int = 16, group: int | None = None, temperature: float = 1.0,
           pad_id: int = 0, prompt_width: int | None = None, progress=None,
           stats: ServeStats | None = None,
-          max_automata_bytes: int = 1 << 30, share_prefix: bool = True) -> list[Finished]:
+          max_automata_bytes: int = 1 << 30, share_prefix: bool = True,
+          policy: ServePolicy = ServePolicy()) -> list[Finished]:
     """Decode ``requests`` with continuous batching; returns one :class:`Finished` per
     request, in order.
 
@@ -471,6 +476,7 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
     insert group runs only the rest of its prompts through the LM, attending to the
     prefix's cache (:meth:`~jaxcd.lm.llama.JaxLM.prefill_after`: the same cache and
     log-probabilities as prefilling the whole prompts, up to float rounding).
+    ``policy``: scheduling choices (:class:`ServePolicy`).
 
     Raises :class:`~jaxcd.errors.BudgetTooSmallError` (naming the request's constraint)
     before decoding if some request's constraint cannot end within ``budget``."""
@@ -523,13 +529,13 @@ def serve(lm, params, requests: Sequence[Request], *, budget: int, method: str =
                               N=N, P=P, rows=rows_g, G=min(G, rows_g), method=method,
                               temperature=temperature,
                               pad_id=pad_id, progress=progress, n_done=n_done,
-                              share_prefix=share_prefix)
+                              share_prefix=share_prefix, policy=policy)
     return out
 
 
 def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budget, N, P, rows,
-                 G, method, temperature, pad_id, progress, n_done, share_prefix=True):
-    from ..lm.interface import pad_prompts
+                 G, method, temperature, pad_id, progress, n_done, share_prefix=True,
+                 policy: ServePolicy = ServePolicy()):
     constrained = method != "none"
     B = rows
     S_cache = P + 2 * N
@@ -567,7 +573,8 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
             prefix = lm.prefill(params, jnp.asarray(ids0), jnp.asarray(lens0), PB)[0]
             st.prefill_tokens += PB
             st.prefix_tokens = n0
-    width = dict(zip(idx, insert_classes([len(requests[i].prompt_ids) for i in idx], P, n0)))
+    width = dict(zip(idx, insert_classes([len(requests[i].prompt_ids) for i in idx], P, n0,
+                                         policy.pow2_rest)))
 
     held: list = []     # prefilled groups not yet wholly inserted (see below)
 
@@ -613,7 +620,7 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
         # at any later write slot: positions count from the request's own start). So no
         # row idles waiting for G rows to free up.
         while free and (queue or held):
-            if _WHOLE_GROUPS and not held and len(free) < min(G, len(queue)):
+            if policy.whole_groups and not held and len(free) < min(G, len(queue)):
                 break
             if not held:
                 prefill_group()
@@ -640,7 +647,7 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
             if j1 == len(h["take"]):
                 held.pop(0)
             st.inserts += 1
-        if _SYNC_INSERTS and st.inserts:
+        if policy.sync_inserts and st.inserts:
             jax.block_until_ready(c)
         st.insert_s += time.perf_counter() - t0
         # decode until G rows finished (or all, when nobody waits)
@@ -648,7 +655,7 @@ def _serve_group(lm, params, requests, idx, bucket, out, st: ServeStats, *, budg
         n_active = sum(h is not None for h in holder)
         # stop as soon as a row is free for a waiting request (all rows busy here)
         stop_at = 1 if (queue or held) else n_active
-        if _WHOLE_GROUPS:                # until the next group has G free rows
+        if policy.whole_groups:          # until the next group has G free rows
             stop_at = max(1, min(G, len(queue)) - len(free)) if queue else n_active
         c, steps, valid, fin = _decode_chunk(lm, params, fa, tables, c, jnp.asarray(release),
                                              limit, temp, jnp.int32(stop_at),

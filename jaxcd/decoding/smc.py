@@ -170,7 +170,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         *, budget: int, num_particles: int, proposal: str = "gcd", hmm=None,
         resample: str = "systematic", ess_threshold: float = 0.5, temperature: float = 1.0,
         table_dtype=None, tables: gcd.BudgetTables | None = None,
-        ptables: pgcd.PGCDTables | None = None, steps: int | None = None,
+        ptables: pgcd.PGCDTables | None = None, max_steps: int | None = None,
         prefilled: decode.Prefilled | None = None, defensive: float = DEFENSIVE,
         psi_power: float = 1.0) -> SMCResult:
     """SMC with ``num_particles`` particles per prompt (``prompt_ids`` int32 ``[B, P]``
@@ -181,11 +181,12 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     ``tables`` (:func:`jaxcd.decoding.gcd.backward`, or
     :func:`~jaxcd.decoding.gcd.lcd_tables` for LCD) and ``ptables``
     (:func:`jaxcd.decoding.pgcd.backward`) may be passed to reuse tables across calls with
-    the same constraint, HMM and budget; they are built otherwise.
+    the same constraint, HMM and budget; they are built otherwise (P-GCD's with
+    ``kernel="auto"``: build them with :func:`jaxcd.decoding.pgcd.backward` to choose).
 
     ``fa`` may be one automaton for every prompt or a stack with one per prompt row
-    (:func:`jaxcd.decoding.buckets.stack_automata`). ``steps`` (static; default ``budget``) is the
-    length of the loop and of the outputs (``tokens [B, K, steps]``, ``ess``,
+    (:func:`jaxcd.decoding.buckets.stack_automata`). ``max_steps`` (static; default ``budget``) is
+    the length of the loop and of the outputs (``tokens [B, K, max_steps]``, ``ess``,
     ``resampled``): pass a budget bucket (:func:`jaxcd.decoding.buckets.budget_bucket`) so that
     one compiled program serves every budget up to it; the budget itself is traced, and
     tokens past it are EOS. ``result.steps`` counts the steps actually run.
@@ -210,7 +211,7 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
     _check(fa, lm, hmm, proposal, budget, num_particles, resample, ess_threshold, defensive,
            psi_power)
     budget, K = int(budget), int(num_particles)
-    steps = budget if steps is None else int(steps)
+    steps = budget if max_steps is None else int(max_steps)
     gcd.check_steps(budget, steps)
     prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
     prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
@@ -226,16 +227,17 @@ def run(key: jax.Array, lm, params: Any, prompt_ids, prompt_lengths, fa: Tensori
         gtables = tables
         if tables.beta.shape != (steps + 1, S_flat) or tables.budget != budget:
             raise ValueError(f"tables= has shape {tables.beta.shape} and budget "
-                             f"{tables.budget}, expected {(steps + 1, S_flat)} (steps + 1, "
+                             f"{tables.budget}, expected {(steps + 1, S_flat)} (max_steps + 1, "
                              f"num_states) and budget {budget}")
     if proposal in ("lookahead", "product"):
         if ptables is None:
-            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype, steps=steps)
+            ptables = pgcd.backward(fa, hmm, budget, table_dtype=table_dtype, max_steps=steps)
         else:
             pgcd.check_tables(fa, ptables)
-            if ptables.budget != budget or ptables.steps != steps:
+            if ptables.budget != budget or ptables.max_steps != steps:
                 raise ValueError(f"ptables= were built for budget {ptables.budget} "
-                                 f"({ptables.steps} steps), not {budget} ({steps} steps)")
+                                 f"(max_steps {ptables.max_steps}), not {budget} "
+                                 f"(max_steps {steps})")
         hpi, hA, hB = (jnp.asarray(a) for a in (hmm.pi, hmm.A, hmm.B))
     else:
         ptables, hpi, hA, hB = None, None, None, None

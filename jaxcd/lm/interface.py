@@ -27,6 +27,8 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from ..decoding.buckets import pad_prompts
+
 PyTree = Any
 
 
@@ -39,22 +41,6 @@ class LanguageModel(Protocol):
                 max_len: int) -> tuple[PyTree, jax.Array]: ...
 
     def step(self, params: PyTree, state: PyTree, tokens: jax.Array) -> tuple[PyTree, jax.Array]: ...
-
-
-def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int = 0,
-                length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Left-pad token lists into ``(ids [B, P] int32, lengths [B] int32)``."""
-    if len(prompts) == 0:
-        raise ValueError("pad_prompts: need at least one prompt")
-    lengths = np.array([len(p) for p in prompts], dtype=np.int32)
-    width = int(lengths.max()) if length is None else int(length)
-    if width < lengths.max():
-        raise ValueError(f"pad_prompts: a prompt has {lengths.max()} tokens, more than length={width}")
-    ids = np.full((len(prompts), max(width, 1)), pad_id, dtype=np.int32)
-    for i, p in enumerate(prompts):
-        if len(p):
-            ids[i, ids.shape[1] - len(p):] = np.asarray(p, dtype=np.int32)
-    return ids, lengths
 
 
 class TableLM:

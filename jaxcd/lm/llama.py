@@ -110,7 +110,6 @@ while RMSNorm, softmax and log-probabilities stay float32.
 from __future__ import annotations
 
 import collections
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -118,7 +117,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .gguf_weights import LlamaConfig, load_gguf, read_gguf_config
+from .gguf_weights import LlamaConfig, read_gguf_config
 
 PyTree = Any
 
@@ -341,7 +340,8 @@ class Dense(nnx.Linear):
         from .kernels import layer_matmuls
 
         p0 = projs[0]
-        ys = layer_matmuls(x, [p.kernel[...] for p in projs], p0.layer, precision=p0.precision)
+        ys = layer_matmuls(x, [p.kernel[...] for p in projs], p0.layer, precision=p0.precision,
+                           use_kernel=True)     # the in-place mode: the LM chose the kernel
         out = []
         for p, y in zip(projs, ys):
             if p.bias is not None:       # already layer l's (run_layers scans the biases)
@@ -416,19 +416,16 @@ class Block(nnx.Module):
         self.post_norms = cfg.post_norms
 
     def _decode_kernel(self, kc, vc) -> bool:
-        """Whether a decode step attends through the native kernel
+        """Whether a decode step may attend through the native kernel
         (:func:`jaxcd.lm.kernels.decode_attention`): in the in-place mode of
         :meth:`LlamaModel.run_layers` (the CPU kernels, not a mesh), with a float32 or
-        bfloat16 cache, when the kernel is available (else XLA's attention)."""
-        if self.attn.q_proj.kernel[...].ndim != 3 or kc.dtype != vc.dtype or \
-                kc.dtype not in (jnp.float32, jnp.bfloat16):
-            return False
-        from .kernels import decode_attention_available
-
-        return decode_attention_available()
+        bfloat16 cache (the LM decides whether it is available:
+        :meth:`JaxLM.attention_kernel`)."""
+        return (self.attn.q_proj.kernel[...].ndim == 3 and kc.dtype == vc.dtype
+                and kc.dtype in (jnp.float32, jnp.bfloat16))
 
     def __call__(self, x, cos, sin, mask, cache=None, layer=None, slot=None, offset=None,
-                 block=None, past=None):
+                 block=None, past=None, attn_kernel: bool = False):
         """Two modes.
 
         * ``cache is None`` (prefill / full recompute): ``x`` ``[B, T, H]``; attends over
@@ -446,7 +443,7 @@ class Block(nnx.Module):
           row may attend) instead of ``mask``. In the in-place (CPU kernel) mode, with
           ``offset`` given, both use the native kernel instead
           (:func:`jaxcd.lm.kernels.decode_attention`: slots ``offset_b .. slot`` read in
-          place; ``mask`` must then be the mask those bounds define).
+          place; ``mask`` must then be the mask those bounds define) when ``attn_kernel``.
 
         ``past = (k_past [B, n_kv, D, P0], v_past [B, n_kv, P0, D])`` (prefill mode only):
         keys and values of earlier tokens that ``x``'s tokens also attend to, before their
@@ -461,7 +458,7 @@ class Block(nnx.Module):
             if x.shape[1] != 1:
                 raise ValueError("Block: decoding with a cache takes one token per row")
             k, v = k.astype(kc.dtype), v.astype(vc.dtype)
-            if offset is not None and self._decode_kernel(kc, vc):
+            if attn_kernel and offset is not None and self._decode_kernel(kc, vc):
                 from .kernels import decode_attention
 
                 B, _, nh, D = q.shape
@@ -612,17 +609,28 @@ class JaxLM:
       config: the hyper-parameters (:class:`LlamaConfig`).
       dtype: compute/storage dtype of weights, activations and cache (float32 default;
         bfloat16 halves memory traffic; norms, softmax and log-probs stay float32).
-      params: optional weights (``nnx.State``), kept as ``lm.params``.
       precision: matmul precision (``"highest"`` default: true float32 on GPU/TPU too).
       attn_block: when the cache holds more than this many slots, a decode step attends
         block by block over the filled slots only (:func:`attend_decode_blocked`);
         ``None`` = always attend over the whole cache.
+      matmul: the layer projections: ``"auto"`` (the native kernels of
+        :mod:`jaxcd.lm.kernels` on the CPU platform when they build, else XLA's dot),
+        ``"kernel"`` (the kernels, or an error saying why not) or ``"xla"``.
+      attention: a decode step's attention, under the same three choices (the kernel
+        needs the in-place layer scan, so ``matmul="xla"`` means XLA's attention too).
+      platform: the platform the LM's programs run on (``"cpu"``, ``"gpu"``, ``"tpu"``);
+        ``None`` = ``jax.default_backend()`` when the LM is built. The kernels are
+        CPU-only.
 
-    Hashable and comparable by ``(config, dtype, precision, attn_block)`` only: it is a static jit
-    argument, and the weights travel separately as ``params`` (the ``nnx.State`` of a
-    :class:`LlamaModel`). ``lm.params`` holds the weights the LM was loaded with, for
-    convenience (``lm.prefill(lm.params, ...)``). Note that jit caches keep a reference
-    to the static LM object they were traced with.
+    Every choice above is decided from these fields, never from the environment or the
+    backend at trace time, and the fields are the LM's jit key.
+
+    Hashable and comparable by ``(config, dtype, precision, attn_block, matmul,
+    attention, platform)`` only: it is a static jit
+    argument, and it holds the architecture and these choices only: the weights travel
+    separately as the traced ``params`` (the ``nnx.State`` of a :class:`LlamaModel`;
+    :func:`jaxcd.lm.loading.load_lm` returns both), so the compiled programs that jit
+    caches keep (with a reference to their static LM) never keep weights alive.
 
     ``prefill`` / ``step`` are jitted (and traceable, so they can be called inside a
     decoder's own ``jit``/``scan``). Use :meth:`generate_greedy` for host-side tests.
@@ -642,14 +650,18 @@ class JaxLM:
         offset: int32 [B]           left-padding slots of each row
     """
 
-    def __init__(self, config: LlamaConfig, dtype=jnp.float32, params: PyTree | None = None,
+    def __init__(self, config: LlamaConfig, dtype=jnp.float32,
                  precision: str | None = "highest", attn_block: int | None = 128,
-                 matmul: str = "auto"):
+                 matmul: str = "auto", attention: str = "auto", platform: str | None = None):
         if attn_block is not None and attn_block < 1:
             raise ValueError(f"JaxLM: attn_block must be >= 1 or None, got {attn_block}")
-        if matmul not in ("auto", "kernel", "xla"):
-            raise ValueError(f"JaxLM: matmul must be 'auto', 'kernel' or 'xla', got {matmul!r}")
+        for name, value in (("matmul", matmul), ("attention", attention)):
+            if value not in ("auto", "kernel", "xla"):
+                raise ValueError(f"JaxLM: {name} must be 'auto', 'kernel' or 'xla', "
+                                 f"got {value!r}")
         self.matmul = matmul
+        self.attention = attention
+        self.platform = str(platform or jax.default_backend())
         self.attn_block = attn_block
         self.config = config
         self.dtype = jnp.dtype(dtype)
@@ -672,26 +684,38 @@ class JaxLM:
         abstract = nnx.eval_shape(lambda: LlamaModel(
             config, dtype=self.dtype, precision=self._jax_precision(), rngs=nnx.Rngs(0)))
         self.graphdef, self._abstract_state = nnx.split(abstract)
-        self.params = params
-        self._key = (config, self.dtype.name, precision, attn_block, matmul)
+        self._key = (config, self.dtype.name, precision, attn_block, matmul, attention,
+                     self.platform)
 
     def in_place_matmul(self) -> bool:
         """Whether the layer scan reads each layer's projection weights in place through
-        the native kernel (:mod:`jaxcd.lm.kernels`; decided at trace time): ``matmul=
-        "auto"`` when the kernel is available here (CPU backend, ``JAXCD_LM_KERNEL`` not
-        ``xla``, a C++ compiler), ``"kernel"`` always (or an error saying why not),
-        ``"xla"`` never (the copying scan; sharded weights use it)."""
+        the native kernel (:mod:`jaxcd.lm.kernels`): ``matmul="auto"`` when the kernel
+        runs on this LM's ``platform`` (CPU, a C++ compiler), ``"kernel"`` always (or an
+        error saying why not), ``"xla"`` never (the copying scan; sharded weights use
+        it)."""
         if self.matmul == "xla":
             return False
         from . import kernels
 
-        if self.matmul == "kernel":
-            if not kernels.lm_kernel_available():
+        return kernels.lm_kernel_available(self.platform, required=self.matmul == "kernel")
+
+    def attention_kernel(self) -> bool:
+        """Whether a decode step attends through the native kernel
+        (:func:`jaxcd.lm.kernels.decode_attention`): with the in-place layer scan
+        (:meth:`in_place_matmul`), ``attention="auto"`` when the kernel runs on this
+        platform, ``"kernel"`` always (or an error), ``"xla"`` never."""
+        if self.attention == "xla":
+            return False
+        from . import kernels
+
+        required = self.attention == "kernel"
+        if not self.in_place_matmul():
+            if required:
                 raise kernels.KernelUnavailable(
-                    f"JaxLM(matmul='kernel'): the layer kernel is unavailable "
-                    f"({kernels.build_error() or 'CPU backend only; JAXCD_LM_KERNEL=xla?'})")
-            return True
-        return kernels.lm_kernel_available()
+                    "JaxLM(attention='kernel') needs the in-place layer scan (matmul='auto' "
+                    "or 'kernel' on the CPU platform)")
+            return False
+        return kernels.decode_attention_available(self.platform, required=required)
 
     def _jax_precision(self):
         if self.precision is None:
@@ -712,39 +736,10 @@ class JaxLM:
                 f"{c.num_kv_heads}, V={c.vocab_size}, dtype={self.dtype.name})")
 
     # -- construction ------------------------------------------------------------------
-    @classmethod
-    def from_gguf(cls, path: str | os.PathLike | None = None, dtype=jnp.float32,
-                  precision: str | None = "highest", attn_block: int | None = 128) -> "JaxLM":
-        """Load a Llama/Qwen2 GGUF (``None`` = the default SmolLM2-135M-Instruct Q4_1),
-        de-quantised to ``dtype``. Raises :class:`ModelFileError` for bad files."""
-        if path is not None and os.path.isdir(path):     # a Hugging Face folder
-            return cls.from_hf(path, dtype=dtype, precision=precision, attn_block=attn_block)
-        if path is not None and not os.path.exists(path):
-            from ..model_files import named_model_path, NAMED_MODELS
-
-            if str(path) in NAMED_MODELS:
-                path = named_model_path(str(path))
-        cfg, pure = load_gguf(path, dtype=np.float32)
-        lm = cls(cfg, dtype=dtype, precision=precision, attn_block=attn_block)
-        lm.params = lm.params_from_pure_dict(pure)
-        return lm
-
-    @classmethod
-    def from_hf(cls, folder: str | os.PathLike, dtype=jnp.float32,
-                precision: str | None = "highest", attn_block: int | None = 128) -> "JaxLM":
-        """Load a Hugging Face checkpoint folder (``config.json`` + safetensors; see
-        :mod:`jaxcd.lm.hf_checkpoint`), weights converted to ``dtype``."""
-        from .hf_checkpoint import load_hf_weights, read_hf_config
-
-        cfg = read_hf_config(folder)
-        lm = cls(cfg, dtype=dtype, precision=precision, attn_block=attn_block)
-        lm.params = lm.params_from_pure_dict(load_hf_weights(folder, cfg, _np_dtype(lm.dtype)))
-        return lm
-
     def params_from_pure_dict(self, pure: dict) -> nnx.State:
         """Turn a nested dict of arrays into the ``nnx.State`` pytree this LM's functions
         take, checking every shape. ``pure["layers"]`` may be stacked (every leaf
-        ``[L, ...]``: the layout of ``nnx.to_pure_dict(lm.params)``) or per layer (the
+        ``[L, ...]``: the layout of ``nnx.to_pure_dict(params)``) or per layer (the
         layout of :func:`load_gguf`: ``{0: {...}, 1: {...}, ...}`` or a list), which is
         stacked here."""
         pure = dict(pure)
@@ -971,13 +966,14 @@ class JaxLM:
             masks = None
         x = model.embed_tokens(tokens.astype(jnp.int32)[:, None])
         kc, vc = state["k"], state["v"]
+        attn_kernel = self.attention_kernel()
 
         def body(layer, l, x):
             mask = None if masks is None else self._pick(masks, self._mask_kind, l)
             x, k, v = layer(x, self._pick(cos_k, self._rope_kind, l),
                             self._pick(sin_k, self._rope_kind, l), mask, cache=(kc, vc),
                             layer=l, slot=slot, offset=self._pick(lo, self._mask_kind, l),
-                            block=blk)
+                            block=blk, attn_kernel=attn_kernel)
             return x, (k, v)
 
         # the layers only read the cache; this step's keys/values [L, B, n_kv, D, 1] /
@@ -1000,7 +996,8 @@ class JaxLM:
         prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32) if _is_concrete(prompt_lengths) \
             else prompt_lengths
         self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
-        self._check_cache_memory(prompt_ids.shape[0], int(max_len))
+        if not isinstance(prompt_ids, jax.core.Tracer):
+            self._check_cache_memory(prompt_ids.shape[0], int(max_len))
         return _prefill_jit(self, params, prompt_ids, prompt_lengths, int(max_len))
 
     def prefill_after(self, params: PyTree, prefix: PyTree, prompt_ids: jax.Array,
@@ -1027,7 +1024,8 @@ class JaxLM:
         self._check_prompt(prompt_ids, prompt_lengths, int(max_len))
         if max_len < width:
             raise ValueError(f"max_len={max_len} is smaller than prefix + prompt width {width}")
-        self._check_cache_memory(prompt_ids.shape[0], int(max_len))
+        if not isinstance(prompt_ids, jax.core.Tracer):
+            self._check_cache_memory(prompt_ids.shape[0], int(max_len))
         return _prefill_after_jit(self, params, prefix, prompt_ids, prompt_lengths, int(max_len))
 
     def cache_bytes(self, batch: int, max_len: int) -> int:
@@ -1038,10 +1036,13 @@ class JaxLM:
 
     def _check_cache_memory(self, batch: int, max_len: int) -> None:
         """Refuse (``ModelFileError`` with the figures) a KV cache that will not fit
-        (checked for caches over 64 MiB, or always with ``JAXCD_MEMORY_LIMIT_GB``)."""
+        (checked for caches over 64 MiB, or always under a memory limit:
+        :func:`jaxcd.lm.memory.memory_limit`). Checked where the call is eager; a caller
+        that traces ``prefill`` inside its own program checks before tracing."""
+        from .memory import check_memory, memory_limit
+
         need = self.cache_bytes(batch, max_len)
-        if need > 64 << 20 or os.environ.get("JAXCD_MEMORY_LIMIT_GB"):
-            from ..checkpoints import check_memory
+        if need > 64 << 20 or memory_limit() is not None:
 
             check_memory(f"the KV cache ({batch} rows x {self.cache_slots(max_len)} slots x "
                          f"{self.config.num_layers} layers, {self.dtype.name})", need)
@@ -1068,16 +1069,16 @@ class JaxLM:
         return jax.nn.log_softmax(model.logits(x, self.in_place_matmul()), axis=-1)
 
     def generate_greedy(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                        params: PyTree | None = None, stop_at_eos: bool = True,
+                        params: PyTree, stop_at_eos: bool = True,
                         max_len: int | None = None) -> list[list[int]]:
         """Greedy continuation of each token list (host loop around the jitted, buffer-
         donating step). Returns the new tokens per prompt, cut after EOS when
         ``stop_at_eos``."""
         from .interface import pad_prompts
 
-        params = self.params if params is None else params
         if params is None:
-            raise ValueError("generate_greedy: no params (load with JaxLM.from_gguf or pass params=)")
+            raise ValueError("generate_greedy: params is None (jaxcd.lm.loading.load_lm "
+                             "returns the LM and its params)")
         if max_new_tokens < 1:
             return [[] for _ in prompts]
         ids, lens = pad_prompts(prompts, pad_id=self.pad_token_id)

@@ -7,21 +7,22 @@ so the dense path pays ``K·D'·H·V`` instead. The kernel is built and cached b
 :mod:`jaxcd.native_build` (the system C++ compiler, ``$CXX``, about 5 s once per
 machine).
 
-``JAXCD_PGCD_KERNEL`` chooses: ``auto`` (default: the kernel on CPU when it builds, else
-the XLA path, with one warning saying why), ``ffi`` (the kernel or an error), ``xla``
-(never the kernel). ``JAXCD_KERNEL_THREADS`` caps its threads (default: all cores).
-GPU and TPU use the XLA path.
+:func:`jaxcd.decoding.pgcd.backward`'s ``kernel`` argument chooses, and the choice is
+recorded in the tables (static, so part of every jit key): ``"auto"`` (default: the
+kernel on CPU when it builds, else the XLA path, with one warning saying why),
+``"kernel"`` (the kernel or an error), ``"xla"`` (never the kernel).
+``JAXCD_KERNEL_THREADS`` (read by the kernel when it runs) caps its threads (default:
+all cores). GPU and TPU use the XLA path.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 from ...native_build import KernelUnavailable, NativeKernel
 
-__all__ = ["KernelUnavailable", "pgcd_kernel_available", "pgcd_kernel_mode", "build_error"]
+__all__ = ["KernelUnavailable", "pgcd_kernel_available", "build_error"]
 
 #: scoring with the token -> out-edge lookup from the nested cumulative mask rows
 TARGET = "jaxcd_pgcd_scores"
@@ -36,28 +37,18 @@ _more_done = False
 _more_lock = threading.Lock()
 
 
-def pgcd_kernel_mode() -> str:
-    mode = os.environ.get("JAXCD_PGCD_KERNEL", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "ffi", "xla"):
-        raise ValueError(f"JAXCD_PGCD_KERNEL={mode!r}: expected 'auto', 'ffi' or 'xla'")
-    return mode
-
-
 def build_error() -> str | None:
     """Why the kernel is unavailable (``None`` when it is loaded)."""
     pgcd_kernel_available()
     return _KERNEL.error
 
 
-def pgcd_kernel_available() -> bool:
-    """Whether P-GCD scoring may use the native kernel: the mode allows it and the kernel
-    is built and registered (built on the first call; a failure is remembered, warned
-    about once under ``auto`` and raised under ``ffi``)."""
+def pgcd_kernel_available(required: bool = False) -> bool:
+    """Whether P-GCD scoring can use the native kernel (on the CPU): it is built and
+    registered (built on the first call; a failure is remembered, warned about once, or
+    raised as :class:`KernelUnavailable` when ``required``)."""
     global _more_done
-    mode = pgcd_kernel_mode()
-    if mode == "xla":
-        return False
-    ok = _KERNEL.available(required=mode == "ffi")
+    ok = _KERNEL.available(required=required)
     if ok and not _more_done:       # the other handlers of the same library
         import jax
         with _more_lock:

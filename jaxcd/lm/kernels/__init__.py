@@ -11,20 +11,19 @@ a batched decode step, with x transposed into the vector lanes and W broadcast f
 it lies) split over XLA's intra-op thread pool. Rows accumulate in float32 in ``k`` order, so a row's result
 does not depend on how many rows share the call.
 
-``JAXCD_LM_KERNEL`` chooses: ``auto`` (default: the kernel on the CPU backend when it
-builds, else XLA's dot with one warning), ``ffi`` (the kernel or an error), ``xla``
-(never). GPU/TPU and sharded weights always use XLA's dot. Built and cached by
-:mod:`jaxcd.native_build`.
+:class:`jaxcd.lm.llama.JaxLM`'s ``matmul`` field chooses: ``"auto"`` (default: the
+kernel on the CPU platform when it builds, else XLA's dot with one warning), ``"kernel"``
+(the kernel or an error), ``"xla"`` (never). GPU/TPU and sharded weights always use
+XLA's dot. Built and cached by :mod:`jaxcd.native_build`.
 
 :func:`decode_attention` (``decode_attention.cc``) is the decode step's attention over
-the stacked KV cache, read in place from each row's first attended slot; it is used under
-the same conditions (and ``JAXCD_DECODE_ATTENTION=xla`` turns it off alone).
+the stacked KV cache, read in place from each row's first attended slot; the LM's
+``attention`` field chooses it the same way.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 
 from ...native_build import KernelUnavailable, NativeKernel
 
-__all__ = ["layer_matmul", "layer_matmuls", "rows_matmul", "lm_kernel_mode", "lm_kernel_available", "build_error",
+__all__ = ["layer_matmul", "layer_matmuls", "rows_matmul", "lm_kernel_available", "build_error",
            "KernelUnavailable", "MAX_ROWS", "decode_attention", "decode_attention_available"]
 
 TARGET = "jaxcd_layer_matmul"
@@ -53,56 +52,71 @@ _ATTN = NativeKernel(Path(__file__).with_name("decode_attention.cc"), "JaxcdDeco
 MAX_ROWS = 256
 
 
-def lm_kernel_mode() -> str:
-    mode = os.environ.get("JAXCD_LM_KERNEL", "auto").strip().lower() or "auto"
-    if mode not in ("auto", "ffi", "xla"):
-        raise ValueError(f"JAXCD_LM_KERNEL={mode!r}: expected 'auto', 'ffi' or 'xla'")
-    return mode
+def _check_platform(platform: str, required: bool, what: str) -> bool:
+    if platform == "cpu":
+        return True
+    if required:
+        raise KernelUnavailable(f"{what} is CPU-only (platform {platform!r})")
+    return False
 
 
-def lm_kernel_available() -> bool:
-    """Whether the layer matmul may use the kernel here: the mode allows it, the default
-    backend is the CPU, and the kernel is built and registered (on first call; a failure
-    is warned about once under ``auto`` and raised under ``ffi``)."""
-    mode = lm_kernel_mode()
-    if mode == "xla":
+def lm_kernel_available(platform: str = "cpu", required: bool = False) -> bool:
+    """Whether the layer matmul can use the kernel on ``platform``: the CPU, with the
+    kernel built and registered (on first call; a failure is warned about once, or raised
+    as :class:`KernelUnavailable` when ``required``)."""
+    if not _check_platform(platform, required, "the layer kernel"):
         return False
-    if jax.default_backend() != "cpu":
-        if mode == "ffi":
-            raise KernelUnavailable(f"JAXCD_LM_KERNEL=ffi: the kernel is CPU-only "
-                                    f"(backend {jax.default_backend()!r})")
-        return False
-    return (_KERNEL.available(required=mode == "ffi")
-            and _ROWS.available(required=mode == "ffi", warn=False))
+    return (_KERNEL.available(required=required)
+            and _ROWS.available(required=required, warn=False))
 
 
 def build_error() -> str | None:
-    """Why the kernel is unavailable (``None`` when it is loaded or not asked for)."""
+    """Why the kernel is unavailable (``None`` when it is loaded)."""
     lm_kernel_available()
     return _KERNEL.error
 
 
-def _call(x2: jax.Array, layer: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+#: The kernels' GEMM schemes (``scheme=``; every one gives the same bits): ``"auto"`` (what
+#: the LM runs: one row as ``"o"``, 2..16 rows as ``"t"``, more as ``"r"``), ``"o"``
+#: (packed, each tile prefetching its rows of the next block), ``"r"`` (packed, the next
+#: block prefetched in row order), ``"t"`` (2..16 rows through the transposed kernel).
+SCHEMES = {"auto": 0, "o": ord("o"), "r": ord("r"), "t": ord("t")}
+
+
+def _scheme_code(scheme: str) -> np.int32:
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme={scheme!r}: expected one of {tuple(SCHEMES)}")
+    return np.int32(SCHEMES[scheme])
+
+
+def _call(x2: jax.Array, layer: jax.Array, *ws: jax.Array, scheme: str = "auto"
+          ) -> tuple[jax.Array, ...]:
     outs = tuple(jax.ShapeDtypeStruct((x2.shape[0], w.shape[2]), jnp.float32) for w in ws)
-    return tuple(jax.ffi.ffi_call(TARGET, outs)(x2, layer, *ws))
+    return tuple(jax.ffi.ffi_call(TARGET, outs)(x2, layer, *ws, scheme=_scheme_code(scheme)))
 
 
-@jax.custom_batching.custom_vmap
-def _matmul(x2, layer, ws):
-    return _call(x2, layer, *ws)
+@functools.lru_cache(maxsize=None)
+def _matmul_fn(scheme: str):
+    """The layer kernel call for one ``scheme``, with its vmap rule: a mapped axis over
+    the rows only is folded into ``M``; otherwise one call per element (``lax.map``)."""
 
+    @jax.custom_batching.custom_vmap
+    def f(x2, layer, ws):
+        return _call(x2, layer, *ws, scheme=scheme)
 
-@_matmul.def_vmap
-def _matmul_vmap(axis_size, in_batched, x2, layer, ws):
-    xb, lb, wbs = in_batched
-    if not lb and not any(wbs):   # only the rows are batched: fold them into M
-        ys = _call(x2.reshape(-1, x2.shape[-1]), layer, *ws)
-        return (tuple(y.reshape(axis_size, x2.shape[1], y.shape[-1]) for y in ys),
-                (True,) * len(ws))
-    bc = lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)  # noqa: E731
-    ys = jax.lax.map(lambda a: _call(a[0], a[1], *a[2]),
-                     (bc(x2, xb), bc(layer, lb), tuple(bc(w, b) for w, b in zip(ws, wbs))))
-    return ys, (True,) * len(ws)
+    @f.def_vmap
+    def f_vmap(axis_size, in_batched, x2, layer, ws):
+        xb, lb, wbs = in_batched
+        if not lb and not any(wbs):   # only the rows are batched: fold them into M
+            ys = _call(x2.reshape(-1, x2.shape[-1]), layer, *ws, scheme=scheme)
+            return (tuple(y.reshape(axis_size, x2.shape[1], y.shape[-1]) for y in ys),
+                    (True,) * len(ws))
+        bc = lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + a.shape)  # noqa: E731
+        ys = jax.lax.map(lambda a: _call(a[0], a[1], *a[2], scheme=scheme),
+                         (bc(x2, xb), bc(layer, lb), tuple(bc(w, b) for w, b in zip(ws, wbs))))
+        return ys, (True,) * len(ws)
+
+    return f
 
 
 def _rows_of(x) -> int:
@@ -113,13 +127,14 @@ def _rows_of(x) -> int:
 
 
 def layer_matmuls(x: jax.Array, ws, layer, precision=jax.lax.Precision.HIGHEST,
-                  use_kernel: bool | None = None) -> list[jax.Array]:
+                  use_kernel: bool = False, scheme: str = "auto") -> list[jax.Array]:
     """``[x · w[layer] for w in ws]`` for stacked weights ``w [L, K, N_w]`` (float32 or
     bfloat16) sharing ``x [..., K]`` and an int ``layer`` (traced or not; clamped to
     ``[0, L)`` like a dynamic slice), in ONE kernel call (q/k/v, gate/up). Float32
-    ``[..., N_w]`` each, accumulated in float32. Uses the kernel when
-    :func:`lm_kernel_available` (or ``use_kernel``) and the rows number at most
-    :data:`MAX_ROWS`, else XLA's dot on each ``w[layer]`` at ``precision``."""
+    ``[..., N_w]`` each, accumulated in float32. Uses the kernel when ``use_kernel``
+    (the caller checked :func:`lm_kernel_available`) and the rows number at most
+    :data:`MAX_ROWS`, else XLA's dot on each ``w[layer]`` at ``precision``. ``scheme``:
+    the kernel's GEMM scheme (:data:`SCHEMES`; the same bits whichever)."""
     ws = list(ws)
     for w in ws:
         if w.ndim != 3 or x.shape[-1] != w.shape[1]:
@@ -127,72 +142,70 @@ def layer_matmuls(x: jax.Array, ws, layer, precision=jax.lax.Precision.HIGHEST,
                              f"and w [L, K, N]")
     layer = jnp.asarray(layer, jnp.int32)
     lead, rows = x.shape[:-1], _rows_of(x)
-    if use_kernel is None:
-        use_kernel = lm_kernel_available()
     if use_kernel and rows <= MAX_ROWS and all(w.dtype in (jnp.float32, jnp.bfloat16)
                                                for w in ws):
         x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
-        return [y.reshape(*lead, y.shape[-1]) for y in _matmul(x2, layer, tuple(ws))]
+        return [y.reshape(*lead, y.shape[-1]) for y in _matmul_fn(scheme)(x2, layer, tuple(ws))]
     return [jnp.dot(x, jax.lax.dynamic_index_in_dim(w, layer, 0, keepdims=False),
                     precision=precision, preferred_element_type=jnp.float32) for w in ws]
 
 
 def layer_matmul(x: jax.Array, w: jax.Array, layer, precision=jax.lax.Precision.HIGHEST,
-                 use_kernel: bool | None = None) -> jax.Array:
+                 use_kernel: bool = False, scheme: str = "auto") -> jax.Array:
     """``x [..., K] · w[layer]`` for one stacked weight ``w [L, K, N]``: see
     :func:`layer_matmuls`."""
-    return layer_matmuls(x, [w], layer, precision, use_kernel)[0]
+    return layer_matmuls(x, [w], layer, precision, use_kernel, scheme)[0]
 
 
-def _rows_call(x2: jax.Array, e: jax.Array) -> jax.Array:
+def _rows_call(x2: jax.Array, e: jax.Array, scheme: str = "auto") -> jax.Array:
     return jax.ffi.ffi_call(ROWS_TARGET, jax.ShapeDtypeStruct((x2.shape[0], e.shape[0]),
-                                                              jnp.float32))(x2, e)
+                                                              jnp.float32))(
+        x2, e, scheme=_scheme_code(scheme))
 
 
-@jax.custom_batching.custom_vmap
-def _rows(x2, e):
-    return _rows_call(x2, e)
+@functools.lru_cache(maxsize=None)
+def _rows_fn(scheme: str):
+    """The output-projection kernel call for one ``scheme``, with its vmap rule."""
 
+    @jax.custom_batching.custom_vmap
+    def f(x2, e):
+        return _rows_call(x2, e, scheme)
 
-@_rows.def_vmap
-def _rows_vmap(axis_size, in_batched, x2, e):
-    xb, eb = in_batched
-    if not eb:
-        y = _rows_call(x2.reshape(-1, x2.shape[-1]), e)
-        return y.reshape(axis_size, x2.shape[1], e.shape[0]), True
-    x2 = x2 if xb else jnp.broadcast_to(x2, (axis_size,) + x2.shape)
-    return jax.lax.map(lambda a: _rows_call(*a), (x2, e)), True
+    @f.def_vmap
+    def f_vmap(axis_size, in_batched, x2, e):
+        xb, eb = in_batched
+        if not eb:
+            y = _rows_call(x2.reshape(-1, x2.shape[-1]), e, scheme)
+            return y.reshape(axis_size, x2.shape[1], e.shape[0]), True
+        x2 = x2 if xb else jnp.broadcast_to(x2, (axis_size,) + x2.shape)
+        return jax.lax.map(lambda a: _rows_call(*a, scheme), (x2, e)), True
+
+    return f
 
 
 def rows_matmul(x: jax.Array, e: jax.Array, precision=jax.lax.Precision.HIGHEST,
-                use_kernel: bool | None = None) -> jax.Array:
+                use_kernel: bool = False, scheme: str = "auto") -> jax.Array:
     """``x [..., K] · e^T`` for ``e [N, K]`` (float32 or bfloat16): the tied output
     projection (``e`` the token embedding). Float32 ``[..., N]``; the kernel under the
-    same conditions as :func:`layer_matmul`, else XLA's dot."""
+    same conditions as :func:`layer_matmul` (and its ``scheme``), else XLA's dot."""
     if e.ndim != 2 or x.shape[-1] != e.shape[1]:
         raise ValueError(f"rows_matmul: x {x.shape} and e {e.shape}: expected x [..., K] "
                          f"and e [N, K]")
     lead, rows = x.shape[:-1], _rows_of(x)
-    if use_kernel is None:
-        use_kernel = lm_kernel_available()
     if use_kernel and rows <= MAX_ROWS and e.dtype in (jnp.float32, jnp.bfloat16):
         x2 = x.reshape(rows, x.shape[-1]).astype(jnp.float32)
-        return _rows(x2, e).reshape(*lead, e.shape[0])
+        return _rows_fn(scheme)(x2, e).reshape(*lead, e.shape[0])
     return jnp.einsum("...h,vh->...v", x.astype(e.dtype), e, precision=precision,
                       preferred_element_type=jnp.float32)
 
 
 # ----------------------------------------------------------------------------- attention
-def decode_attention_available() -> bool:
-    """Whether the decode step may use the attention kernel: as
-    :func:`lm_kernel_available` (mode, CPU backend), ``JAXCD_DECODE_ATTENTION`` not
-    ``xla``, and the kernel built (a failure warned about once under ``auto``)."""
-    if os.environ.get("JAXCD_DECODE_ATTENTION", "auto").strip().lower() == "xla":
+def decode_attention_available(platform: str = "cpu", required: bool = False) -> bool:
+    """Whether the decode step can use the attention kernel on ``platform``: the CPU,
+    with the kernel built (a failure warned about once, or raised when ``required``)."""
+    if not _check_platform(platform, required, "the attention kernel"):
         return False
-    mode = lm_kernel_mode()
-    if mode == "xla" or jax.default_backend() != "cpu":
-        return False
-    return _ATTN.available(required=mode == "ffi")
+    return _ATTN.available(required=required)
 
 
 def _attn_call(q, k, v, kn, vn, lo, slot, layer, scale, softcap):

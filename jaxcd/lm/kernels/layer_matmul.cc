@@ -27,7 +27,7 @@
 // used for every row, W read where it lies (no pack), blocks of 128 rows with the next
 // one prefetched. At 16 rows this streams the weights once with little arithmetic
 // stall; the packed kernel re-read each packed panel per 6-row tile and left memory
-// idle while it computed. JAXCD_GEMM (o/r/t) picks a scheme for A/B measurements.
+// idle while it computed. The `scheme` attribute (o/r/t) picks a scheme for A/B measurements.
 //
 // JaxcdRowsMatmul: y[M, N] = x[M, K] · E[N, K]^T, the tied output projection whose weight
 // is the token embedding [V, H] (rows = outputs): tiles of 3 rows of x x 4 rows of E;
@@ -103,7 +103,8 @@ inline void micro(const float* x, int64_t K, const float* p, int64_t kc, float* 
   }
 }
 
-// The schemes (JAXCD_GEMM, for A/B measurements; the default 'a' is what the LM runs):
+// The schemes (the calls' `scheme` attribute, for A/B measurements; the default 'a' (0)
+// is what the LM runs):
 //   'o'  packed kernel, each tile prefetching its rows of the next block in its first
 //        row tile's k loop (the original scheme), for every M; the output projection
 //        without prefetches;
@@ -113,14 +114,13 @@ inline void micro(const float* x, int64_t K, const float* p, int64_t kc, float* 
 //   't'  as 'r', but 2..16 rows through the transposed kernel (xt_columns);
 //   'a'  (default) one row as 'o', 2..16 rows as 't', more rows as 'r'.
 // All give the same bits.
-inline char gemm_mode_env() {
-  const char* e = std::getenv("JAXCD_GEMM");
-  return e && (e[0] == 'o' || e[0] == 'r' || e[0] == 't') ? e[0] : 'a';
+inline char gemm_scheme(int32_t scheme) {
+  return (scheme == 'o' || scheme == 'r' || scheme == 't') ? static_cast<char>(scheme) : 'a';
 }
 
 // The scheme of an M-row call: 'o', 'r' or 't'.
-inline char gemm_mode(int64_t M) {
-  const char e = gemm_mode_env();
+inline char gemm_mode(int64_t M, int32_t scheme) {
+  const char e = gemm_scheme(scheme);
   if (e != 'a') return (e == 't' && (M < 2 || M > 16)) ? 'r' : e;
   return M <= 1 ? 'o' : M <= 16 ? 't' : 'r';
 }
@@ -279,7 +279,7 @@ struct Weight {
 };
 
 ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> layer,
-                     ffi::RemainingArgs ws, ffi::RemainingRets ys) {
+                     ffi::RemainingArgs ws, ffi::RemainingRets ys, int32_t scheme) {
   auto xd = x.dimensions();
   if (xd.size() != 2) return ffi::Error::InvalidArgument("layer_matmul: x must be [M, K]");
   const int64_t M = xd[0], K = xd[1];
@@ -289,7 +289,7 @@ ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
     return ffi::Error::InvalidArgument("layer_matmul: one output per weight");
   std::vector<Weight> wt;
   int64_t chunks = 0;
-  const char mode = gemm_mode(M);
+  const char mode = gemm_mode(M, scheme);
   const int64_t max_tiles = mode == 'o' ? MAX_TILES : MAX_TILES / 2;
   const int64_t nt_max = std::min<int64_t>(jaxcd::max_threads(), pool.num_threads() + 1);
   int64_t work = 0;
@@ -323,7 +323,7 @@ ffi::Error LayerImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<
     wt.push_back(e);
   }
   const float* xp = x.typed_data();
-  // 2..16 rows: the transposed kernel (JAXCD_GEMM=t), x transposed once here
+  // 2..16 rows: the transposed kernel (scheme t), x transposed once here
   const int V = mode == 't' ? (M <= 8 ? 1 : 2) : 0;
   std::vector<float> xtv;
   if (V) {
@@ -443,7 +443,7 @@ void rows_range(const float* x, int64_t M, int64_t K, const T* e, float* y, int6
 }
 
 ffi::Error RowsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer E,
-                    ffi::ResultBuffer<ffi::F32> y) {
+                    ffi::ResultBuffer<ffi::F32> y, int32_t scheme) {
   auto xd = x.dimensions();
   auto ed = E.dimensions();
   if (xd.size() != 2 || ed.size() != 2)
@@ -461,7 +461,7 @@ ffi::Error RowsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffe
   constexpr int64_t PER = 256;       // outputs per chunk
   int64_t nt = std::min<int64_t>(jaxcd::max_threads(), pool.num_threads() + 1);
   nt = std::max<int64_t>(1, std::min<int64_t>(nt, (M * K * N) / (1 << 16)));
-  const bool prefetch = M >= 2 && gemm_mode(M) != 'o';
+  const bool prefetch = M >= 2 && gemm_mode(M, scheme) != 'o';
   jaxcd::parallel_chunks(pool, nt, (N + PER - 1) / PER, [=](int64_t c) {
     const int64_t n0 = c * PER, n1 = std::min(N, n0 + PER);
     if (bf16)
@@ -480,11 +480,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdLayerMatmul, LayerImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
-                                  .RemainingRets());
+                                  .RemainingRets()
+                                  .Attr<int32_t>("scheme"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcdRowsMatmul, RowsImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("scheme"));

@@ -1,14 +1,15 @@
 """Loading a model from any source: a GGUF file, a Hugging Face checkpoint folder or a
-model name; dtypes, memory estimates and tensor-parallel sharding.
+model name; dtypes, memory checks and tensor-parallel sharding.
 
-:func:`load_checkpoint` is what :func:`jaxcd.load_model` calls. See docs/models.md.
+:func:`load_lm` is the one loader: :func:`jaxcd.load_model` calls it, and so does code
+that needs only the LM (``load_lm(path, tokenizer=False)``). See docs/models.md.
 
 Dtypes. ``dtype=None`` picks bfloat16 on GPU and TPU (weights, activations and KV cache
 in bf16; RMSNorm, softmax, attention scores and log-probabilities in float32, matmuls
 accumulating in float32) and float32 on CPU, where bf16 matmuls are slow.
 
-Memory. Before any weight is converted, :func:`estimate_memory` counts the weights
-(``num_params`` x dtype size) and :func:`check_memory` refuses with the figures when
+Memory. Before any weight is converted, :func:`~jaxcd.lm.memory.estimate_memory` counts the weights
+(``num_params`` x dtype size) and :func:`~jaxcd.lm.memory.check_memory` refuses with the figures when
 they exceed the available memory (device memory on GPU/TPU, per device of the mesh's
 ``model`` axis; ``MemAvailable`` on CPU, where loading holds a host copy and the device
 copy at once). ``JAXCD_MEMORY_LIMIT_GB`` overrides the available figure. The KV cache
@@ -27,74 +28,21 @@ mesh's ``data`` axis when the caller places the inputs there
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .errors import ModelFileError
-
-GiB = float(1 << 30)
+from ..errors import ModelFileError
+from .memory import check_memory, estimate_memory
 
 
 def default_dtype(backend: str | None = None) -> str:
-    """``"bfloat16"`` on GPU/TPU, ``"float32"`` on CPU."""
+    """``"bfloat16"`` on GPU/TPU, ``"float32"`` on CPU (read when loading, not tracing)."""
     import jax
 
     backend = backend or jax.default_backend()
     return "float32" if backend == "cpu" else "bfloat16"
-
-
-def _itemsize(dtype) -> int:
-    import jax.numpy as jnp
-
-    return jnp.dtype(dtype).itemsize
-
-
-def estimate_memory(cfg, dtype, batch: int = 0, max_len: int = 0) -> dict[str, int]:
-    """Bytes of the weights and of a KV cache of ``batch`` rows x ``max_len`` slots."""
-    size = _itemsize(dtype)
-    kv = 2 * batch * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_len * size
-    return {"weights": int(cfg.num_params) * size, "kv_cache": int(kv)}
-
-
-def available_memory(device=None) -> tuple[int | None, str]:
-    """``(bytes, where)`` the process may still allocate on ``device`` (default: the
-    first device); ``None`` when unknown. ``JAXCD_MEMORY_LIMIT_GB`` overrides."""
-    env = os.environ.get("JAXCD_MEMORY_LIMIT_GB")
-    if env:
-        return int(float(env) * GiB), "JAXCD_MEMORY_LIMIT_GB"
-    import jax
-
-    device = device or jax.devices()[0]
-    if device.platform != "cpu":
-        try:
-            st = device.memory_stats() or {}
-            if "bytes_limit" in st:
-                return int(st["bytes_limit"] - st.get("bytes_in_use", 0)), f"{device} memory"
-        except Exception:
-            pass
-        return None, str(device)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "host memory (MemAvailable)"
-    except OSError:
-        pass
-    return None, "host memory"
-
-
-def check_memory(what: str, need: int, device=None, shards: int = 1) -> None:
-    """Raise :class:`ModelFileError` when ``need`` bytes (split over ``shards``
-    devices) will not fit in :func:`available_memory`."""
-    have, where = available_memory(device)
-    per = need / max(shards, 1)
-    if have is not None and per > have:
-        split = f" ({need / GiB:.2f} GiB over {shards} devices)" if shards > 1 else ""
-        raise ModelFileError(f"{what} needs {per / GiB:.2f} GiB{split}, but only "
-                             f"{have / GiB:.2f} GiB of {where} is available")
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -149,9 +97,9 @@ def data_sharding(mesh):
 
 # ----------------------------------------------------------------------------- loading
 def model_kind(path) -> str:
-    """``"default"``, ``"name"``, ``"hf"`` or ``"gguf"`` for a ``load_model`` argument."""
-    from .lm.hf_checkpoint import is_hf_folder
-    from .model_files import DEFAULT_MODEL_NAMES, NAMED_MODELS
+    """``"default"``, ``"name"``, ``"hf"`` or ``"gguf"`` for a :func:`load_lm` argument."""
+    from ..model_files import DEFAULT_MODEL_NAMES, NAMED_MODELS
+    from .hf_checkpoint import is_hf_folder
 
     if path is None:
         return "default"
@@ -166,21 +114,53 @@ def model_kind(path) -> str:
     return "gguf"
 
 
-def load_checkpoint(path=None, dtype=None, mesh=None, attn_block: int | None = 128):
-    """``(lm, params, tokenizer, vocab, path_str)`` for a GGUF file, a Hugging Face
-    folder, a model name or ``None`` (the default model). See the module docstring."""
+class LoadedLM(NamedTuple):
+    """What :func:`load_lm` returns: the LM (architecture and config), its weights,
+    the tokenizer and vocabulary (``None`` with ``tokenizer=False``) and the file or
+    folder the model came from."""
+
+    lm: Any
+    params: Any
+    tokenizer: Any
+    vocab: Any
+    path: str
+
+
+def load_lm(path=None, *, dtype=None, mesh=None, attn_block: int | None = 128,
+            tokenizer: bool = True) -> LoadedLM:
+    """Load a model from a GGUF file, a Hugging Face folder, a model name or ``None``
+    (the default model, SmolLM2-135M-Instruct).
+
+    Args:
+      path: a ``.gguf`` file, a Hugging Face checkpoint folder (``config.json`` +
+        safetensors + ``tokenizer.json``), a name of :data:`jaxcd.model_files.NAMED_MODELS`
+        or ``None``.
+      dtype: weights, activations and KV cache; ``None`` = :func:`default_dtype`
+        (float32 on CPU, bfloat16 on GPU/TPU).
+      mesh: a ``jax.sharding.Mesh`` with a ``model`` axis: weights placed tensor-parallel
+        (:func:`shard_params`).
+      attn_block: the LM's attention block (:class:`~jaxcd.lm.llama.JaxLM`).
+      tokenizer: also load the tokenizer and build the vocabulary. A Hugging Face
+        folder's tokenizer is read either way (it names the EOS token when
+        ``config.json`` does not).
+
+    Before any weight is converted the weights' memory is checked
+    (:func:`~jaxcd.lm.memory.check_memory`). Raises :class:`~jaxcd.errors.ModelFileError`
+    for a missing or malformed file and for weights that will not fit.
+    """
     import jax.numpy as jnp
 
-    from .lm.llama import JaxLM, _np_dtype
-    from .model_files import resolve_gguf
-    from .vocab import Vocabulary
+    from ..model_files import resolve_gguf
+    from .llama import JaxLM, _np_dtype
 
     dtype = jnp.dtype(dtype or default_dtype())
     kind = model_kind(path)
     shards = mesh.shape["model"] if mesh is not None and "model" in mesh.axis_names else 1
     device = None if mesh is None else mesh.devices.flat[0]
+    matmul = "xla" if mesh is not None else "auto"
+    tok = None
     if kind == "hf":
-        from .lm.hf_checkpoint import load_hf_tokenizer, load_hf_weights, read_hf_config
+        from .hf_checkpoint import load_hf_tokenizer, load_hf_weights, read_hf_config
 
         folder = Path(path)
         cfg = read_hf_config(folder)
@@ -196,31 +176,36 @@ def load_checkpoint(path=None, dtype=None, mesh=None, attn_block: int | None = 1
             changes["pad_token_id"] = int(tok.pad_token_id)
         cfg = dataclasses.replace(cfg, **changes)
         _check_load(cfg, dtype, device, shards, folder)
-        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block,
-                   matmul="xla" if mesh is not None else "auto")
+        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block, matmul=matmul)
         params = lm.params_from_pure_dict(load_hf_weights(folder, cfg, _np_dtype(dtype)))
         where = str(folder)
     else:
-        from .lm.gguf_weights import _open_reader, load_gguf, read_config
-        from .tokenizer import load_tokenizer
+        from .gguf_weights import _open_reader, load_gguf, read_config
 
         p = resolve_gguf(path)
         reader = _open_reader(p)          # once: gguf's reader is slow on big vocabularies
         _check_load(read_config(reader, p), dtype, device, shards, p)
-        tok = load_tokenizer(p)
+        if tokenizer:
+            from ..tokenizer import load_tokenizer
+
+            tok = load_tokenizer(p)
         cfg, pure = load_gguf(p, dtype=np.float32, reader=reader)
         del reader
-        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block,
-                   matmul="xla" if mesh is not None else "auto")
+        lm = JaxLM(cfg, dtype=dtype, attn_block=attn_block, matmul=matmul)
         params = lm.params_from_pure_dict(pure)
         del pure
         where = str(p)
     if mesh is not None:
         params = shard_params(params, mesh)
-    lm.params = params
-    vocab = Vocabulary.from_tokenizer(tok, eos_id=lm.eos_token_id,
-                                      vocab_size=max(lm.vocab_size, len(tok)))
-    return lm, params, tok, vocab, where
+    vocab = None
+    if tokenizer:
+        from ..vocab import Vocabulary
+
+        vocab = Vocabulary.from_tokenizer(tok, eos_id=lm.eos_token_id,
+                                          vocab_size=max(lm.vocab_size, len(tok)))
+    else:
+        tok = None
+    return LoadedLM(lm, params, tok, vocab, where)
 
 
 def _check_load(cfg, dtype, device, shards, where) -> None:
