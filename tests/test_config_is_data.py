@@ -34,6 +34,7 @@ HOST_SIDE = {
     "jaxcd.lm.loading": {"default_dtype", "_check_load"},
     "jaxcd.lm.llama": {"JaxLM.__init__"},
     "jaxcd.decoding.pgcd": {"use_kernel"},
+    "jaxcd.decoding.pgcd_pallas": {"default_path"},
     "jaxcd.api": {"<module>"},
     "jaxcd.cli": {"<module>"},
 }
