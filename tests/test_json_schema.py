@@ -377,8 +377,15 @@ def test_strict_refuses_and_non_strict_ignores():
         dfa_of(s)
     assert dfa_of(s, strict=False).accepts(b"[1,1]")
     assert dfa_of(strip_unenforced(s)).accepts(b"[1,1]")
-    for bad in ({"type": "array", "unevaluatedItems": False},
-                {"type": "string", "format": "regex"},
+    # unevaluatedItems whose evaluated items depend on a branch: refused by name, and
+    # ignored by a strict=False build
+    s = {"type": "array", "unevaluatedItems": False,
+         "anyOf": [{"prefixItems": [{}]}, {"contains": {}}]}
+    with pytest.raises(UnsupportedSchemaError, match=r"'unevaluatedItems' .*branch.*"
+                                                     r"at /unevaluatedItems"):
+        dfa_of(s)
+    assert dfa_of(s, strict=False).accepts(b"[1,1]")
+    for bad in ({"type": "string", "format": "regex"},
                 {"$ref": "https://example.com/other.json"}):
         with pytest.raises(UnsupportedSchemaError):
             dfa_of(bad)

@@ -22,6 +22,7 @@ given), so regexes for plain schemas are the ones outlines-core prints.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
@@ -178,11 +179,13 @@ STRUCTURAL = {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
     "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-    "dependencies", "unevaluatedProperties", "contains", "minContains", "maxContains",
-    "__and",
+    "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains",
+    "minContains", "maxContains", "__and",
 }
+# keywords whose values are JSON data, not subschemas
+_DATA_KEYWORDS = {"enum", "const", "default", "examples", "example"}
 # keywords whose value is not a subschema but which a strict=False build ignores
-NOT_ENFORCED = {"unevaluatedItems", "$dynamicRef",
+NOT_ENFORCED = {"$dynamicRef",
                 "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy"}
 # keywords enforced by automaton products (``oneOf``, ``not``, ``if``/``then``/``else``):
 # each operand is determinised with at most this many states, and the product too
@@ -756,6 +759,192 @@ class SchemaBuilder:
                 stack.extend(v for v in s if isinstance(v, (dict, list)))
         return None
 
+    # -- unevaluatedProperties / unevaluatedItems ---------------------------------------
+    def _scope_unevaluated(self) -> None:
+        """Rewrite every ``unevaluatedProperties`` / ``unevaluatedItems`` of the document
+        (a copy of it) into keywords with a fixed scope, where that is exact:
+        ``unevaluatedProperties: U`` becomes ``additionalProperties: U`` beside
+        ``properties`` / ``patternProperties`` naming every property that the schema's
+        own keywords, its ``allOf`` parts and its ``$ref`` targets (recursively) evaluate;
+        ``unevaluatedItems: U`` becomes ``items: U`` after ``prefixItems`` as long as the
+        longest evaluated prefix (``items: {anyOf: [contains..., U]}`` with ``contains``).
+        Once rewritten, the keyword no longer sees properties or items of the schemas
+        around it (its parent, its siblings in an ``allOf``): the specification's scope.
+        Annotations that depend on which branch succeeds (``anyOf``, ``oneOf``, ``if`` /
+        ``then`` / ``else``, ``dependentSchemas``) are not tracked: when such a branch
+        evaluates a property (or item) that the fixed part does not, the keyword is
+        refused by name (strict) or ignored (strict=False)."""
+        if not isinstance(self.root, dict) or "unevaluated" not in json.dumps(self.root):
+            return
+        self.root = copy.deepcopy(self.root)
+        todo = [(self.root, "")]
+        nodes = []
+        while todo:
+            s, path = todo.pop()
+            if isinstance(s, list):
+                todo.extend((x, f"{path}/{i}") for i, x in enumerate(s))
+                continue
+            if not isinstance(s, dict):
+                continue
+            if "unevaluatedProperties" in s or "unevaluatedItems" in s:
+                nodes.append((s, path))
+            for k, v in s.items():
+                if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
+                    continue
+                todo.append((v, f"{path}/{k}"))
+        # innermost first (a rewritten schema evaluates what its keyword did)
+        for s, path in sorted(nodes, key=lambda x: -x[1].count("/")):
+            if "unevaluatedProperties" in s:
+                self._scope_properties(s, path)
+            if "unevaluatedItems" in s:
+                self._scope_items(s, path)
+
+    def _annotations(self, s: Any, kind: str, dynamic: bool, out: dict, seen: set,
+                     path: str) -> None:
+        """Collect in ``out`` what ``s`` evaluates (``kind``: "properties" or "items"):
+        ``out["static"]`` / ``out["dynamic"]`` (inside a branch that may fail without
+        failing the schema) each a dict ``names``, ``patterns``, ``all``, ``prefix``,
+        ``contains``."""
+        if not isinstance(s, dict) or id(s) in seen:
+            return
+        seen = seen | {id(s)}
+        acc = out["dynamic" if dynamic else "static"]
+        if kind == "properties":
+            for n in (s.get("properties") or {}) if isinstance(s.get("properties"), dict) \
+                    else ():
+                acc["names"].append(n)
+            for pt in (s.get("patternProperties") or {}) \
+                    if isinstance(s.get("patternProperties"), dict) else ():
+                acc["patterns"].append(pt)
+            if "additionalProperties" in s or "unevaluatedProperties" in s:
+                acc["all"] = True
+        else:
+            items = s.get("items")
+            if isinstance(items, list):
+                acc["prefix"] = max(acc["prefix"], len(items))
+                if "additionalItems" in s:
+                    acc["all"] = True
+            elif "items" in s:
+                acc["all"] = True
+            if isinstance(s.get("prefixItems"), list):
+                acc["prefix"] = max(acc["prefix"], len(s["prefixItems"]))
+            if "unevaluatedItems" in s:
+                acc["all"] = True
+            if "contains" in s:
+                acc["contains"].append(s["contains"])
+        for k in ("$dynamicRef", "$recursiveRef"):
+            if k in s:
+                out["why"].append(f"{k} at {path}/{k}")
+        if isinstance(s.get("$ref"), str):
+            try:
+                target, _ = self.resolve(s["$ref"], f"{path}/$ref")
+            except (SchemaError, UnsupportedSchemaError):
+                target = None
+            self._annotations(target, kind, dynamic, out, seen, f"{path}/$ref")
+        for i, sub in enumerate(s.get("allOf") or () if isinstance(s.get("allOf"), list)
+                                else ()):
+            self._annotations(sub, kind, dynamic, out, seen, f"{path}/allOf/{i}")
+        for k in ("anyOf", "oneOf"):
+            if isinstance(s.get(k), list):
+                for i, sub in enumerate(s[k]):
+                    self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{i}")
+        if "if" in s:
+            for k in ("if", "then", "else"):
+                self._annotations(s.get(k), kind, True, out, seen, f"{path}/{k}")
+        for k in ("dependentSchemas", "dependencies"):
+            if isinstance(s.get(k), dict):
+                for name, sub in s[k].items():
+                    self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{name}")
+
+    def _collect(self, s: dict, kind: str, path: str) -> dict:
+        out = {"why": []}
+        for x in ("static", "dynamic"):
+            out[x] = {"names": [], "patterns": [], "all": False, "prefix": 0,
+                      "contains": []}
+        self._annotations(s, kind, False, out, set(), path)
+        return out
+
+    def _scope_properties(self, s: dict, path: str) -> None:
+        u = s.pop("unevaluatedProperties")
+        where = f"{path}/unevaluatedProperties"
+        info = self._collect(s, "properties", path)
+        st, dy = info["static"], info["dynamic"]
+        if st["all"]:
+            return                   # every property is evaluated: no effect
+        why = list(info["why"])
+        if dy["all"]:
+            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
+                       "additionalProperties or unevaluatedProperties")
+        extra_pats = [p for p in dict.fromkeys(dy["patterns"]) if p not in st["patterns"]]
+        if extra_pats:
+            why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
+                       f"patternProperties {extra_pats[0]!r}")
+        for n in dict.fromkeys(dy["names"]):
+            if n in st["names"]:
+                continue
+            content = json.dumps(n, ensure_ascii=False)[1:-1].encode()
+            try:
+                covered = any(self._pattern_dfa(p).accepts(content) for p in st["patterns"])
+            except ValueError:
+                covered = False
+            if not covered:
+                why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) "
+                           f"evaluates property {n!r}")
+                break
+        if why:
+            self.unsupported(
+                f"keyword 'unevaluatedProperties' (which properties are evaluated depends "
+                f"on which branch succeeds: {why[0]}; only properties of the schema "
+                f"itself, its allOf parts and $ref targets are tracked)", where)
+            return                   # strict=False: ignored
+        props = s.get("properties")
+        props = dict(props) if isinstance(props, dict) else {}
+        for n in st["names"]:
+            props.setdefault(n, True)
+        pats = s.get("patternProperties")
+        pats = dict(pats) if isinstance(pats, dict) else {}
+        for p in st["patterns"]:
+            pats.setdefault(p, True)
+        if props:
+            s["properties"] = props
+        if pats:
+            s["patternProperties"] = pats
+        s["additionalProperties"] = u
+
+    def _scope_items(self, s: dict, path: str) -> None:
+        u = s.pop("unevaluatedItems")
+        where = f"{path}/unevaluatedItems"
+        info = self._collect(s, "items", path)
+        st, dy = info["static"], info["dynamic"]
+        if st["all"]:
+            return
+        why = list(info["why"])
+        if dy["all"]:
+            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) evaluates "
+                       "every item (items / unevaluatedItems)")
+        if dy["prefix"] > st["prefix"]:
+            why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
+                       f"prefixItems of {dy['prefix']} items")
+        if dy["contains"]:
+            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) has contains")
+        if why:
+            self.unsupported(
+                f"keyword 'unevaluatedItems' (which items are evaluated depends on which "
+                f"branch succeeds: {why[0]}; only items of the schema itself, its allOf "
+                f"parts and $ref targets are tracked)", where)
+            return
+        n = st["prefix"]
+        cs = list(st["contains"])
+        rest = u if not cs else {"anyOf": cs + [u]}
+        if isinstance(s.get("items"), list):
+            s["items"] = list(s["items"]) + [True] * (n - len(s["items"]))
+            s["additionalItems"] = rest
+            return
+        if n:
+            prefix = list(s.get("prefixItems") or [])
+            s["prefixItems"] = prefix + [True] * (n - len(prefix))
+        s["items"] = rest
+
     # -- entry -----------------------------------------------------------------------
     def build(self) -> Node:
         """The schema's tree. If expanding recursive ``$ref`` s ``max_depth`` times
@@ -763,6 +952,9 @@ class SchemaBuilder:
         depth is lowered (down to 1) before raising
         :class:`~jaxcd.errors.AutomatonTooLargeError` naming the innermost subschema over it;
         ``self.depth_used`` records the depth built."""
+        if not getattr(self, "_scoped", False):
+            self._scoped = True
+            self._scope_unevaluated()
         requested, order, free = self.max_depth, self.property_order, self.max_free_depth
         orders = ("auto", "schema") if order == "auto" else (order,)
         # last resort (no max_free_depth given): free-form values one container deep
@@ -1448,6 +1640,7 @@ class SchemaBuilder:
         reduce to one automaton: keyword-wise intersection."""
         out: dict = {}
         merged_parts: list = []          # the object parts, for _merge_extras
+        arrays: list = []                # (prefix schemas, items schema) of each part
         for i, sub in enumerate(subs):
             where = f"{path}/{i}"
             if sub is True:
@@ -1473,6 +1666,15 @@ class SchemaBuilder:
                 parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
                          else list(sub["allOf"]) + [rest])
                 sub = self.merge(parts, where)
+            if "contains" not in sub and ("minContains" in sub or "maxContains" in sub):
+                # minContains / maxContains apply to their own schema's contains only
+                sub = {k: v for k, v in sub.items() if k not in ("minContains", "maxContains")}
+            if any(k in sub for k in _POSITIONAL):
+                # prefixItems / items (and the draft-04 tuple form) apply to this part's
+                # positions: combined position by position below, so that one part's
+                # prefixItems never exempts another part's items
+                arrays.append(_positions(sub))
+                sub = {k: v for k, v in sub.items() if k not in _POSITIONAL}
             merged_parts.append(sub)
             cont = ("contains", "minContains", "maxContains")
             if "contains" in sub and "contains" in out and not all(
@@ -1502,6 +1704,14 @@ class SchemaBuilder:
                         out["enum"] = []
                 else:
                     out[k] = self._merge_kw(k, out[k], v, where)
+        if arrays:
+            n = max(len(p) for p, _ in arrays)
+            at = [_conj([p[i] if i < len(p) else it for p, it in arrays]) for i in range(n)]
+            rest = _conj([it for _, it in arrays])
+            if n:
+                out["prefixItems"] = at
+            if rest is not True:
+                out["items"] = rest
         return self._merge_extras(out, merged_parts, path)
 
     def _merge_extras(self, out: dict, parts: list, path: str) -> dict:
@@ -1540,8 +1750,10 @@ class SchemaBuilder:
                         continue
                     new_props[name] = {"allOf": [new_props[name], addl]}
             if isinstance(pats, dict):
+                # (a pattern that this part also has is not extra to it)
                 foreign = [pt for q in parts if q is not p
-                           for pt in (q.get("patternProperties") or {})]
+                           for pt in (q.get("patternProperties") or {})
+                           if pt not in own_pats]
                 if foreign:
                     if own_pats:
                         if self.strict:
@@ -2441,6 +2653,37 @@ def _nesting_bound(dfa: DFA, lo: int, hi: int, max_states: int) -> int | None:
         except AutomatonTooLargeError:
             return None
     return None
+
+
+_POSITIONAL = ("prefixItems", "items", "additionalItems")
+
+
+def _positions(sub: dict) -> tuple[list, Any]:
+    """``(schemas of the first positions, schema of the later ones)`` that a schema's
+    ``prefixItems`` / ``items`` (or draft-04 ``items`` array / ``additionalItems``)
+    give the items of an array."""
+    items = sub.get("items", True)
+    if isinstance(items, list):
+        return list(items), sub.get("additionalItems", True)
+    prefix = sub.get("prefixItems")
+    if prefix is not None and not isinstance(prefix, list):
+        raise SchemaError("prefixItems must be an array")
+    return list(prefix or []), items
+
+
+def _conj(schemas: list) -> Any:
+    """One schema for the conjunction of ``schemas`` (``true`` dropped, repeats too)."""
+    out: list = []
+    for x in schemas:
+        if x is True or x == {}:
+            continue
+        if x is False:
+            return False
+        if not any(_json_eq(x, y) for y in out):
+            out.append(x)
+    if not out:
+        return True
+    return out[0] if len(out) == 1 else {"allOf": out}
 
 
 def _before(schema: dict, a: str, b: str) -> bool:
