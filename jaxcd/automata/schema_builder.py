@@ -1827,6 +1827,8 @@ class SchemaBuilder:
             return min(a, b)
         if k == "enum":
             return [x for x in a if any(_json_eq(x, y) for y in b)]
+        if k == "multipleOf":
+            return self._merge_multiple_of(a, b, path)
         if k in ("items", "additionalProperties", "propertyNames") and \
                 isinstance(a, (dict, bool)) and isinstance(b, (dict, bool)):
             return {"allOf": [a, b]}
@@ -1837,6 +1839,32 @@ class SchemaBuilder:
                 f"allOf at {path or '/'}: cannot combine two different values of {k!r} into "
                 "one automaton")
         return a
+
+    def _merge_multiple_of(self, a, b, path):
+        """Two ``multipleOf`` under one ``allOf``: a number is a multiple of both iff it
+        is a multiple of their least common multiple (of rationals: ``lcm(p/q, r/s) =
+        lcm(p, r) / gcd(q, s)`` in lowest terms), which is again a terminating decimal
+        for decimal inputs."""
+        from fractions import Fraction
+        from math import gcd
+        try:
+            fa, fb = Fraction(to_decimal(a)), Fraction(to_decimal(b))
+        except TypeError:
+            raise SchemaError(f"{path}/multipleOf must be a number") from None
+        if fa <= 0 or fb <= 0:
+            raise SchemaError(f"{path}/multipleOf must be > 0")
+        num = fa.numerator * fb.numerator // gcd(fa.numerator, fb.numerator)
+        m = Fraction(num, gcd(fa.denominator, fb.denominator))
+        if m.denominator == 1:
+            return int(m)
+        x = float(m)
+        if Fraction(to_decimal(x)) != m:
+            if self.strict:
+                raise UnsupportedSchemaError(
+                    f"allOf at {path or '/'}: keyword 'multipleOf': the least common "
+                    f"multiple of {a!r} and {b!r} is not a short decimal")
+            return a
+        return x
 
     # -- types -----------------------------------------------------------------------
     def types_of(self, schema: dict, path: str) -> list[str]:
@@ -2179,6 +2207,9 @@ class SchemaBuilder:
         c = schema["contains"]
         lo, hi = schema.get("minContains", 1), schema.get("maxContains")
         for k, v in (("minContains", lo), ("maxContains", hi)):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)              # an integral number is an integer (2020-12)
+                lo, hi = (v, hi) if k == "minContains" else (lo, v)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
         if node.kind == "empty" or (lo == 0 and hi is None):
