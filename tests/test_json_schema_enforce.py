@@ -88,3 +88,58 @@ def test_multiple_of_lcm_past_a_float_is_refused():
     s = {"type": "number", "allOf": [{"multipleOf": 1.2345678901234567}, {"multipleOf": 0.3}]}
     with pytest.raises(UnsupportedSchemaError, match=r"'multipleOf'.*least common multiple"):
         _dfa(s)
+
+
+# ---------------------------------------------------------------------------------------
+# $id base URIs: references resolved against the base URI where they are written
+# ---------------------------------------------------------------------------------------
+_ID_UNIVERSE = [None, 1, 2, "a", "", [], [1], ["a"], [1, [2]], [[1]], [["a"]],
+                {"a": 1}, {"a": "x"}, {"a": {"a": 1}}, {"v": 1}, {"v": 1, "n": [{"v": 2}]},
+                {"v": "x"}, {"v": 1, "n": [{"v": "x"}]}, {"v": 1, "n": [{"v": 2, "n": []}]}]
+
+ID_CASES = [
+    # relative reference to an embedded resource
+    {"$id": "http://example.com/root.json",
+     "$defs": {"A": {"$id": "node", "type": "integer"}}, "$ref": "node"},
+    {"$id": "http://example.com/root.json",
+     "$defs": {"A": {"$id": "./bar.json", "type": "string"}}, "$ref": "bar.json"},
+    # urn: identifiers, absolute and fragment-only
+    {"$id": "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed",
+     "$defs": {"bar": {"type": "string"}},
+     "$ref": "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed#/$defs/bar"},
+    {"$id": "urn:uuid:deadbeef-1234-ffff-ffff-4321feebdaed",
+     "$defs": {"bar": {"type": "string"}}, "$ref": "#/$defs/bar"},
+    # "#/$defs/..." inside a subschema with its own $id: that subschema's $defs
+    {"$id": "http://ex.com/root",
+     "properties": {"a": {"$id": "http://ex.com/sub", "$defs": {"x": {"type": "integer"}},
+                          "$ref": "#/$defs/x"}},
+     "$defs": {"x": {"type": "string"}}},
+    # an anchor in another resource
+    {"$id": "http://ex.com/r",
+     "$defs": {"B": {"$id": "b.json", "$defs": {"c": {"$anchor": "foo", "type": "integer"}}}},
+     "$ref": "b.json#foo"},
+    # a document without $id referring to an embedded absolute $id
+    {"$defs": {"A": {"$id": "http://x/a.json", "type": "integer"}}, "$ref": "http://x/a.json"},
+    # recursion through relative references
+    {"$id": "http://example.com/tree", "type": "object",
+     "properties": {"v": {"type": "integer"},
+                    "n": {"type": "array", "items": {"$ref": "node"}}},
+     "$defs": {"node": {"$id": "http://example.com/node", "$ref": "tree"}}},
+    # base URI changes along the way (folders)
+    {"$id": "http://localhost:1234/draft2020-12/",
+     "items": {"$id": "baseUriChange/", "items": {"$ref": "folderInteger.json"}},
+     "$defs": {"x": {"$id": "baseUriChange/folderInteger.json", "type": "integer"}}},
+    # pointer tokens that need escaping
+    {"$id": "http://ex.com/e", "$defs": {"a/b": {"$id": "t", "$defs": {"c d": {"const": 2}}}},
+     "$ref": "t#/$defs/c%20d"},
+]
+
+
+@pytest.mark.parametrize("schema", ID_CASES, ids=[json.dumps(s)[:50] for s in ID_CASES])
+def test_id_base_uris_against_jsonschema(schema):
+    _agree(schema, _ID_UNIVERSE)
+
+
+def test_reference_outside_the_document_still_refused():
+    with pytest.raises(UnsupportedSchemaError, match=r"\$ref 'other.json'"):
+        _dfa({"$id": "http://example.com/root.json", "$ref": "other.json"})

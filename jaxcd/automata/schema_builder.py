@@ -759,6 +759,74 @@ class SchemaBuilder:
                 stack.extend(v for v in s if isinstance(v, (dict, list)))
         return None
 
+    # -- $id base URIs -----------------------------------------------------------------
+    def _absolute_refs(self) -> None:
+        """Resolve every ``$ref`` of the document against the base URI in force where it
+        is written (``$id`` of the enclosing schema resources, RFC 3986) and rewrite
+        those that name a schema of this document into JSON pointers from its root
+        (``#/$defs/...``), which :meth:`resolve` reads: relative references (``node``,
+        ``./bar.json``), absolute ones (``urn:...``, ``https://...``), anchors in other
+        resources (``b.json#foo``) and ``#/...`` fragments inside a subschema with its
+        own ``$id`` (relative to that subschema). Other references are left as they
+        are."""
+        if not isinstance(self.root, dict) or '"$ref"' not in json.dumps(self.root):
+            return
+        draft4 = "draft-04" in str(self.root.get("$schema", "")) or \
+            "draft-03" in str(self.root.get("$schema", ""))
+        resources: dict = {}          # absolute URI (no fragment) -> pointer
+        anchors: dict = {}            # (URI, anchor) -> pointer
+        refs: list = []               # (schema dict, base URI)
+
+        def id_of(s):
+            v = s.get("$id")
+            if v is None and draft4:
+                v = s.get("id")
+            return v if isinstance(v, str) else None
+
+        resources[_DEFAULT_BASE] = ""
+        stack = [(self.root, "", _DEFAULT_BASE)]
+        while stack:
+            node, ptr, base = stack.pop()
+            if isinstance(node, list):
+                stack.extend((x, f"{ptr}/{i}", base) for i, x in enumerate(node))
+                continue
+            if not isinstance(node, dict):
+                continue
+            i = id_of(node)
+            if i is not None:
+                uri, frag = _split_fragment(_join_uri(base, i))
+                if uri is not None:
+                    base = uri
+                    resources.setdefault(uri, ptr)
+                if frag and not frag.startswith("/"):        # draft-07 "$id": "#foo"
+                    anchors.setdefault((base, frag), ptr)
+            for k in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(k), str):
+                    anchors.setdefault((base, node[k]), ptr)
+            if isinstance(node.get("$ref"), str):
+                refs.append((node, base))
+            for k, v in node.items():
+                if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
+                    continue
+                stack.append((v, f"{ptr}/{_escape_pointer(k)}", base))
+        for node, base in refs:
+            ref = node["$ref"]
+            uri, frag = _split_fragment(_join_uri(base, ref))
+            if uri is None or uri not in resources:
+                continue
+            at = resources[uri]
+            if not frag:
+                target = at
+            elif frag.startswith("/"):
+                target = at + frag
+            elif (uri, unquote(frag)) in anchors:
+                target = anchors[uri, unquote(frag)]
+            else:
+                continue
+            new = "#" + target
+            if new != ref:
+                node["$ref"] = new
+
     # -- unevaluatedProperties / unevaluatedItems ---------------------------------------
     def _scope_unevaluated(self) -> None:
         """Rewrite every ``unevaluatedProperties`` / ``unevaluatedItems`` of the document
@@ -776,7 +844,6 @@ class SchemaBuilder:
         refused by name (strict) or ignored (strict=False)."""
         if not isinstance(self.root, dict) or "unevaluated" not in json.dumps(self.root):
             return
-        self.root = copy.deepcopy(self.root)
         todo = [(self.root, "")]
         nodes = []
         while todo:
@@ -954,6 +1021,11 @@ class SchemaBuilder:
         ``self.depth_used`` records the depth built."""
         if not getattr(self, "_scoped", False):
             self._scoped = True
+            if isinstance(self.root, dict):
+                text = json.dumps(self.root)
+                if '"$ref"' in text or "unevaluated" in text:
+                    self.root = copy.deepcopy(self.root)     # rewritten below
+            self._absolute_refs()
             self._scope_unevaluated()
         requested, order, free = self.max_depth, self.property_order, self.max_free_depth
         orders = ("auto", "schema") if order == "auto" else (order,)
@@ -2687,6 +2759,36 @@ def _nesting_bound(dfa: DFA, lo: int, hi: int, max_states: int) -> int | None:
 
 
 _POSITIONAL = ("prefixItems", "items", "additionalItems")
+# the base URI of a document without $id (RFC 3986 resolution needs one)
+_DEFAULT_BASE = "https://jaxcd.invalid/schema.json"
+
+
+def _join_uri(base: str, ref: str) -> str:
+    """``ref`` resolved against ``base`` (RFC 3986); non-hierarchical bases (``urn:``)
+    resolve only fragments and absolute references."""
+    from urllib.parse import urljoin, urlsplit
+    if urlsplit(ref).scheme:
+        return ref
+    if ref.startswith("#"):
+        return base.split("#", 1)[0] + ref
+    if urlsplit(base).scheme in ("http", "https", "file", "ftp", ""):
+        return urljoin(base, ref)
+    return ref                  # relative to a urn: no defined resolution
+
+
+def _split_fragment(uri: str) -> tuple[str | None, str]:
+    """``(URI without fragment, fragment)``; the URI is None when it is not absolute."""
+    from urllib.parse import urlsplit
+    base, _, frag = uri.partition("#")
+    if not urlsplit(base).scheme:
+        return None, frag
+    return base, frag
+
+
+def _escape_pointer(key: str) -> str:
+    """A JSON pointer token as a URI fragment writes it (``resolve`` reads it back)."""
+    from urllib.parse import quote
+    return quote(key.replace("~", "~0").replace("/", "~1"), safe="~")
 
 
 def _positions(sub: dict) -> tuple[list, Any]:
