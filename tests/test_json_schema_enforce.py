@@ -143,3 +143,64 @@ def test_id_base_uris_against_jsonschema(schema):
 def test_reference_outside_the_document_still_refused():
     with pytest.raises(UnsupportedSchemaError, match=r"\$ref 'other.json'"):
         _dfa({"$id": "http://example.com/root.json", "$ref": "other.json"})
+
+
+# ---------------------------------------------------------------------------------------
+# Unicode property classes (ECMA-262 \p{..} / \P{..}) in pattern and patternProperties,
+# against jsonschema with the third-party ``regex`` module for those keywords (Python's
+# ``re``, which jsonschema uses, has no \p)
+# ---------------------------------------------------------------------------------------
+def _regex_validator():
+    regex = pytest.importorskip("regex")
+
+    def pattern(v, p, inst, s):
+        if v.is_type(inst, "string") and not regex.search(p, inst):
+            yield jsonschema.ValidationError(f"{inst!r} does not match {p!r}")
+
+    def pattern_properties(v, pp, inst, s):
+        if v.is_type(inst, "object"):
+            for p, sub in pp.items():
+                for k, x in inst.items():
+                    if regex.search(p, k):
+                        yield from v.descend(x, sub, path=k)
+    return jsonschema.validators.extend(
+        jsonschema.Draft202012Validator,
+        {"pattern": pattern, "patternProperties": pattern_properties})
+
+
+# characters assigned since early Unicode versions, of many categories
+_CHARS = ["a", "Z", "é", "ß", "Σ", "中", "1", "٣", "_", "-", " ", "!", "ǅ", "ʰ", "Ⅻ", "½",
+          "€", "\u0301", "+", "(", "\u2028", "\t"]
+_STRINGS = [""] + _CHARS + [a + b for a in _CHARS[:12] for b in _CHARS[:12]]
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^\p{Letter}+$", r"^\p{L}+$", r"^\P{L}+$", r"^[\p{Lu}\p{Nd}]*$", r"\p{Sc}",
+    r"^[^\p{L}\p{N}]+$", r"^\p{gc=Ll}$", r"^\p{General_Category=Number}+$",
+    r"^\p{Lt}|\p{Lm}$", r"^[\P{L}a]+$", r"^\p{Zs}$", r"^\p{Mn}"])
+def test_unicode_property_classes_in_pattern(pattern):
+    schema = {"type": "string", "pattern": pattern}
+    d = _dfa(schema)
+    oracle = _regex_validator()(schema)
+    n = 0
+    for v in _STRINGS:
+        ok = d.accepts(json.dumps(v, ensure_ascii=False).encode())
+        assert ok == oracle.is_valid(v), (pattern, v, ok)
+        n += ok
+    assert 0 < n < len(_STRINGS)
+
+
+def test_unicode_property_classes_in_pattern_properties():
+    schema = {"type": "object", "patternProperties": {r"^\p{Lu}": {"type": "integer"}}}
+    d = _dfa(schema)
+    oracle = _regex_validator()(schema)
+    for v in [{}, {"A": 1}, {"A": "x"}, {"a": "x"}, {"É": 1}, {"É": "x"}, {"1": "x"},
+              {"Σ": None}]:
+        ok = d.accepts(_text(v).encode())
+        assert ok == oracle.is_valid(v), (v, ok)
+
+
+@pytest.mark.parametrize("pattern", [r"\p{Script=Greek}", r"\p{Alphabetic}", r"\p{Foo}"])
+def test_other_unicode_properties_refused_by_name(pattern):
+    with pytest.raises(UnsupportedSchemaError, match=r"pattern at /pattern.*Unicode property"):
+        _dfa({"type": "string", "pattern": pattern})

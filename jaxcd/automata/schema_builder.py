@@ -421,6 +421,22 @@ def ecma_to_python(pattern: str) -> str:
     class_start = False
     while i < n:
         c = pattern[i]
+        if c == "\\" and pattern.startswith(("p{", "P{"), i + 1):
+            end = pattern.find("}", i + 3)
+            if end < 0:
+                from ..errors import RegexSyntaxError
+                raise RegexSyntaxError(f"invalid regex {pattern!r}: unterminated "
+                                       f"\\{pattern[i + 1]}{{ at position {i}")
+            ranges = unicode_property(pattern[i + 3:end])
+            if pattern[i + 1] == "P":
+                from .utf8 import complement_ranges
+                ranges = complement_ranges(ranges)
+            body = "".join(_class_char(lo) + ("" if hi == lo else "-" + _class_char(hi))
+                           for lo, hi in ranges)
+            out.append(body if in_class else f"[{body}]" if body else "(?!)")
+            i = end + 1
+            class_start = False
+            continue
         if c == "\\" and i + 1 < n:
             esc = pattern[i:i + 2]
             out.append(esc)
@@ -461,6 +477,84 @@ def ecma_to_python(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+# Unicode General_Category values (short and long names, UAX #44 PropertyValueAliases)
+_GC_ALIASES = {
+    "Other": "C", "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Unassigned": "Cn",
+    "Private_Use": "Co", "Surrogate": "Cs", "Letter": "L", "Cased_Letter": "LC",
+    "Lowercase_Letter": "Ll", "Modifier_Letter": "Lm", "Other_Letter": "Lo",
+    "Titlecase_Letter": "Lt", "Uppercase_Letter": "Lu", "Mark": "M",
+    "Combining_Mark": "M", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me",
+    "Nonspacing_Mark": "Mn", "Number": "N", "Decimal_Number": "Nd", "digit": "Nd",
+    "Letter_Number": "Nl", "Other_Number": "No", "Punctuation": "P", "punct": "P",
+    "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Close_Punctuation": "Pe",
+    "Final_Punctuation": "Pf", "Initial_Punctuation": "Pi", "Other_Punctuation": "Po",
+    "Open_Punctuation": "Ps", "Symbol": "S", "Currency_Symbol": "Sc",
+    "Modifier_Symbol": "Sk", "Math_Symbol": "Sm", "Other_Symbol": "So",
+    "Separator": "Z", "Line_Separator": "Zl", "Paragraph_Separator": "Zp",
+    "Space_Separator": "Zs",
+}
+_GC_SHORT = {"C", "Cc", "Cf", "Cn", "Co", "Cs", "L", "LC", "Ll", "Lm", "Lo", "Lt", "Lu",
+             "M", "Mc", "Me", "Mn", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Pe", "Pf",
+             "Pi", "Po", "Ps", "S", "Sc", "Sk", "Sm", "So", "Z", "Zl", "Zp", "Zs"}
+
+
+@functools.lru_cache(maxsize=None)
+def _general_categories() -> dict:
+    """Code-point ranges of every two-letter General_Category (Python's unicodedata)."""
+    import unicodedata
+    out: dict = {}
+    prev, start = None, 0
+    for cp in range(MAX_CODE_POINT + 2):
+        cat = unicodedata.category(chr(cp)) if cp <= MAX_CODE_POINT else None
+        if cat != prev:
+            if prev is not None:
+                out.setdefault(prev, []).append((start, cp - 1))
+            prev, start = cat, cp
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def unicode_property(name: str) -> tuple:
+    """Code-point ranges of an ECMA-262 ``\\p{name}`` property: a General_Category
+    value (``L``, ``Letter``, ``Lu``, ``General_Category=Letter``, ``gc=L``) or ``Any``,
+    ``ASCII``, ``Assigned``, from the Unicode database Python ships; other properties
+    (scripts, binary properties) raise :class:`~jaxcd.errors.UnsupportedRegexError`
+    naming them."""
+    from ..errors import UnsupportedRegexError
+    key, _, value = name.partition("=")
+    if value:
+        if key not in ("General_Category", "gc"):
+            raise UnsupportedRegexError(
+                f"Unicode property \\p{{{name}}} is not supported (only General_Category "
+                "values and Any / ASCII / Assigned are)")
+        name = value
+    if name == "Any":
+        return ((0, MAX_CODE_POINT),)
+    if name == "ASCII":
+        return ((0, 0x7F),)
+    gc = _general_categories()
+    if name == "Assigned":
+        from .utf8 import complement_ranges
+        return tuple(complement_ranges(gc.get("Cn", [])))
+    short = _GC_ALIASES.get(name, name)
+    if short not in _GC_SHORT:
+        raise UnsupportedRegexError(
+            f"Unicode property \\p{{{name}}} is not supported (only General_Category values "
+            "such as L / Letter / Lu and Any / ASCII / Assigned are)")
+    if short == "LC":
+        cats = ["Lu", "Ll", "Lt"]
+    elif len(short) == 1:
+        cats = [c for c in gc if c[0] == short]
+    else:
+        cats = [short]
+    return tuple(normalize_ranges([r for c in cats for r in gc.get(c, [])]))
+
+
+def _class_char(cp: int) -> str:
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 \
+        else f"\\U{cp:08x}"
 
 
 def _split_anchored(items: list, limit: int = 64) -> list[list]:
