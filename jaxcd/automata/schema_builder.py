@@ -237,7 +237,9 @@ _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProp
 #: ``uniqueItems``: the item language must be finite, with at most this many spellings
 #: and this many distinct values (the array automaton tracks the subset of values used)
 MAX_UNIQUE_SPELLINGS = 256
-MAX_UNIQUE_VALUES = 10
+MAX_UNIQUE_VALUES = 10           # (no longer a limit by itself: see MAX_UNIQUE_STATES)
+#: ``uniqueItems``: at most this many (position, set of values used) automaton states
+MAX_UNIQUE_STATES = 4096
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -2343,13 +2345,9 @@ class SchemaBuilder:
                       for i, s in enumerate(prefix)]
         rest = self.value_node(items, f"{path}/items") if items is not False else EMPTY
         if unique:
-            why = "it is enforced only without prefixItems" if item_nodes else \
-                self._unique_values(rest)
-            if isinstance(why, str):
-                self.unsupported(f"keyword 'uniqueItems' ({why})", f"{path}/uniqueItems")
+            node = self._unique_array(item_nodes, rest, lo, hi, path)
+            if node is None:
                 node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
-            else:
-                node = self._unique_list(why, lo, hi, path)
         else:
             node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
         if "contains" in schema:
@@ -2416,11 +2414,12 @@ class SchemaBuilder:
                           self.to_dfa(k_node, path, "contains"), path, "contains", intersect)
         return Node("dfa", (d,), d.num_states + 1)
 
-    def _unique_values(self, item: Node):
-        """The item language as ``[node per distinct JSON value]`` (each node: the
-        value's spellings), or a string saying which limit it exceeds."""
+    def _unique_values(self, item: Node, index: dict):
+        """The item language as ``{value number: node of its spellings}`` (values
+        numbered in ``index``, shared by the positions of one array), or a string
+        saying which limit it exceeds."""
         if item.kind == "empty":
-            return []
+            return {}
         dfa = _node_dfa(item)
         texts = _finite_texts(dfa, MAX_UNIQUE_SPELLINGS)
         if texts is None:
@@ -2432,24 +2431,49 @@ class SchemaBuilder:
                 v = json.loads(t, parse_float=Decimal, parse_int=Decimal)
             except ValueError:
                 return "an item spelling is not one JSON value"
-            groups.setdefault(_canon(v), []).append(t)
-        if len(groups) > MAX_UNIQUE_VALUES:
-            return (f"the items take {len(groups)} distinct values; the limit is "
-                    f"{MAX_UNIQUE_VALUES} (MAX_UNIQUE_VALUES)")
-        return [alt(*(lit(t.decode("utf-8")) for t in sorted(g))) for g in groups.values()]
+            groups.setdefault(index.setdefault(_canon(v), len(index)), []).append(t)
+        return {k: alt(*(lit(t.decode("utf-8")) for t in sorted(g)))
+                for k, g in groups.items()}
 
-    def _unique_list(self, values: list, lo: int, hi: int | None, path: str) -> Node:
-        """``[v1, v2, ...]`` with pairwise distinct values, ``lo..hi`` of them: one NFA
-        state per subset of values used."""
-        K = len(values)
-        hi = K if hi is None else min(hi, K)
+    def _unique_array(self, head: list[Node], rest: Node, lo: int, hi: int | None,
+                      path: str) -> Node | None:
+        """``uniqueItems``: arrays whose item at position ``i`` takes ``head[i]`` (then
+        ``rest``), ``lo..hi`` items, pairwise distinct values. One NFA state per
+        (position, set of values used) reached: the item languages must be finite
+        (``MAX_UNIQUE_SPELLINGS``) and the sets of values within
+        ``MAX_UNIQUE_STATES``. None (after :meth:`unsupported`) past a limit."""
+        index: dict = {}
+        per_pos = []
+        for n in list(head) + [rest]:
+            vals = self._unique_values(n, index)
+            if isinstance(vals, str):
+                self.unsupported(f"keyword 'uniqueItems' ({vals})", f"{path}/uniqueItems")
+                return None
+            per_pos.append(vals)
+        H = len(head)
+        hi = len(index) if hi is None else min(hi, len(index))
         if lo > hi:
             return EMPTY
-        size = (1 << K) * (sum(v.size for v in values) + 8)
-        if size > self.max_nfa_states:
-            raise AutomatonTooLargeError(
-                f"uniqueItems at {path or '/'}: one copy of the {K} item values per subset "
-                f"(about {size} NFA states); the limit is max_nfa_states={self.max_nfa_states}")
+        # the reachable (position, values used) pairs, before building anything
+        seen = {(0, 0)}
+        todo = [(0, 0)]
+        while todo:
+            pos, S = todo.pop()
+            if bin(S).count("1") >= hi:
+                continue
+            for v in per_pos[min(pos, H)]:
+                if not S >> v & 1:
+                    key = (min(pos + 1, H), S | 1 << v)
+                    if key not in seen:
+                        if len(seen) >= MAX_UNIQUE_STATES:
+                            self.unsupported(
+                                f"keyword 'uniqueItems' (the item values ({len(index)}) "
+                                f"make more than {MAX_UNIQUE_STATES} sets of values used "
+                                f"(MAX_UNIQUE_STATES); bound the items' values or "
+                                f"maxItems)", f"{path}/uniqueItems")
+                            return None
+                        seen.add(key)
+                        todo.append(key)
         nfa = NFA()
         em = _NFAEmitter(nfa, "")
         start = nfa.add_state()
@@ -2458,26 +2482,22 @@ class SchemaBuilder:
         open_ = em.emit(self.ws, em.emit(lit("["), start))
         if lo == 0:
             nfa.add_epsilon(em.emit(lit("]"), open_), final)
-        after = {}
-
-        def state(S):
-            if S not in after:
-                after[S] = nfa.add_state()
-            return after[S]
-        for v in range(K):
-            nfa.add_epsilon(em.emit(values[v], open_), state(1 << v))
-        for S in range(1, 1 << K):
+        state = {key: nfa.add_state() for key in seen if key != (0, 0)}
+        for (pos, S), q in state.items():
             c = bin(S).count("1")
-            if c > hi:
-                continue
-            q = state(S)
             if c >= lo:
                 nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), q), final)
-            if c < hi:
-                sep = em.emit(seq(self.ws, lit(","), self.ws), q)
-                for v in range(K):
-                    if not S >> v & 1:
-                        nfa.add_epsilon(em.emit(values[v], sep), state(S | 1 << v))
+        for pos, S in seen:
+            src = open_ if (pos, S) == (0, 0) else None
+            if bin(S).count("1") >= hi:
+                continue
+            for v, node in per_pos[min(pos, H)].items():
+                key = (min(pos + 1, H), S | 1 << v)
+                if S >> v & 1 or key not in state:
+                    continue
+                if src is None:
+                    src = em.emit(seq(self.ws, lit(","), self.ws), state[pos, S])
+                nfa.add_epsilon(em.emit(node, src), state[key])
         nfa.accepting = {final}
         dfa = minimize(determinize(nfa))
         return Node("dfa", (dfa,), dfa.num_states + 1)
