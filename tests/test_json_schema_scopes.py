@@ -256,3 +256,22 @@ def test_fuzz_nested_applicators_against_jsonschema(schema):
     for v in UNIVERSE:
         if d.accepts(_text(v).encode()):
             assert oracle.is_valid(v), ("invalid accepted", schema, v)
+
+
+def test_strip_unenforced_resolves_ids_and_drops_refused_unevaluated():
+    """``strip_unenforced`` (the CLI's --no-strict) gives a schema that a strict build
+    accepts: references through $id base URIs kept (as pointers), an
+    unevaluatedProperties that a branch's annotations would decide dropped; the
+    input is not modified."""
+    from jaxcd.automata.json_schema import strip_unenforced
+    s = {"$id": "http://e.com/r.json", "$defs": {"a": {"$id": "a.json", "type": "integer"}},
+         "properties": {"x": {"$ref": "a.json"}}, "unevaluatedProperties": False,
+         "anyOf": [{"properties": {"y": {}}}, {"required": ["x"]}]}
+    before = json.dumps(s)
+    t = strip_unenforced(s)
+    assert json.dumps(s) == before
+    assert "unevaluatedProperties" not in t
+    d = _dfa(t)
+    assert d.accepts(b'{"x":1}') and not d.accepts(b'{"x":"a"}')
+    with pytest.raises(UnsupportedSchemaError, match="unevaluatedProperties"):
+        _dfa(s)

@@ -2902,7 +2902,7 @@ def _split_fragment(uri: str) -> tuple[str | None, str]:
 def _escape_pointer(key: str) -> str:
     """A JSON pointer token as a URI fragment writes it (``resolve`` reads it back)."""
     from urllib.parse import quote
-    return quote(key.replace("~", "~0").replace("/", "~1"), safe="~")
+    return quote(key.replace("~", "~0").replace("/", "~1"), safe="~$!&'()*+,;=:@")
 
 
 def _positions(sub: dict) -> tuple[list, Any]:
