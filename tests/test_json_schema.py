@@ -380,7 +380,7 @@ def test_strict_refuses_and_non_strict_ignores():
     # unevaluatedItems whose evaluated items depend on a branch: refused by name, and
     # ignored by a strict=False build
     s = {"type": "array", "unevaluatedItems": False,
-         "anyOf": [{"prefixItems": [{}]}, {"contains": {}}]}
+         "oneOf": [{"anyOf": [{"prefixItems": [{}]}, {"contains": {}}]}, {"minItems": 3}]}
     with pytest.raises(UnsupportedSchemaError, match=r"'unevaluatedItems' .*branch.*"
                                                      r"at /unevaluatedItems"):
         dfa_of(s)

@@ -967,7 +967,8 @@ class SchemaBuilder:
         """Collect in ``out`` what ``s`` evaluates (``kind``: "properties" or "items"):
         ``out["static"]`` / ``out["dynamic"]`` (inside a branch that may fail without
         failing the schema) each a dict ``names``, ``patterns``, ``all``, ``prefix``,
-        ``contains``."""
+        ``contains``; ``out["groups"]``: the branching keywords met outside branches,
+        as ``(keyword, value, path)``."""
         if not isinstance(s, dict) or id(s) in seen:
             return
         seen = seen | {id(s)}
@@ -1009,40 +1010,48 @@ class SchemaBuilder:
             self._annotations(sub, kind, dynamic, out, seen, f"{path}/allOf/{i}")
         for k in ("anyOf", "oneOf"):
             if isinstance(s.get(k), list):
+                if not dynamic:
+                    out["groups"].append((k, s[k], f"{path}/{k}"))
                 for i, sub in enumerate(s[k]):
                     self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{i}")
         if "if" in s:
+            if not dynamic:
+                out["groups"].append(("if", s, f"{path}/if"))
             for k in ("if", "then", "else"):
                 self._annotations(s.get(k), kind, True, out, seen, f"{path}/{k}")
         for k in ("dependentSchemas", "dependencies"):
             if isinstance(s.get(k), dict):
                 for name, sub in s[k].items():
+                    if not dynamic and isinstance(sub, (dict, bool)):
+                        out["groups"].append((k, (name, sub), f"{path}/{k}/{name}"))
                     self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{name}")
 
-    def _collect(self, s: dict, kind: str, path: str) -> dict:
-        out = {"why": []}
+    def _collect(self, s: Any, kind: str, path: str) -> dict:
+        out: dict = {"why": [], "groups": []}
         for x in ("static", "dynamic"):
             out[x] = {"names": [], "patterns": [], "all": False, "prefix": 0,
                       "contains": []}
         self._annotations(s, kind, False, out, set(), path)
         return out
 
-    def _scope_properties(self, s: dict, path: str) -> None:
-        u = s.pop("unevaluatedProperties")
-        where = f"{path}/unevaluatedProperties"
-        info = self._collect(s, "properties", path)
-        st, dy = info["static"], info["dynamic"]
+    def _uncovered(self, kind: str, more: dict, st: dict) -> str | None:
+        """What ``more`` evaluates beyond ``st`` (a reason), or None if nothing."""
         if st["all"]:
-            return                   # every property is evaluated: no effect
-        why = list(info["why"])
-        if dy["all"]:
-            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
-                       "additionalProperties or unevaluatedProperties")
-        extra_pats = [p for p in dict.fromkeys(dy["patterns"]) if p not in st["patterns"]]
-        if extra_pats:
-            why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
-                       f"patternProperties {extra_pats[0]!r}")
-        for n in dict.fromkeys(dy["names"]):
+            return None
+        if more["all"]:
+            return ("additionalProperties or unevaluatedProperties" if kind == "properties"
+                    else "items or unevaluatedItems")
+        if kind == "items":
+            if more["prefix"] > st["prefix"]:
+                return f"prefixItems of {more['prefix']} items"
+            if any(not any(_json_eq(c, d) for d in st["contains"])
+                   for c in more["contains"]):
+                return "contains"
+            return None
+        for p in more["patterns"]:
+            if p not in st["patterns"]:
+                return f"patternProperties {p!r}"
+        for n in more["names"]:
             if n in st["names"]:
                 continue
             content = json.dumps(n, ensure_ascii=False)[1:-1].encode()
@@ -1051,62 +1060,146 @@ class SchemaBuilder:
             except ValueError:
                 covered = False
             if not covered:
-                why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) "
-                           f"evaluates property {n!r}")
-                break
-        if why:
-            self.unsupported(
-                f"keyword 'unevaluatedProperties' (which properties are evaluated depends "
-                f"on which branch succeeds: {why[0]}; only properties of the schema "
-                f"itself, its allOf parts and $ref targets are tracked)", where)
-            return                   # strict=False: ignored
-        props = s.get("properties")
-        props = dict(props) if isinstance(props, dict) else {}
-        for n in st["names"]:
-            props.setdefault(n, True)
-        pats = s.get("patternProperties")
-        pats = dict(pats) if isinstance(pats, dict) else {}
-        for p in st["patterns"]:
-            pats.setdefault(p, True)
-        if props:
-            s["properties"] = props
-        if pats:
-            s["patternProperties"] = pats
-        s["additionalProperties"] = u
+                return f"property {n!r}"
+        return None
 
-    def _scope_items(self, s: dict, path: str) -> None:
-        u = s.pop("unevaluatedItems")
-        where = f"{path}/unevaluatedItems"
-        info = self._collect(s, "items", path)
-        st, dy = info["static"], info["dynamic"]
+    def _branch_cases(self, kind: str, group, st: dict):
+        """The cases of a branching keyword for an ``unevaluated*`` keyword:
+        ``[(condition schema, what the case evaluates), ...]``, one of which holds
+        whenever the keyword does (anyOf: every non-empty subset of branches, which
+        may all hold; oneOf: each branch; if: the condition with ``then``, or its
+        negation with ``else``; a dependency: its name present with its schema, or
+        absent). None if nothing in them is evaluated beyond ``st``; a string (the
+        reason) if a branch's own evaluation depends on its branches again."""
+        key, value, where = group
+        if key in ("anyOf", "oneOf"):
+            parts = [(b, [b]) for b in value]
+        elif key == "if":
+            parts = [(value.get("if", True), [value.get("if", True), value.get("then", True)]),
+                     ({"not": value.get("if", True)}, [value.get("else", True)])]
+        else:
+            name, sub = value
+            if key == "dependencies" and isinstance(sub, list):
+                return None
+            parts = [({"required": [name]}, [sub]),
+                     ({"not": {"required": [name]}}, [])]
+        infos = []
+        for cond, evaluated in parts:
+            acc = {"names": [], "patterns": [], "all": False, "prefix": 0, "contains": []}
+            for x in evaluated:
+                info = self._collect(x, kind, where)
+                if info["why"]:
+                    return info["why"][0]
+                inner = self._uncovered(kind, info["dynamic"], info["static"])
+                if inner is not None:
+                    return f"{where} has branches that evaluate {inner}"
+                b = info["static"]
+                acc["names"] += b["names"]
+                acc["patterns"] += b["patterns"]
+                acc["all"] = acc["all"] or b["all"]
+                acc["prefix"] = max(acc["prefix"], b["prefix"])
+                acc["contains"] += b["contains"]
+            infos.append((cond, acc))
+        if all(self._uncovered(kind, a, st) is None for _, a in infos):
+            return None
+        if key == "anyOf":
+            out = []
+            for r in range(1, len(infos) + 1):
+                for combo in itertools.combinations(infos, r):
+                    acc = {"names": [], "patterns": [], "all": False, "prefix": 0,
+                           "contains": []}
+                    for _, a in combo:
+                        acc["names"] += a["names"]
+                        acc["patterns"] += a["patterns"]
+                        acc["all"] = acc["all"] or a["all"]
+                        acc["prefix"] = max(acc["prefix"], a["prefix"])
+                        acc["contains"] += a["contains"]
+                    out.append(([c for c, _ in combo], acc))
+                    if len(out) > MAX_UNEVALUATED_CASES:
+                        return out
+            return out
+        return [([c], a) for c, a in infos]
+
+    def _scope_unevaluated_keyword(self, s: dict, path: str, kind: str) -> None:
+        kw = "unevaluatedProperties" if kind == "properties" else "unevaluatedItems"
+        u = s.pop(kw)
+        where = f"{path}/{kw}"
+        info = self._collect(s, kind, path)
+        st = info["static"]
+        if st["all"]:
+            return                   # everything is evaluated: no effect
+        why = info["why"][0] if info["why"] else None
+        cases: list = [([], {"names": [], "patterns": [], "all": False, "prefix": 0,
+                             "contains": []})]
+        if why is None and self._uncovered(kind, info["dynamic"], st) is not None:
+            # the evaluated set depends on which branches hold: one case per choice
+            for group in info["groups"]:
+                g = self._branch_cases(kind, group, st)
+                if g is None:
+                    continue
+                if isinstance(g, str):
+                    why = g
+                    break
+                if len(cases) * len(g) > MAX_UNEVALUATED_CASES:
+                    why = (f"the branches make more than {MAX_UNEVALUATED_CASES} cases "
+                           f"(MAX_UNEVALUATED_CASES)")
+                    break
+                cases = [(c1 + c2, _union_eval(a1, a2)) for c1, a1 in cases for c2, a2 in g]
+        if why is not None:
+            self.unsupported(
+                f"keyword {kw!r} (which {kind} are evaluated depends on which branch "
+                f"succeeds: {why})", where)
+            return                   # strict=False: ignored
+        if len(cases) == 1:
+            self._scoped_keywords(s, kind, st, u, into=s)
+            return
+        # one of the cases holds whenever the schema does; each case's conditions
+        # with the keyword scoped to what is evaluated in it (a larger case evaluates
+        # more, so "some case holds" is exact)
+        alts = []
+        for conds, acc in cases:
+            scope: dict = {}
+            self._scoped_keywords(scope, kind, _union_eval(st, acc), u, into=scope)
+            alts.append({"allOf": list(conds) + [scope]} if conds else scope)
+        s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": alts}]
+
+    def _scoped_keywords(self, s: dict, kind: str, st: dict, u: Any, into: dict) -> None:
+        """Write into ``into`` (``s`` itself, or a new conjunct) the fixed-scope form of
+        ``unevaluated*: u`` after what ``st`` evaluates."""
         if st["all"]:
             return
-        why = list(info["why"])
-        if dy["all"]:
-            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) evaluates "
-                       "every item (items / unevaluatedItems)")
-        if dy["prefix"] > st["prefix"]:
-            why.append(f"a branch (anyOf/oneOf/if/then/else/dependentSchemas) has "
-                       f"prefixItems of {dy['prefix']} items")
-        if dy["contains"]:
-            why.append("a branch (anyOf/oneOf/if/then/else/dependentSchemas) has contains")
-        if why:
-            self.unsupported(
-                f"keyword 'unevaluatedItems' (which items are evaluated depends on which "
-                f"branch succeeds: {why[0]}; only items of the schema itself, its allOf "
-                f"parts and $ref targets are tracked)", where)
+        if kind == "properties":
+            props = into.get("properties")
+            props = dict(props) if isinstance(props, dict) else {}
+            for n in st["names"]:
+                props.setdefault(n, True)
+            pats = into.get("patternProperties")
+            pats = dict(pats) if isinstance(pats, dict) else {}
+            for p in st["patterns"]:
+                pats.setdefault(p, True)
+            if props:
+                into["properties"] = props
+            if pats:
+                into["patternProperties"] = pats
+            into["additionalProperties"] = u
             return
         n = st["prefix"]
         cs = list(st["contains"])
         rest = u if not cs else {"anyOf": cs + [u]}
-        if isinstance(s.get("items"), list):
-            s["items"] = list(s["items"]) + [True] * (n - len(s["items"]))
-            s["additionalItems"] = rest
+        if isinstance(into.get("items"), list):
+            into["items"] = list(into["items"]) + [True] * (n - len(into["items"]))
+            into["additionalItems"] = rest
             return
         if n:
-            prefix = list(s.get("prefixItems") or [])
-            s["prefixItems"] = prefix + [True] * (n - len(prefix))
-        s["items"] = rest
+            prefix = list(into.get("prefixItems") or [])
+            into["prefixItems"] = prefix + [True] * (n - len(prefix))
+        into["items"] = rest
+
+    def _scope_properties(self, s: dict, path: str) -> None:
+        self._scope_unevaluated_keyword(s, path, "properties")
+
+    def _scope_items(self, s: dict, path: str) -> None:
+        self._scope_unevaluated_keyword(s, path, "items")
 
     # -- entry -----------------------------------------------------------------------
     def build(self) -> Node:
@@ -2873,6 +2966,15 @@ def _nesting_bound(dfa: DFA, lo: int, hi: int, max_states: int) -> int | None:
 
 
 _POSITIONAL = ("prefixItems", "items", "additionalItems")
+#: unevaluatedProperties / unevaluatedItems whose evaluated set depends on branches: at
+#: most this many cases (choices of the branches that hold)
+MAX_UNEVALUATED_CASES = 16
+
+
+def _union_eval(a: dict, b: dict) -> dict:
+    return {"names": a["names"] + b["names"], "patterns": a["patterns"] + b["patterns"],
+            "all": a["all"] or b["all"], "prefix": max(a["prefix"], b["prefix"]),
+            "contains": a["contains"] + b["contains"]}
 # the base URI of a document without $id (RFC 3986 resolution needs one)
 _DEFAULT_BASE = "https://jaxcd.invalid/schema.json"
 
