@@ -249,3 +249,19 @@ def test_unique_items_past_the_state_limit_names_it():
     with pytest.raises(UnsupportedSchemaError,
                        match=r"'uniqueItems'.*MAX_UNIQUE_STATES.*at /uniqueItems"):
         _dfa(schema)
+
+
+def test_draft7_ref_ignores_a_sibling_id():
+    """Draft 7: ``$ref`` ignores its siblings, ``$id`` included (the base URI stays the
+    enclosing one); 2020-12: the sibling ``$id`` changes it. Against jsonschema."""
+    defs = {"foo": {"$id": "http://localhost:1234/sibling_id/foo.json", "type": "string"},
+            "base_foo": {"$id": "foo.json", "type": "number"}}
+    for dialect, key in (("http://json-schema.org/draft-07/schema#", "definitions"),
+                         ("https://json-schema.org/draft/2020-12/schema", "$defs")):
+        schema = {"$schema": dialect, "$id": "http://localhost:1234/sibling_id/base/",
+                  key: defs,
+                  "allOf": [{"$id": "http://localhost:1234/sibling_id/", "$ref": "foo.json"}]}
+        d = _dfa(schema)
+        oracle = jsonschema.validators.validator_for(schema)(schema)
+        for v in ["a", 1, 1.5, None]:
+            assert d.accepts(_text(v).encode()) == oracle.is_valid(v), (dialect, v)

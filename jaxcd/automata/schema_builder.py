@@ -867,8 +867,10 @@ class SchemaBuilder:
         are."""
         if not isinstance(self.root, dict) or '"$ref"' not in json.dumps(self.root):
             return
-        draft4 = "draft-04" in str(self.root.get("$schema", "")) or \
-            "draft-03" in str(self.root.get("$schema", ""))
+        dialect = str(self.root.get("$schema", ""))
+        draft4 = "draft-04" in dialect or "draft-03" in dialect
+        # drafts up to 07: a $ref's siblings are ignored, its $id included
+        legacy = draft4 or "draft-06" in dialect or "draft-07" in dialect
         resources: dict = {}          # absolute URI (no fragment) -> pointer
         anchors: dict = {}            # (URI, anchor) -> pointer
         refs: list = []               # (schema dict, base URI)
@@ -889,6 +891,8 @@ class SchemaBuilder:
             if not isinstance(node, dict):
                 continue
             i = id_of(node)
+            if legacy and isinstance(node.get("$ref"), str):
+                i = None
             if i is not None:
                 uri, frag = _split_fragment(_join_uri(base, i))
                 if uri is not None:
