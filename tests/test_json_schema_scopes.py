@@ -306,3 +306,22 @@ def test_strip_unenforced_resolves_ids_and_drops_refused_unevaluated():
     assert d.accepts(b'{"x":1}') and not d.accepts(b'{"x":"a"}')
     with pytest.raises(UnsupportedSchemaError, match="unevaluatedProperties"):
         _dfa(s)
+
+
+@pytest.mark.parametrize("schema", [
+    # property names that are keywords: the maps of names are not schemas
+    {"properties": {"unevaluatedProperties": {"type": "integer"},
+                    "$ref": {"type": "string"}, "$id": {"const": 1}},
+     "unevaluatedProperties": False},
+    {"$defs": {"unevaluatedItems": {"type": "integer"}},
+     "items": {"$ref": "#/$defs/unevaluatedItems"}},
+    # an inner unevaluatedProperties over branches evaluates everything for an outer one
+    {"allOf": [{"oneOf": [{"properties": {"a": {}}, "required": ["a"]},
+                          {"properties": {"b": {}}, "required": ["b"]}],
+                "unevaluatedProperties": {"type": "integer"}}],
+     "anyOf": [{"properties": {"k": {}}}, {"properties": {"b": {}}}, {"required": ["a"]},
+               {"required": ["b"]}, {"required": ["k"]}],
+     "unevaluatedProperties": False},
+], ids=["keyword-names", "defs-named-like-keywords", "inner-cases-evaluate-all"])
+def test_keyword_names_and_nested_unevaluated(schema):
+    check_against_jsonschema(schema)

@@ -184,6 +184,9 @@ STRUCTURAL = {
 }
 # keywords whose values are JSON data, not subschemas
 _DATA_KEYWORDS = {"enum", "const", "default", "examples", "example"}
+# keywords whose values map names to subschemas
+_NAME_MAPS = {"properties", "patternProperties", "$defs", "definitions",
+              "dependentSchemas", "dependencies"}
 # keywords whose value is not a subschema but which a strict=False build ignores
 NOT_ENFORCED = {"$dynamicRef",
                 "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy"}
@@ -908,6 +911,11 @@ class SchemaBuilder:
             for k, v in node.items():
                 if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
                     continue
+                if k in _NAME_MAPS and isinstance(v, dict):
+                    # a map of names to subschemas (not itself a schema)
+                    stack.extend((x, f"{ptr}/{_escape_pointer(k)}/{_escape_pointer(n)}",
+                                  base) for n, x in v.items())
+                    continue
                 stack.append((v, f"{ptr}/{_escape_pointer(k)}", base))
         for node, base in refs:
             ref = node["$ref"]
@@ -958,6 +966,9 @@ class SchemaBuilder:
             for k, v in s.items():
                 if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
                     continue
+                if k in _NAME_MAPS and isinstance(v, dict):
+                    todo.extend((x, f"{path}/{k}/{n}") for n, x in v.items())
+                    continue
                 todo.append((v, f"{path}/{k}"))
         # innermost first (a rewritten schema evaluates what its keyword did)
         for s, path in sorted(nodes, key=lambda x: -x[1].count("/")):
@@ -977,6 +988,8 @@ class SchemaBuilder:
             return
         seen = seen | {id(s)}
         acc = out["dynamic" if dynamic else "static"]
+        if s.get(f"x-jaxcd-evaluates-all-{kind}") is True:
+            acc["all"] = True
         if kind == "properties":
             for n in (s.get("properties") or {}) if isinstance(s.get("properties"), dict) \
                     else ():
@@ -1166,6 +1179,9 @@ class SchemaBuilder:
             self._scoped_keywords(scope, kind, _union_eval(st, acc), u, into=scope)
             alts.append({"allOf": list(conds) + [scope]} if conds else scope)
         s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": alts}]
+        # (an annotation for the builder) a schema around this one sees every
+        # property / item evaluated here, as the keyword did
+        s[f"x-jaxcd-evaluates-all-{kind}"] = True
 
     def _scoped_keywords(self, s: dict, kind: str, st: dict, u: Any, into: dict) -> None:
         """Write into ``into`` (``s`` itself, or a new conjunct) the fixed-scope form of
