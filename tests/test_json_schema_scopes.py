@@ -261,10 +261,22 @@ def _join(parts):
     return out
 
 
+def _with_ids(doc):
+    """The same document with $id base URIs: D becomes the resource d.json, referred
+    to by a relative reference."""
+    if not isinstance(doc.get("$defs", {}).get("D"), dict):
+        return doc
+    doc = json.loads(json.dumps(doc).replace('"#/$defs/D"', '"d.json"'))
+    doc["$id"] = "http://example.com/s/root.json"
+    doc["$defs"]["D"]["$id"] = "d.json"
+    return doc
+
+
 def _doc():
     inner = st.recursive(_leaf(), _applicators, max_leaves=6)
-    return st.builds(lambda root, d: {**root, "$defs": {"D": d}} if isinstance(root, dict)
-                     else root, inner, inner)
+    return st.builds(lambda root, d, ids: (_with_ids if ids else (lambda x: x))(
+        {**root, "$defs": {"D": d}}) if isinstance(root, dict) else root,
+        inner, inner, st.booleans())
 
 
 @settings(max_examples=200, deadline=None, derandomize=True,
