@@ -265,3 +265,34 @@ def test_draft7_ref_ignores_a_sibling_id():
         oracle = jsonschema.validators.validator_for(schema)(schema)
         for v in ["a", 1, 1.5, None]:
             assert d.accepts(_text(v).encode()) == oracle.is_valid(v), (dialect, v)
+
+
+# ---------------------------------------------------------------------------------------
+# $dynamicRef: a $ref when its target cannot depend on the dynamic scope
+# ---------------------------------------------------------------------------------------
+_TREE_UNIVERSE = [None, 1, "a", [], [1], ["a"], [[1]], [["a"]], {"v": 1}, {"v": "x"},
+                  {"v": 1, "c": [{"v": 2}]}, {"v": 1, "c": [{"v": "x"}]},
+                  {"v": 1, "c": [{"v": 2, "c": []}]}, {"v": 1, "c": [{"v": 2, "w": 1}]}]
+
+
+@pytest.mark.parametrize("schema", [
+    {"$id": "https://ex.com/tree", "$dynamicAnchor": "node", "type": "object",
+     "properties": {"v": {"type": "integer"},
+                    "c": {"type": "array", "items": {"$dynamicRef": "#node"}}}},
+    {"$defs": {"x": {"type": "integer"}}, "type": "array", "items": {"$dynamicRef": "#/$defs/x"}},
+    {"$defs": {"x": {"$anchor": "i", "type": "integer"}}, "type": "array",
+     "items": {"$dynamicRef": "#i"}},
+], ids=["one-dynamic-anchor", "pointer", "plain-anchor"])
+def test_dynamic_ref_with_a_static_target(schema):
+    _agree(schema, _TREE_UNIVERSE)
+
+
+def test_dynamic_ref_with_a_dynamic_scope_refused_by_name():
+    # the strict tree: two schemas declare $dynamicAnchor "node" (the extension point)
+    schema = {"$id": "https://ex.com/strict-tree", "$dynamicAnchor": "node", "$ref": "tree",
+              "unevaluatedProperties": False,
+              "$defs": {"tree": {"$id": "tree", "$dynamicAnchor": "node", "type": "object",
+                                 "properties": {"v": {}, "c": {
+                                     "type": "array", "items": {"$dynamicRef": "#node"}}}}}}
+    with pytest.raises(UnsupportedSchemaError, match=r"'\$dynamicRef'.*dynamic scope"):
+        _dfa(schema)

@@ -868,7 +868,10 @@ class SchemaBuilder:
         resources (``b.json#foo``) and ``#/...`` fragments inside a subschema with its
         own ``$id`` (relative to that subschema). Other references are left as they
         are."""
-        if not isinstance(self.root, dict) or '"$ref"' not in json.dumps(self.root):
+        if not isinstance(self.root, dict):
+            return
+        text = json.dumps(self.root)
+        if '"$ref"' not in text and '"$dynamicRef"' not in text:
             return
         dialect = str(self.root.get("$schema", ""))
         draft4 = "draft-04" in dialect or "draft-03" in dialect
@@ -885,6 +888,9 @@ class SchemaBuilder:
             return v if isinstance(v, str) else None
 
         resources[_DEFAULT_BASE] = ""
+        dyn_refs: list = []
+        dyn_anchors: dict = {}        # $dynamicAnchor name -> how many schemas declare it
+        dyn_at: set = set()           # (URI, name) of each $dynamicAnchor
         stack = [(self.root, "", _DEFAULT_BASE)]
         while stack:
             node, ptr, base = stack.pop()
@@ -908,6 +914,12 @@ class SchemaBuilder:
                     anchors.setdefault((base, node[k]), ptr)
             if isinstance(node.get("$ref"), str):
                 refs.append((node, base))
+            if isinstance(node.get("$dynamicRef"), str):
+                dyn_refs.append((node, base))
+            if isinstance(node.get("$dynamicAnchor"), str):
+                dyn_anchors[node["$dynamicAnchor"]] = dyn_anchors.get(node["$dynamicAnchor"],
+                                                                      0) + 1
+                dyn_at.add((base, node["$dynamicAnchor"]))
             for k, v in node.items():
                 if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
                     continue
@@ -917,23 +929,40 @@ class SchemaBuilder:
                                   base) for n, x in v.items())
                     continue
                 stack.append((v, f"{ptr}/{_escape_pointer(k)}", base))
-        for node, base in refs:
-            ref = node["$ref"]
+        def target_of(ref, base):
             uri, frag = _split_fragment(_join_uri(base, ref))
             if uri is None or uri not in resources:
-                continue
+                return None, uri, frag
             at = resources[uri]
             if not frag:
-                target = at
-            elif frag.startswith("/"):
-                target = at + frag
-            elif (uri, unquote(frag)) in anchors:
-                target = anchors[uri, unquote(frag)]
-            else:
+                return at, uri, frag
+            if frag.startswith("/"):
+                return at + frag, uri, frag
+            return anchors.get((uri, unquote(frag))), uri, frag
+
+        for node, base in refs:
+            ref = node["$ref"]
+            target, _, _ = target_of(ref, base)
+            if target is not None and "#" + target != ref:
+                node["$ref"] = "#" + target
+        # $dynamicRef: resolved like $ref, then, if its fragment names a $dynamicAnchor,
+        # replaced by the outermost schema resource in the dynamic scope that declares
+        # the same $dynamicAnchor. With one such declaration in the whole document, that
+        # is always the static target: then it is a $ref (else it stays, refused)
+        for node, base in dyn_refs:
+            ref = node["$dynamicRef"]
+            target, uri, frag = target_of(ref, base)
+            if target is None:
                 continue
-            new = "#" + target
-            if new != ref:
-                node["$ref"] = new
+            name = unquote(frag)
+            if frag and not frag.startswith("/") and (uri, name) in dyn_at and \
+                    dyn_anchors.get(name, 0) != 1:
+                continue
+            del node["$dynamicRef"]
+            if "$ref" in node:
+                node["allOf"] = list(node.get("allOf") or []) + [{"$ref": "#" + target}]
+            else:
+                node["$ref"] = "#" + target
 
     # -- unevaluatedProperties / unevaluatedItems ---------------------------------------
     def _scope_unevaluated(self) -> None:
@@ -1232,7 +1261,7 @@ class SchemaBuilder:
             self._scoped = True
             if isinstance(self.root, dict):
                 text = json.dumps(self.root)
-                if '"$ref"' in text or "unevaluated" in text:
+                if '"$ref"' in text or '"$dynamicRef"' in text or "unevaluated" in text:
                     self.root = copy.deepcopy(self.root)     # rewritten below
             self._absolute_refs()
             self._scope_unevaluated()
@@ -1302,7 +1331,12 @@ class SchemaBuilder:
             if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
                 continue
             if key in NOT_ENFORCED:
-                if key == "not":
+                if key == "$dynamicRef":
+                    self.unsupported(
+                        "keyword '$dynamicRef' (its target depends on the dynamic scope: "
+                        "several schemas declare its $dynamicAnchor, or it does not resolve "
+                        "inside the document)", f"{path}/{key}")
+                elif key == "not":
                     self.unsupported("keyword 'not' (negation is not supported)", f"{path}/not")
                 else:
                     self.unsupported(f"keyword {key!r} cannot be enforced by an automaton "
