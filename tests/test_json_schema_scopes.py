@@ -297,7 +297,11 @@ def test_fuzz_nested_applicators_against_jsonschema(schema):
     oracle = jsonschema.Draft202012Validator(schema)
     for v in UNIVERSE:
         if d.accepts(_text(v).encode()):
-            assert oracle.is_valid(v), ("invalid accepted", schema, v)
+            try:
+                valid = oracle.is_valid(v)
+            except RecursionError:
+                return       # a $ref cycle without an instance step: no meaning
+            assert valid, ("invalid accepted", schema, v)
 
 
 def test_strip_unenforced_resolves_ids_and_drops_refused_unevaluated():
