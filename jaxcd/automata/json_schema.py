@@ -15,8 +15,8 @@ engines are listed in ``docs/json_schema.md``. In short:
   decimal ``multipleOf`` where the number text has no exponent (bounds are exact);
 - free whitespace between tokens follows ``whitespace_pattern`` (default ``[ ]?``;
   pass ``""`` for compact JSON);
-- ``strict=True`` refuses keywords that would not be enforced (``uniqueItems``,
-  ``not``, ``if``/``then``, ...); annotations (``description``, ``x-*``, ...) are
+- ``strict=True`` refuses keywords that would not be enforced (``uniqueItems`` past
+  its limits, ``$dynamicRef``, ...); annotations (``description``, ``x-*``, ...) are
   always accepted; ``strict=False`` ignores what cannot be enforced.
 """
 
@@ -40,7 +40,7 @@ __all__ = ["load_schema", "schema_to_nfa", "schema_to_regex", "strip_unenforced"
 _SUB_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SUB_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SUB_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems", "not", "if",
-            "then", "else", "unevaluatedProperties")
+            "then", "else", "unevaluatedProperties", "unevaluatedItems", "contains")
 
 
 def load_schema(schema: Any) -> tuple[Any, str]:
@@ -143,7 +143,16 @@ def strip_unenforced(schema: Any) -> Any:
     (what ``jaxcd generate --no-strict`` compiles with the default strict check)."""
     if isinstance(schema, (str, bytes, bytearray)):
         schema, _ = load_schema(schema)
-    return _strip(copy.deepcopy(schema))
+    schema = copy.deepcopy(schema)
+    if isinstance(schema, dict):
+        # references resolved against $id base URIs become pointers (kept below), and
+        # unevaluatedProperties/Items become fixed-scope keywords (dropped where a
+        # strict=False build ignores them)
+        b = SchemaBuilder(schema, strict=False)
+        b._absolute_refs()
+        b._scope_unevaluated()
+        schema = b.root
+    return _strip(schema)
 
 
 def _strip(s: Any) -> Any:

@@ -22,6 +22,7 @@ given), so regexes for plain schemas are the ones outlines-core prints.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
@@ -178,11 +179,16 @@ STRUCTURAL = {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
     "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
-    "dependencies", "unevaluatedProperties", "contains", "minContains", "maxContains",
-    "__and",
+    "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains",
+    "minContains", "maxContains", "__and",
 }
+# keywords whose values are JSON data, not subschemas
+_DATA_KEYWORDS = {"enum", "const", "default", "examples", "example"}
+# keywords whose values map names to subschemas
+_NAME_MAPS = {"properties", "patternProperties", "$defs", "definitions",
+              "dependentSchemas", "dependencies"}
 # keywords whose value is not a subschema but which a strict=False build ignores
-NOT_ENFORCED = {"unevaluatedItems", "$dynamicRef",
+NOT_ENFORCED = {"$dynamicRef",
                 "$recursiveRef", "contentSchema", "disallow", "extends", "divisibleBy"}
 # keywords enforced by automaton products (``oneOf``, ``not``, ``if``/``then``/``else``):
 # each operand is determinised with at most this many states, and the product too
@@ -234,7 +240,9 @@ _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProp
 #: ``uniqueItems``: the item language must be finite, with at most this many spellings
 #: and this many distinct values (the array automaton tracks the subset of values used)
 MAX_UNIQUE_SPELLINGS = 256
-MAX_UNIQUE_VALUES = 10
+MAX_UNIQUE_VALUES = 10           # (no longer a limit by itself: see MAX_UNIQUE_STATES)
+#: ``uniqueItems``: at most this many (position, set of values used) automaton states
+MAX_UNIQUE_STATES = 4096
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -418,6 +426,22 @@ def ecma_to_python(pattern: str) -> str:
     class_start = False
     while i < n:
         c = pattern[i]
+        if c == "\\" and pattern.startswith(("p{", "P{"), i + 1):
+            end = pattern.find("}", i + 3)
+            if end < 0:
+                from ..errors import RegexSyntaxError
+                raise RegexSyntaxError(f"invalid regex {pattern!r}: unterminated "
+                                       f"\\{pattern[i + 1]}{{ at position {i}")
+            ranges = unicode_property(pattern[i + 3:end])
+            if pattern[i + 1] == "P":
+                from .utf8 import complement_ranges
+                ranges = complement_ranges(ranges)
+            body = "".join(_class_char(lo) + ("" if hi == lo else "-" + _class_char(hi))
+                           for lo, hi in ranges)
+            out.append(body if in_class else f"[{body}]" if body else "(?!)")
+            i = end + 1
+            class_start = False
+            continue
         if c == "\\" and i + 1 < n:
             esc = pattern[i:i + 2]
             out.append(esc)
@@ -458,6 +482,84 @@ def ecma_to_python(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+# Unicode General_Category values (short and long names, UAX #44 PropertyValueAliases)
+_GC_ALIASES = {
+    "Other": "C", "Control": "Cc", "cntrl": "Cc", "Format": "Cf", "Unassigned": "Cn",
+    "Private_Use": "Co", "Surrogate": "Cs", "Letter": "L", "Cased_Letter": "LC",
+    "Lowercase_Letter": "Ll", "Modifier_Letter": "Lm", "Other_Letter": "Lo",
+    "Titlecase_Letter": "Lt", "Uppercase_Letter": "Lu", "Mark": "M",
+    "Combining_Mark": "M", "Spacing_Mark": "Mc", "Enclosing_Mark": "Me",
+    "Nonspacing_Mark": "Mn", "Number": "N", "Decimal_Number": "Nd", "digit": "Nd",
+    "Letter_Number": "Nl", "Other_Number": "No", "Punctuation": "P", "punct": "P",
+    "Connector_Punctuation": "Pc", "Dash_Punctuation": "Pd", "Close_Punctuation": "Pe",
+    "Final_Punctuation": "Pf", "Initial_Punctuation": "Pi", "Other_Punctuation": "Po",
+    "Open_Punctuation": "Ps", "Symbol": "S", "Currency_Symbol": "Sc",
+    "Modifier_Symbol": "Sk", "Math_Symbol": "Sm", "Other_Symbol": "So",
+    "Separator": "Z", "Line_Separator": "Zl", "Paragraph_Separator": "Zp",
+    "Space_Separator": "Zs",
+}
+_GC_SHORT = {"C", "Cc", "Cf", "Cn", "Co", "Cs", "L", "LC", "Ll", "Lm", "Lo", "Lt", "Lu",
+             "M", "Mc", "Me", "Mn", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Pe", "Pf",
+             "Pi", "Po", "Ps", "S", "Sc", "Sk", "Sm", "So", "Z", "Zl", "Zp", "Zs"}
+
+
+@functools.lru_cache(maxsize=None)
+def _general_categories() -> dict:
+    """Code-point ranges of every two-letter General_Category (Python's unicodedata)."""
+    import unicodedata
+    out: dict = {}
+    prev, start = None, 0
+    for cp in range(MAX_CODE_POINT + 2):
+        cat = unicodedata.category(chr(cp)) if cp <= MAX_CODE_POINT else None
+        if cat != prev:
+            if prev is not None:
+                out.setdefault(prev, []).append((start, cp - 1))
+            prev, start = cat, cp
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def unicode_property(name: str) -> tuple:
+    """Code-point ranges of an ECMA-262 ``\\p{name}`` property: a General_Category
+    value (``L``, ``Letter``, ``Lu``, ``General_Category=Letter``, ``gc=L``) or ``Any``,
+    ``ASCII``, ``Assigned``, from the Unicode database Python ships; other properties
+    (scripts, binary properties) raise :class:`~jaxcd.errors.UnsupportedRegexError`
+    naming them."""
+    from ..errors import UnsupportedRegexError
+    key, _, value = name.partition("=")
+    if value:
+        if key not in ("General_Category", "gc"):
+            raise UnsupportedRegexError(
+                f"Unicode property \\p{{{name}}} is not supported (only General_Category "
+                "values and Any / ASCII / Assigned are)")
+        name = value
+    if name == "Any":
+        return ((0, MAX_CODE_POINT),)
+    if name == "ASCII":
+        return ((0, 0x7F),)
+    gc = _general_categories()
+    if name == "Assigned":
+        from .utf8 import complement_ranges
+        return tuple(complement_ranges(gc.get("Cn", [])))
+    short = _GC_ALIASES.get(name, name)
+    if short not in _GC_SHORT:
+        raise UnsupportedRegexError(
+            f"Unicode property \\p{{{name}}} is not supported (only General_Category values "
+            "such as L / Letter / Lu and Any / ASCII / Assigned are)")
+    if short == "LC":
+        cats = ["Lu", "Ll", "Lt"]
+    elif len(short) == 1:
+        cats = [c for c in gc if c[0] == short]
+    else:
+        cats = [short]
+    return tuple(normalize_ranges([r for c in cats for r in gc.get(c, [])]))
+
+
+def _class_char(cp: int) -> str:
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 \
+        else f"\\U{cp:08x}"
 
 
 def _split_anchored(items: list, limit: int = 64) -> list[list]:
@@ -756,6 +858,398 @@ class SchemaBuilder:
                 stack.extend(v for v in s if isinstance(v, (dict, list)))
         return None
 
+    # -- $id base URIs -----------------------------------------------------------------
+    def _absolute_refs(self) -> None:
+        """Resolve every ``$ref`` of the document against the base URI in force where it
+        is written (``$id`` of the enclosing schema resources, RFC 3986) and rewrite
+        those that name a schema of this document into JSON pointers from its root
+        (``#/$defs/...``), which :meth:`resolve` reads: relative references (``node``,
+        ``./bar.json``), absolute ones (``urn:...``, ``https://...``), anchors in other
+        resources (``b.json#foo``) and ``#/...`` fragments inside a subschema with its
+        own ``$id`` (relative to that subschema). Other references are left as they
+        are."""
+        if not isinstance(self.root, dict):
+            return
+        text = json.dumps(self.root)
+        if '"$ref"' not in text and '"$dynamicRef"' not in text:
+            return
+        dialect = str(self.root.get("$schema", ""))
+        draft4 = "draft-04" in dialect or "draft-03" in dialect
+        # drafts up to 07: a $ref's siblings are ignored, its $id included
+        legacy = draft4 or "draft-06" in dialect or "draft-07" in dialect
+        resources: dict = {}          # absolute URI (no fragment) -> pointer
+        anchors: dict = {}            # (URI, anchor) -> pointer
+        refs: list = []               # (schema dict, base URI)
+
+        def id_of(s):
+            v = s.get("$id")
+            if v is None and draft4:
+                v = s.get("id")
+            return v if isinstance(v, str) else None
+
+        resources[_DEFAULT_BASE] = ""
+        dyn_refs: list = []
+        dyn_anchors: dict = {}        # $dynamicAnchor name -> how many schemas declare it
+        dyn_at: set = set()           # (URI, name) of each $dynamicAnchor
+        stack = [(self.root, "", _DEFAULT_BASE)]
+        while stack:
+            node, ptr, base = stack.pop()
+            if isinstance(node, list):
+                stack.extend((x, f"{ptr}/{i}", base) for i, x in enumerate(node))
+                continue
+            if not isinstance(node, dict):
+                continue
+            i = id_of(node)
+            if legacy and isinstance(node.get("$ref"), str):
+                i = None
+            if i is not None:
+                uri, frag = _split_fragment(_join_uri(base, i))
+                if uri is not None:
+                    base = uri
+                    resources.setdefault(uri, ptr)
+                if frag and not frag.startswith("/"):        # draft-07 "$id": "#foo"
+                    anchors.setdefault((base, frag), ptr)
+            for k in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(k), str):
+                    anchors.setdefault((base, node[k]), ptr)
+            if isinstance(node.get("$ref"), str):
+                refs.append((node, base))
+            if isinstance(node.get("$dynamicRef"), str):
+                dyn_refs.append((node, base))
+            if isinstance(node.get("$dynamicAnchor"), str):
+                dyn_anchors[node["$dynamicAnchor"]] = dyn_anchors.get(node["$dynamicAnchor"],
+                                                                      0) + 1
+                dyn_at.add((base, node["$dynamicAnchor"]))
+            for k, v in node.items():
+                if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
+                    continue
+                if k in _NAME_MAPS and isinstance(v, dict):
+                    # a map of names to subschemas (not itself a schema)
+                    stack.extend((x, f"{ptr}/{_escape_pointer(k)}/{_escape_pointer(n)}",
+                                  base) for n, x in v.items())
+                    continue
+                stack.append((v, f"{ptr}/{_escape_pointer(k)}", base))
+        def target_of(ref, base):
+            uri, frag = _split_fragment(_join_uri(base, ref))
+            if uri is None or uri not in resources:
+                return None, uri, frag
+            at = resources[uri]
+            if not frag:
+                return at, uri, frag
+            if frag.startswith("/"):
+                return at + frag, uri, frag
+            return anchors.get((uri, unquote(frag))), uri, frag
+
+        for node, base in refs:
+            ref = node["$ref"]
+            target, _, _ = target_of(ref, base)
+            if target is not None and "#" + target != ref:
+                node["$ref"] = "#" + target
+        # $dynamicRef: resolved like $ref, then, if its fragment names a $dynamicAnchor,
+        # replaced by the outermost schema resource in the dynamic scope that declares
+        # the same $dynamicAnchor. With one such declaration in the whole document, that
+        # is always the static target: then it is a $ref (else it stays, refused)
+        for node, base in dyn_refs:
+            ref = node["$dynamicRef"]
+            target, uri, frag = target_of(ref, base)
+            if target is None:
+                continue
+            name = unquote(frag)
+            if frag and not frag.startswith("/") and (uri, name) in dyn_at and \
+                    dyn_anchors.get(name, 0) != 1:
+                continue
+            del node["$dynamicRef"]
+            if "$ref" in node:
+                node["allOf"] = list(node.get("allOf") or []) + [{"$ref": "#" + target}]
+            else:
+                node["$ref"] = "#" + target
+
+    # -- unevaluatedProperties / unevaluatedItems ---------------------------------------
+    def _scope_unevaluated(self) -> None:
+        """Rewrite every ``unevaluatedProperties`` / ``unevaluatedItems`` of the document
+        (a copy of it) into keywords with a fixed scope, where that is exact:
+        ``unevaluatedProperties: U`` becomes ``additionalProperties: U`` beside
+        ``properties`` / ``patternProperties`` naming every property that the schema's
+        own keywords, its ``allOf`` parts and its ``$ref`` targets (recursively) evaluate;
+        ``unevaluatedItems: U`` becomes ``items: U`` after ``prefixItems`` as long as the
+        longest evaluated prefix (``items: {anyOf: [contains..., U]}`` with ``contains``).
+        Once rewritten, the keyword no longer sees properties or items of the schemas
+        around it (its parent, its siblings in an ``allOf``): the specification's scope.
+        Annotations that depend on which branch succeeds (``anyOf``, ``oneOf``, ``if`` /
+        ``then`` / ``else``, ``dependentSchemas``) are not tracked: when such a branch
+        evaluates a property (or item) that the fixed part does not, the keyword is
+        refused by name (strict) or ignored (strict=False)."""
+        if not isinstance(self.root, dict) or "unevaluated" not in json.dumps(self.root):
+            return
+        todo = [(self.root, "")]
+        nodes = []
+        while todo:
+            s, path = todo.pop()
+            if isinstance(s, list):
+                todo.extend((x, f"{path}/{i}") for i, x in enumerate(s))
+                continue
+            if not isinstance(s, dict):
+                continue
+            if "unevaluatedProperties" in s or "unevaluatedItems" in s:
+                nodes.append((s, path))
+            for k, v in s.items():
+                if k in _DATA_KEYWORDS or not isinstance(v, (dict, list)):
+                    continue
+                if k in _NAME_MAPS and isinstance(v, dict):
+                    todo.extend((x, f"{path}/{k}/{n}") for n, x in v.items())
+                    continue
+                todo.append((v, f"{path}/{k}"))
+        # innermost first (a rewritten schema evaluates what its keyword did)
+        for s, path in sorted(nodes, key=lambda x: -x[1].count("/")):
+            if "unevaluatedProperties" in s:
+                self._scope_properties(s, path)
+            if "unevaluatedItems" in s:
+                self._scope_items(s, path)
+
+    def _annotations(self, s: Any, kind: str, dynamic: bool, out: dict, seen: set,
+                     path: str) -> None:
+        """Collect in ``out`` what ``s`` evaluates (``kind``: "properties" or "items"):
+        ``out["static"]`` / ``out["dynamic"]`` (inside a branch that may fail without
+        failing the schema) each a dict ``names``, ``patterns``, ``all``, ``prefix``,
+        ``contains``; ``out["groups"]``: the branching keywords met outside branches,
+        as ``(keyword, value, path)``."""
+        if not isinstance(s, dict) or id(s) in seen:
+            return
+        seen = seen | {id(s)}
+        acc = out["dynamic" if dynamic else "static"]
+        if s.get(f"x-jaxcd-evaluates-all-{kind}") is True:
+            acc["all"] = True
+        if kind == "properties":
+            for n in (s.get("properties") or {}) if isinstance(s.get("properties"), dict) \
+                    else ():
+                acc["names"].append(n)
+            for pt in (s.get("patternProperties") or {}) \
+                    if isinstance(s.get("patternProperties"), dict) else ():
+                acc["patterns"].append(pt)
+            if "additionalProperties" in s or "unevaluatedProperties" in s:
+                acc["all"] = True
+        else:
+            items = s.get("items")
+            if isinstance(items, list):
+                acc["prefix"] = max(acc["prefix"], len(items))
+                if "additionalItems" in s:
+                    acc["all"] = True
+            elif "items" in s:
+                acc["all"] = True
+            if isinstance(s.get("prefixItems"), list):
+                acc["prefix"] = max(acc["prefix"], len(s["prefixItems"]))
+            if "unevaluatedItems" in s:
+                acc["all"] = True
+            if "contains" in s:
+                acc["contains"].append(s["contains"])
+        for k in ("$dynamicRef", "$recursiveRef"):
+            if k in s:
+                out["why"].append(f"{k} at {path}/{k}")
+        if isinstance(s.get("$ref"), str):
+            try:
+                target, _ = self.resolve(s["$ref"], f"{path}/$ref")
+            except (SchemaError, UnsupportedSchemaError):
+                target = None
+            self._annotations(target, kind, dynamic, out, seen, f"{path}/$ref")
+        for i, sub in enumerate(s.get("allOf") or () if isinstance(s.get("allOf"), list)
+                                else ()):
+            self._annotations(sub, kind, dynamic, out, seen, f"{path}/allOf/{i}")
+        for k in ("anyOf", "oneOf"):
+            if isinstance(s.get(k), list):
+                if not dynamic:
+                    out["groups"].append((k, s[k], f"{path}/{k}"))
+                for i, sub in enumerate(s[k]):
+                    self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{i}")
+        if "if" in s:
+            if not dynamic:
+                out["groups"].append(("if", s, f"{path}/if"))
+            for k in ("if", "then", "else"):
+                self._annotations(s.get(k), kind, True, out, seen, f"{path}/{k}")
+        for k in ("dependentSchemas", "dependencies"):
+            if isinstance(s.get(k), dict):
+                for name, sub in s[k].items():
+                    if not dynamic and isinstance(sub, (dict, bool)):
+                        out["groups"].append((k, (name, sub), f"{path}/{k}/{name}"))
+                    self._annotations(sub, kind, True, out, seen, f"{path}/{k}/{name}")
+
+    def _collect(self, s: Any, kind: str, path: str) -> dict:
+        out: dict = {"why": [], "groups": []}
+        for x in ("static", "dynamic"):
+            out[x] = {"names": [], "patterns": [], "all": False, "prefix": 0,
+                      "contains": []}
+        self._annotations(s, kind, False, out, set(), path)
+        return out
+
+    def _uncovered(self, kind: str, more: dict, st: dict) -> str | None:
+        """What ``more`` evaluates beyond ``st`` (a reason), or None if nothing."""
+        if st["all"]:
+            return None
+        if more["all"]:
+            return ("additionalProperties or unevaluatedProperties" if kind == "properties"
+                    else "items or unevaluatedItems")
+        if kind == "items":
+            if more["prefix"] > st["prefix"]:
+                return f"prefixItems of {more['prefix']} items"
+            if any(not any(_json_eq(c, d) for d in st["contains"])
+                   for c in more["contains"]):
+                return "contains"
+            return None
+        for p in more["patterns"]:
+            if p not in st["patterns"]:
+                return f"patternProperties {p!r}"
+        for n in more["names"]:
+            if n in st["names"]:
+                continue
+            content = json.dumps(n, ensure_ascii=False)[1:-1].encode()
+            try:
+                covered = any(self._pattern_dfa(p).accepts(content) for p in st["patterns"])
+            except ValueError:
+                covered = False
+            if not covered:
+                return f"property {n!r}"
+        return None
+
+    def _branch_cases(self, kind: str, group, st: dict):
+        """The cases of a branching keyword for an ``unevaluated*`` keyword:
+        ``[(condition schema, what the case evaluates), ...]``, one of which holds
+        whenever the keyword does (anyOf: every non-empty subset of branches, which
+        may all hold; oneOf: each branch; if: the condition with ``then``, or its
+        negation with ``else``; a dependency: its name present with its schema, or
+        absent). None if nothing in them is evaluated beyond ``st``; a string (the
+        reason) if a branch's own evaluation depends on its branches again."""
+        key, value, where = group
+        if key in ("anyOf", "oneOf"):
+            parts = [(b, [b]) for b in value]
+        elif key == "if":
+            parts = [(value.get("if", True), [value.get("if", True), value.get("then", True)]),
+                     ({"not": value.get("if", True)}, [value.get("else", True)])]
+        else:
+            name, sub = value
+            if key == "dependencies" and isinstance(sub, list):
+                return None
+            parts = [({"required": [name]}, [sub]),
+                     ({"not": {"required": [name]}}, [])]
+        infos = []
+        for cond, evaluated in parts:
+            acc = {"names": [], "patterns": [], "all": False, "prefix": 0, "contains": []}
+            for x in evaluated:
+                info = self._collect(x, kind, where)
+                if info["why"]:
+                    return info["why"][0]
+                inner = self._uncovered(kind, info["dynamic"], info["static"])
+                if inner is not None:
+                    return f"{where} has branches that evaluate {inner}"
+                b = info["static"]
+                acc["names"] += b["names"]
+                acc["patterns"] += b["patterns"]
+                acc["all"] = acc["all"] or b["all"]
+                acc["prefix"] = max(acc["prefix"], b["prefix"])
+                acc["contains"] += b["contains"]
+            infos.append((cond, acc))
+        if all(self._uncovered(kind, a, st) is None for _, a in infos):
+            return None
+        if key == "anyOf":
+            out = []
+            for r in range(1, len(infos) + 1):
+                for combo in itertools.combinations(infos, r):
+                    acc = {"names": [], "patterns": [], "all": False, "prefix": 0,
+                           "contains": []}
+                    for _, a in combo:
+                        acc["names"] += a["names"]
+                        acc["patterns"] += a["patterns"]
+                        acc["all"] = acc["all"] or a["all"]
+                        acc["prefix"] = max(acc["prefix"], a["prefix"])
+                        acc["contains"] += a["contains"]
+                    out.append(([c for c, _ in combo], acc))
+                    if len(out) > MAX_UNEVALUATED_CASES:
+                        return out
+            return out
+        return [([c], a) for c, a in infos]
+
+    def _scope_unevaluated_keyword(self, s: dict, path: str, kind: str) -> None:
+        kw = "unevaluatedProperties" if kind == "properties" else "unevaluatedItems"
+        u = s.pop(kw)
+        where = f"{path}/{kw}"
+        info = self._collect(s, kind, path)
+        st = info["static"]
+        if st["all"]:
+            return                   # everything is evaluated: no effect
+        why = info["why"][0] if info["why"] else None
+        cases: list = [([], {"names": [], "patterns": [], "all": False, "prefix": 0,
+                             "contains": []})]
+        if why is None and self._uncovered(kind, info["dynamic"], st) is not None:
+            # the evaluated set depends on which branches hold: one case per choice
+            for group in info["groups"]:
+                g = self._branch_cases(kind, group, st)
+                if g is None:
+                    continue
+                if isinstance(g, str):
+                    why = g
+                    break
+                if len(cases) * len(g) > MAX_UNEVALUATED_CASES:
+                    why = (f"the branches make more than {MAX_UNEVALUATED_CASES} cases "
+                           f"(MAX_UNEVALUATED_CASES)")
+                    break
+                cases = [(c1 + c2, _union_eval(a1, a2)) for c1, a1 in cases for c2, a2 in g]
+        if why is not None:
+            self.unsupported(
+                f"keyword {kw!r} (which {kind} are evaluated depends on which branch "
+                f"succeeds: {why})", where)
+            return                   # strict=False: ignored
+        if len(cases) == 1:
+            self._scoped_keywords(s, kind, st, u, into=s)
+            return
+        # one of the cases holds whenever the schema does; each case's conditions
+        # with the keyword scoped to what is evaluated in it (a larger case evaluates
+        # more, so "some case holds" is exact)
+        alts = []
+        for conds, acc in cases:
+            scope: dict = {}
+            self._scoped_keywords(scope, kind, _union_eval(st, acc), u, into=scope)
+            alts.append({"allOf": list(conds) + [scope]} if conds else scope)
+        s["allOf"] = list(s.get("allOf") or []) + [{"anyOf": alts}]
+        # (an annotation for the builder) a schema around this one sees every
+        # property / item evaluated here, as the keyword did
+        s[f"x-jaxcd-evaluates-all-{kind}"] = True
+
+    def _scoped_keywords(self, s: dict, kind: str, st: dict, u: Any, into: dict) -> None:
+        """Write into ``into`` (``s`` itself, or a new conjunct) the fixed-scope form of
+        ``unevaluated*: u`` after what ``st`` evaluates."""
+        if st["all"]:
+            return
+        if kind == "properties":
+            props = into.get("properties")
+            props = dict(props) if isinstance(props, dict) else {}
+            for n in st["names"]:
+                props.setdefault(n, True)
+            pats = into.get("patternProperties")
+            pats = dict(pats) if isinstance(pats, dict) else {}
+            for p in st["patterns"]:
+                pats.setdefault(p, True)
+            if props:
+                into["properties"] = props
+            if pats:
+                into["patternProperties"] = pats
+            into["additionalProperties"] = u
+            return
+        n = st["prefix"]
+        cs = list(st["contains"])
+        rest = u if not cs else {"anyOf": cs + [u]}
+        if isinstance(into.get("items"), list):
+            into["items"] = list(into["items"]) + [True] * (n - len(into["items"]))
+            into["additionalItems"] = rest
+            return
+        if n:
+            prefix = list(into.get("prefixItems") or [])
+            into["prefixItems"] = prefix + [True] * (n - len(prefix))
+        into["items"] = rest
+
+    def _scope_properties(self, s: dict, path: str) -> None:
+        self._scope_unevaluated_keyword(s, path, "properties")
+
+    def _scope_items(self, s: dict, path: str) -> None:
+        self._scope_unevaluated_keyword(s, path, "items")
+
     # -- entry -----------------------------------------------------------------------
     def build(self) -> Node:
         """The schema's tree. If expanding recursive ``$ref`` s ``max_depth`` times
@@ -763,6 +1257,14 @@ class SchemaBuilder:
         depth is lowered (down to 1) before raising
         :class:`~jaxcd.errors.AutomatonTooLargeError` naming the innermost subschema over it;
         ``self.depth_used`` records the depth built."""
+        if not getattr(self, "_scoped", False):
+            self._scoped = True
+            if isinstance(self.root, dict):
+                text = json.dumps(self.root)
+                if '"$ref"' in text or '"$dynamicRef"' in text or "unevaluated" in text:
+                    self.root = copy.deepcopy(self.root)     # rewritten below
+            self._absolute_refs()
+            self._scope_unevaluated()
         requested, order, free = self.max_depth, self.property_order, self.max_free_depth
         orders = ("auto", "schema") if order == "auto" else (order,)
         # last resort (no max_free_depth given): free-form values one container deep
@@ -829,7 +1331,12 @@ class SchemaBuilder:
             if is_annotation(key) or key in STRUCTURAL or key in ("$defs", "definitions"):
                 continue
             if key in NOT_ENFORCED:
-                if key == "not":
+                if key == "$dynamicRef":
+                    self.unsupported(
+                        "keyword '$dynamicRef' (its target depends on the dynamic scope: "
+                        "several schemas declare its $dynamicAnchor, or it does not resolve "
+                        "inside the document)", f"{path}/{key}")
+                elif key == "not":
                     self.unsupported("keyword 'not' (negation is not supported)", f"{path}/not")
                 else:
                     self.unsupported(f"keyword {key!r} cannot be enforced by an automaton "
@@ -1448,6 +1955,7 @@ class SchemaBuilder:
         reduce to one automaton: keyword-wise intersection."""
         out: dict = {}
         merged_parts: list = []          # the object parts, for _merge_extras
+        arrays: list = []                # (prefix schemas, items schema) of each part
         for i, sub in enumerate(subs):
             where = f"{path}/{i}"
             if sub is True:
@@ -1473,6 +1981,15 @@ class SchemaBuilder:
                 parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
                          else list(sub["allOf"]) + [rest])
                 sub = self.merge(parts, where)
+            if "contains" not in sub and ("minContains" in sub or "maxContains" in sub):
+                # minContains / maxContains apply to their own schema's contains only
+                sub = {k: v for k, v in sub.items() if k not in ("minContains", "maxContains")}
+            if any(k in sub for k in _POSITIONAL):
+                # prefixItems / items (and the draft-04 tuple form) apply to this part's
+                # positions: combined position by position below, so that one part's
+                # prefixItems never exempts another part's items
+                arrays.append(_positions(sub))
+                sub = {k: v for k, v in sub.items() if k not in _POSITIONAL}
             merged_parts.append(sub)
             cont = ("contains", "minContains", "maxContains")
             if "contains" in sub and "contains" in out and not all(
@@ -1502,6 +2019,14 @@ class SchemaBuilder:
                         out["enum"] = []
                 else:
                     out[k] = self._merge_kw(k, out[k], v, where)
+        if arrays:
+            n = max(len(p) for p, _ in arrays)
+            at = [_conj([p[i] if i < len(p) else it for p, it in arrays]) for i in range(n)]
+            rest = _conj([it for _, it in arrays])
+            if n:
+                out["prefixItems"] = at
+            if rest is not True:
+                out["items"] = rest
         return self._merge_extras(out, merged_parts, path)
 
     def _merge_extras(self, out: dict, parts: list, path: str) -> dict:
@@ -1540,8 +2065,10 @@ class SchemaBuilder:
                         continue
                     new_props[name] = {"allOf": [new_props[name], addl]}
             if isinstance(pats, dict):
+                # (a pattern that this part also has is not extra to it)
                 foreign = [pt for q in parts if q is not p
-                           for pt in (q.get("patternProperties") or {})]
+                           for pt in (q.get("patternProperties") or {})
+                           if pt not in own_pats]
                 if foreign:
                     if own_pats:
                         if self.strict:
@@ -1615,6 +2142,8 @@ class SchemaBuilder:
             return min(a, b)
         if k == "enum":
             return [x for x in a if any(_json_eq(x, y) for y in b)]
+        if k == "multipleOf":
+            return self._merge_multiple_of(a, b, path)
         if k in ("items", "additionalProperties", "propertyNames") and \
                 isinstance(a, (dict, bool)) and isinstance(b, (dict, bool)):
             return {"allOf": [a, b]}
@@ -1625,6 +2154,32 @@ class SchemaBuilder:
                 f"allOf at {path or '/'}: cannot combine two different values of {k!r} into "
                 "one automaton")
         return a
+
+    def _merge_multiple_of(self, a, b, path):
+        """Two ``multipleOf`` under one ``allOf``: a number is a multiple of both iff it
+        is a multiple of their least common multiple (of rationals: ``lcm(p/q, r/s) =
+        lcm(p, r) / gcd(q, s)`` in lowest terms), which is again a terminating decimal
+        for decimal inputs."""
+        from fractions import Fraction
+        from math import gcd
+        try:
+            fa, fb = Fraction(to_decimal(a)), Fraction(to_decimal(b))
+        except TypeError:
+            raise SchemaError(f"{path}/multipleOf must be a number") from None
+        if fa <= 0 or fb <= 0:
+            raise SchemaError(f"{path}/multipleOf must be > 0")
+        num = fa.numerator * fb.numerator // gcd(fa.numerator, fb.numerator)
+        m = Fraction(num, gcd(fa.denominator, fb.denominator))
+        if m.denominator == 1:
+            return int(m)
+        x = float(m)
+        if Fraction(to_decimal(x)) != m:
+            if self.strict:
+                raise UnsupportedSchemaError(
+                    f"allOf at {path or '/'}: keyword 'multipleOf': the least common "
+                    f"multiple of {a!r} and {b!r} is not a short decimal")
+            return a
+        return x
 
     # -- types -----------------------------------------------------------------------
     def types_of(self, schema: dict, path: str) -> list[str]:
@@ -1937,13 +2492,9 @@ class SchemaBuilder:
                       for i, s in enumerate(prefix)]
         rest = self.value_node(items, f"{path}/items") if items is not False else EMPTY
         if unique:
-            why = "it is enforced only without prefixItems" if item_nodes else \
-                self._unique_values(rest)
-            if isinstance(why, str):
-                self.unsupported(f"keyword 'uniqueItems' ({why})", f"{path}/uniqueItems")
+            node = self._unique_array(item_nodes, rest, lo, hi, path)
+            if node is None:
                 node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
-            else:
-                node = self._unique_list(why, lo, hi, path)
         else:
             node = self._list(item_nodes, rest, lo, hi, "[", "]", ",")
         if "contains" in schema:
@@ -1967,6 +2518,9 @@ class SchemaBuilder:
         c = schema["contains"]
         lo, hi = schema.get("minContains", 1), schema.get("maxContains")
         for k, v in (("minContains", lo), ("maxContains", hi)):
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)              # an integral number is an integer (2020-12)
+                lo, hi = (v, hi) if k == "minContains" else (lo, v)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise SchemaError(f"{path}/{k} must be a non-negative integer, got {v!r}")
         if node.kind == "empty" or (lo == 0 and hi is None):
@@ -2007,11 +2561,12 @@ class SchemaBuilder:
                           self.to_dfa(k_node, path, "contains"), path, "contains", intersect)
         return Node("dfa", (d,), d.num_states + 1)
 
-    def _unique_values(self, item: Node):
-        """The item language as ``[node per distinct JSON value]`` (each node: the
-        value's spellings), or a string saying which limit it exceeds."""
+    def _unique_values(self, item: Node, index: dict):
+        """The item language as ``{value number: node of its spellings}`` (values
+        numbered in ``index``, shared by the positions of one array), or a string
+        saying which limit it exceeds."""
         if item.kind == "empty":
-            return []
+            return {}
         dfa = _node_dfa(item)
         texts = _finite_texts(dfa, MAX_UNIQUE_SPELLINGS)
         if texts is None:
@@ -2023,24 +2578,49 @@ class SchemaBuilder:
                 v = json.loads(t, parse_float=Decimal, parse_int=Decimal)
             except ValueError:
                 return "an item spelling is not one JSON value"
-            groups.setdefault(_canon(v), []).append(t)
-        if len(groups) > MAX_UNIQUE_VALUES:
-            return (f"the items take {len(groups)} distinct values; the limit is "
-                    f"{MAX_UNIQUE_VALUES} (MAX_UNIQUE_VALUES)")
-        return [alt(*(lit(t.decode("utf-8")) for t in sorted(g))) for g in groups.values()]
+            groups.setdefault(index.setdefault(_canon(v), len(index)), []).append(t)
+        return {k: alt(*(lit(t.decode("utf-8")) for t in sorted(g)))
+                for k, g in groups.items()}
 
-    def _unique_list(self, values: list, lo: int, hi: int | None, path: str) -> Node:
-        """``[v1, v2, ...]`` with pairwise distinct values, ``lo..hi`` of them: one NFA
-        state per subset of values used."""
-        K = len(values)
-        hi = K if hi is None else min(hi, K)
+    def _unique_array(self, head: list[Node], rest: Node, lo: int, hi: int | None,
+                      path: str) -> Node | None:
+        """``uniqueItems``: arrays whose item at position ``i`` takes ``head[i]`` (then
+        ``rest``), ``lo..hi`` items, pairwise distinct values. One NFA state per
+        (position, set of values used) reached: the item languages must be finite
+        (``MAX_UNIQUE_SPELLINGS``) and the sets of values within
+        ``MAX_UNIQUE_STATES``. None (after :meth:`unsupported`) past a limit."""
+        index: dict = {}
+        per_pos = []
+        for n in list(head) + [rest]:
+            vals = self._unique_values(n, index)
+            if isinstance(vals, str):
+                self.unsupported(f"keyword 'uniqueItems' ({vals})", f"{path}/uniqueItems")
+                return None
+            per_pos.append(vals)
+        H = len(head)
+        hi = len(index) if hi is None else min(hi, len(index))
         if lo > hi:
             return EMPTY
-        size = (1 << K) * (sum(v.size for v in values) + 8)
-        if size > self.max_nfa_states:
-            raise AutomatonTooLargeError(
-                f"uniqueItems at {path or '/'}: one copy of the {K} item values per subset "
-                f"(about {size} NFA states); the limit is max_nfa_states={self.max_nfa_states}")
+        # the reachable (position, values used) pairs, before building anything
+        seen = {(0, 0)}
+        todo = [(0, 0)]
+        while todo:
+            pos, S = todo.pop()
+            if bin(S).count("1") >= hi:
+                continue
+            for v in per_pos[min(pos, H)]:
+                if not S >> v & 1:
+                    key = (min(pos + 1, H), S | 1 << v)
+                    if key not in seen:
+                        if len(seen) >= MAX_UNIQUE_STATES:
+                            self.unsupported(
+                                f"keyword 'uniqueItems' (the item values ({len(index)}) "
+                                f"make more than {MAX_UNIQUE_STATES} sets of values used "
+                                f"(MAX_UNIQUE_STATES); bound the items' values or "
+                                f"maxItems)", f"{path}/uniqueItems")
+                            return None
+                        seen.add(key)
+                        todo.append(key)
         nfa = NFA()
         em = _NFAEmitter(nfa, "")
         start = nfa.add_state()
@@ -2049,26 +2629,22 @@ class SchemaBuilder:
         open_ = em.emit(self.ws, em.emit(lit("["), start))
         if lo == 0:
             nfa.add_epsilon(em.emit(lit("]"), open_), final)
-        after = {}
-
-        def state(S):
-            if S not in after:
-                after[S] = nfa.add_state()
-            return after[S]
-        for v in range(K):
-            nfa.add_epsilon(em.emit(values[v], open_), state(1 << v))
-        for S in range(1, 1 << K):
+        state = {key: nfa.add_state() for key in seen if key != (0, 0)}
+        for (pos, S), q in state.items():
             c = bin(S).count("1")
-            if c > hi:
-                continue
-            q = state(S)
             if c >= lo:
                 nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), q), final)
-            if c < hi:
-                sep = em.emit(seq(self.ws, lit(","), self.ws), q)
-                for v in range(K):
-                    if not S >> v & 1:
-                        nfa.add_epsilon(em.emit(values[v], sep), state(S | 1 << v))
+        for pos, S in seen:
+            src = open_ if (pos, S) == (0, 0) else None
+            if bin(S).count("1") >= hi:
+                continue
+            for v, node in per_pos[min(pos, H)].items():
+                key = (min(pos + 1, H), S | 1 << v)
+                if S >> v & 1 or key not in state:
+                    continue
+                if src is None:
+                    src = em.emit(seq(self.ws, lit(","), self.ws), state[pos, S])
+                nfa.add_epsilon(em.emit(node, src), state[key])
         nfa.accepting = {final}
         dfa = minimize(determinize(nfa))
         return Node("dfa", (dfa,), dfa.num_states + 1)
@@ -2440,6 +3016,76 @@ def _nesting_bound(dfa: DFA, lo: int, hi: int, max_states: int) -> int | None:
         except AutomatonTooLargeError:
             return None
     return None
+
+
+_POSITIONAL = ("prefixItems", "items", "additionalItems")
+#: unevaluatedProperties / unevaluatedItems whose evaluated set depends on branches: at
+#: most this many cases (choices of the branches that hold)
+MAX_UNEVALUATED_CASES = 16
+
+
+def _union_eval(a: dict, b: dict) -> dict:
+    return {"names": a["names"] + b["names"], "patterns": a["patterns"] + b["patterns"],
+            "all": a["all"] or b["all"], "prefix": max(a["prefix"], b["prefix"]),
+            "contains": a["contains"] + b["contains"]}
+# the base URI of a document without $id (RFC 3986 resolution needs one)
+_DEFAULT_BASE = "https://jaxcd.invalid/schema.json"
+
+
+def _join_uri(base: str, ref: str) -> str:
+    """``ref`` resolved against ``base`` (RFC 3986); non-hierarchical bases (``urn:``)
+    resolve only fragments and absolute references."""
+    from urllib.parse import urljoin, urlsplit
+    if urlsplit(ref).scheme:
+        return ref
+    if ref.startswith("#"):
+        return base.split("#", 1)[0] + ref
+    if urlsplit(base).scheme in ("http", "https", "file", "ftp", ""):
+        return urljoin(base, ref)
+    return ref                  # relative to a urn: no defined resolution
+
+
+def _split_fragment(uri: str) -> tuple[str | None, str]:
+    """``(URI without fragment, fragment)``; the URI is None when it is not absolute."""
+    from urllib.parse import urlsplit
+    base, _, frag = uri.partition("#")
+    if not urlsplit(base).scheme:
+        return None, frag
+    return base, frag
+
+
+def _escape_pointer(key: str) -> str:
+    """A JSON pointer token as a URI fragment writes it (``resolve`` reads it back)."""
+    from urllib.parse import quote
+    return quote(key.replace("~", "~0").replace("/", "~1"), safe="~$!&'()*+,;=:@")
+
+
+def _positions(sub: dict) -> tuple[list, Any]:
+    """``(schemas of the first positions, schema of the later ones)`` that a schema's
+    ``prefixItems`` / ``items`` (or draft-04 ``items`` array / ``additionalItems``)
+    give the items of an array."""
+    items = sub.get("items", True)
+    if isinstance(items, list):
+        return list(items), sub.get("additionalItems", True)
+    prefix = sub.get("prefixItems")
+    if prefix is not None and not isinstance(prefix, list):
+        raise SchemaError("prefixItems must be an array")
+    return list(prefix or []), items
+
+
+def _conj(schemas: list) -> Any:
+    """One schema for the conjunction of ``schemas`` (``true`` dropped, repeats too)."""
+    out: list = []
+    for x in schemas:
+        if x is True or x == {}:
+            continue
+        if x is False:
+            return False
+        if not any(_json_eq(x, y) for y in out):
+            out.append(x)
+    if not out:
+        return True
+    return out[0] if len(out) == 1 else {"allOf": out}
 
 
 def _before(schema: dict, a: str, b: str) -> bool:
