@@ -262,7 +262,7 @@ def largest_constraint(vocab):
     for c in json.loads((WORKLOAD / "workload.json").read_text())["constraints"]:
         src = (WORKLOAD / c["file"]).read_text()
         try:
-            fa = (build_constraint(vocab, schema=src, whitespace_pattern="",
+            fa = (build_constraint(vocab, closed_objects=False, schema=src, whitespace_pattern="",
                                    property_order="schema")
                   if c["kind"] == "json_schema" else build_constraint(vocab, regex=src))
         except Exception as e:  # noqa: BLE001 - report and skip
@@ -463,7 +463,7 @@ def main(argv=None):
     model = load_model()
     lm, params = model.lm, model.params
     schema = (WORKLOAD / "json_schema" / "js_tool_call.json").read_text()
-    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="",
+    fa = build_constraint(model.vocab, closed_objects=False, schema=schema, whitespace_pattern="",
                           property_order="schema")
     fa_d = fa.to_device()
     budget = fa.min_budget + args.margin

@@ -163,7 +163,7 @@ def main(argv=None):
     model = load_model()
     lm, params = model.lm, model.params
     schema = (WORKLOAD / "json_schema" / "js_tool_call.json").read_text()
-    fa = build_constraint(model.vocab, schema=schema, whitespace_pattern="",
+    fa = build_constraint(model.vocab, closed_objects=False, schema=schema, whitespace_pattern="",
                           property_order="schema").to_device()
     budget = args.budget
     tables = {m: tables_for(fa, m, budget) if m != "none" else None for m in METHODS}

@@ -172,7 +172,7 @@ def main(argv=None):
         if c["kind"] == "regex":
             fa = build_constraint(vocab, regex=c["source"])
         else:
-            fa = build_constraint(vocab, schema=c["source"], whitespace_pattern=ws)
+            fa = build_constraint(vocab, closed_objects=False, schema=c["source"], whitespace_pattern=ws)
         c["compile_s"] = time.perf_counter() - t0
         c["fa"] = fa.to_device()
         c["min_budget"] = fa.min_budget

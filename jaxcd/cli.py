@@ -421,9 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
                    help="--schema: refuse keywords that cannot be enforced (default); "
                         "--no-strict ignores them (outputs may then fail those keywords)")
-    g.add_argument("--closed-objects", action="store_true",
-                   help="--schema: objects that declare properties take no other key (as "
-                        "tool calls do); default: open objects, as the JSON Schema spec says")
+    g.add_argument("--closed-objects", action=argparse.BooleanOptionalAction, default=True,
+                   help="--schema: objects that declare properties take no other key (the "
+                        "default, as tool calls and structured outputs expect); "
+                        "--no-closed-objects: the JSON Schema specification's open objects")
     g.add_argument("--whitespace", default=None, help="JSON whitespace regex (default '[ ]?')")
     g.add_argument("--model", default=None,
                    help="GGUF file, Hugging Face checkpoint folder or model name "

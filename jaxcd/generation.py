@@ -99,13 +99,16 @@ def _on_data_axis(m: Model, *arrays):
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
                      whitespace_pattern: str | None = None, cache: bool | str = False,
-                     strict: bool = True, closed_objects: bool = False,
+                     strict: bool = True, closed_objects: bool = True,
                      property_order: str = "auto", max_tokens: int | None = None):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
     or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
-    ``cache``, ``strict``, ``closed_objects``, ``property_order`` and ``max_tokens`` (the
-    budget the automaton will be used with) are :func:`~jaxcd.compile_json_schema`'s,
-    with its defaults (the last four for schemas only)."""
+    ``cache``, ``strict``, ``property_order`` and ``max_tokens`` (the budget the automaton
+    will be used with) are :func:`~jaxcd.compile_json_schema`'s, with its defaults (the
+    last three for schemas only). ``closed_objects`` defaults to True here: generation
+    closes objects that declare properties (no keys beyond those, as xgrammar's strict mode
+    and OpenAI's structured outputs do); ``closed_objects=False`` gives the specification's
+    open objects, :func:`~jaxcd.compile_json_schema`'s default."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
              if v is not None]
     if len(given) > 1:
@@ -328,7 +331,7 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
              predicate=None, method: str = "gcd", budget: int = 128, temperature: float = 1.0,
              seed: int = 0, num_samples: int = 1, model: Model | str | None = None,
              chat: bool = True, smc: SMCConfig | None = None, strict: bool = True,
-             closed_objects: bool = False, property_order: str = "auto",
+             closed_objects: bool = True, property_order: str = "auto",
              whitespace_pattern: str | None = None, cache: bool | str = False,
              batch_size: int = 16, batching: str = "auto",
              progress: bool = True) -> GenerationResult:
@@ -349,8 +352,12 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
     (:class:`GenerationResult`).
 
     Schemas: ``strict`` (``True`` refuses JSON Schema keywords that would not be
-    enforced, ``False`` ignores them), ``closed_objects``, ``property_order`` and
-    ``whitespace_pattern`` are :func:`~jaxcd.compile_json_schema`'s, with its defaults.
+    enforced, ``False`` ignores them), ``property_order`` and ``whitespace_pattern`` are
+    :func:`~jaxcd.compile_json_schema`'s, with its defaults. ``closed_objects`` (default
+    True): objects that declare properties take no other key, which is what a user asking
+    for ``{"city": ...}`` expects (xgrammar's strict mode and OpenAI's structured outputs
+    do the same); ``False`` generates under the specification's open objects
+    (:func:`~jaxcd.compile_json_schema`'s default, what MaskBench measures).
     ``cache``: :func:`~jaxcd.compile_json_schema`'s (``False``: nothing is written to
     disk; ``True``: ``<jaxcd cache>/automata``; or a directory). ``temperature=0`` is
     greedy. A budget too small for the constraint raises
@@ -390,7 +397,7 @@ def generate_batch(prompts: Sequence[str], *, constraints: Sequence[dict] | None
                    budget: int = 128, temperature: float = 1.0, seed: int = 0,
                    num_samples: int = 1, model: Model | str | None = None, chat: bool = True,
                    smc: SMCConfig | None = None, strict: bool = True,
-                   closed_objects: bool = False, property_order: str = "auto",
+                   closed_objects: bool = True, property_order: str = "auto",
                    whitespace_pattern: str | None = None, cache: bool | str = False,
                    batch_size: int = 16, batching: str = "auto",
                    progress: bool = True) -> list[GenerationResult]:

@@ -79,17 +79,20 @@ def _check_gcd(ns):
     assert len(out.texts) == 4 and all(out.valid)
     for text in out.texts:                                    # independent of jaxcd's flag
         jsonschema.validate(json.loads(text), schema)
+        assert set(json.loads(text)) <= set(schema["properties"])   # closed objects
 
 
 def _check_smc(ns):
     out, schema = ns["out"], ns["schema"]
-    assert len(out.texts) == 8 and out.chosen is not None
-    assert abs(sum(out.weights) - 1) < 1e-6
+    parts = out.particles
+    assert len(out.texts) == 1 and out.valid[0]              # one draw from the ensemble
+    assert len(parts.texts) == 8 and abs(sum(parts.weights) - 1) < 1e-6
+    assert out.text in [t for t, w in zip(parts.texts, parts.weights) if w > 0]
     assert np.isfinite(out.log_Z) and out.log_Z < 0
-    jsonschema.validate(json.loads(out.text), schema)
-    for text, valid in zip(out.texts, out.valid):
-        assert valid
-        jsonschema.validate(json.loads(text), schema)
+    for text in [out.text] + list(parts.texts):
+        obj = json.loads(text)
+        jsonschema.validate(obj, schema)
+        assert set(obj) <= set(schema["properties"])            # generation closes objects
 
 
 def _check_batch(ns):
