@@ -116,17 +116,21 @@ class Constraint:
 
 
 def build_constraint(nfa, vocab, shapes: Shapes = Shapes(), key: str = "") -> Constraint:
-    """Determinise, minimise, tensorize over ``vocab`` and pad to ``shapes``."""
+    """Determinise, minimise, tensorize over ``vocab`` and pad to the library's shape
+    bucket (:func:`jaxcd.decoding.buckets.bucket_automaton`), at least ``shapes``."""
     from jaxcd.automata.fsa import determinize, minimize
     from jaxcd.automata.lifting import tensorize
-    from jaxcd.automata.tensorized import pad_automaton
+    from jaxcd.decoding.buckets import automaton_bucket, bucket_automaton
     t0 = time.perf_counter()
     dfa = minimize(determinize(nfa))
     fa = tensorize(dfa, vocab, key=key)
     S, E, D = fa.num_states, fa.num_edges, int(fa.out_dst.shape[1])
     R = int(fa.cum_masks.shape[0])
-    pfa, _ = pad_automaton(fa, _pow2(S + 1, shapes.min_states), _pow2(E, shapes.min_edges),
-                           _pow2(D, shapes.min_degree), _pow2(R, shapes.min_mask_rows))
+    # the library's bucket (what generate pads to), raised to the run's planned minimum
+    # shapes so that every example of a run shares one compiled program
+    planned = (_pow2(S + 1, shapes.min_states), _pow2(E, shapes.min_edges),
+               _pow2(D, shapes.min_degree), _pow2(R, shapes.min_mask_rows))
+    pfa = bucket_automaton(fa, tuple(max(a, b) for a, b in zip(automaton_bucket(fa), planned)))
     info = {"byte_states": dfa.num_states, "states": S, "edges": E, "max_out_degree": D,
             "mask_rows": R,
             "padded": [pfa.num_states, pfa.num_edges, int(pfa.out_dst.shape[1]),
