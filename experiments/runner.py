@@ -4,8 +4,8 @@
   particle count ``K`` on one prompt + constraint, returning the texts, validity,
   weights, the chosen output and timings (:class:`RunResult`).
 - Constraints are compiled once per example (:func:`build_constraint`) and **padded to
-  bucketed shapes** (:func:`jaxcd.automata.tensorized.pad_automaton`: states, edges and out-degree
-  to powers of two with floors), prompts are left-padded to a multiple of
+  bucketed shapes** (:func:`jaxcd.decoding.buckets.bucket_automaton`, the buckets
+  ``generate`` uses, raised to the run's planned floors), prompts are left-padded to a multiple of
   ``Shapes.prompt_multiple`` tokens, so the jitted programs (:func:`jaxcd.decoding.smc.run`,
   :func:`jaxcd.decoding.decode.sample`, the β / β^P backward passes) are compiled once per
   bucket instead of once per example. :class:`RunResult` says whether a call compiled
