@@ -23,6 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _portable(text: str) -> str:
+    """``text`` with this machine's jaxcd cache directory written as ``<cache>``."""
+    from jaxcd.model_files import cache_dir
+
+    return text.replace(str(cache_dir()), "<cache>")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, help="sample directory recorded with --features")
@@ -60,11 +67,12 @@ def main(argv=None):
                          "num_train": None})
             print(f"H={H} {init}: " + " ".join(f"{m['heldout_ll']:.3f}" for m in curve)
                   + f"  (gap share {curve[-1]['gap_share']})", flush=True)
-    res = {"data": str(Path(a.data).name), "model": meta.get("model"), "prompt_set": meta.get("prompt_set"),
+    res = {"data": _portable(str(a.data)), "model": meta.get("model"), "prompt_set": meta.get("prompt_set"),
            "num_seqs": sum(s["num_seqs"] for s in meta["shards"]) if a.max_seqs is None else a.max_seqs,
            "features": meta.get("features"), "epochs": a.epochs, "mode": a.mode, "runs": runs,
            "cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()),
-           "command": "python -m experiments.compare_init " + " ".join(sys.argv[1:] if argv is None else argv)}
+           "command": _portable("python -m experiments.compare_init "
+                                + " ".join(sys.argv[1:] if argv is None else argv))}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))

@@ -701,7 +701,9 @@ def _pallas_batch(fa, tables, sts):
     it (``tables.pallas``), else in Pallas's interpreter (an explicit ``path="pallas"``
     on a platform without a compiled lowering, e.g. the CPU)."""
     from . import pgcd_pallas
-    return pgcd_pallas.pallas_scores(fa, tables, sts, interpret=not tables.pallas)
+    check_tables(fa, tables)
+    return pgcd_pallas.pallas_scores(fa, tables, sts, edge_of_token=_edge_of_token,
+                                     interpret=not tables.pallas)
 
 
 def _kernel_ok(tables: PGCDTables, sts: PGCDState, path: str) -> bool:

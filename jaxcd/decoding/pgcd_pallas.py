@@ -130,13 +130,14 @@ def log_num_den(Bt, W, d, ls, u, *, block_v: int = BLOCK_V, block_h: int = BLOCK
     return num[:, :V], den[:, :V]
 
 
-def pallas_scores(fa, tables, sts, *, interpret: bool = False, block_v: int = BLOCK_V):
+def pallas_scores(fa, tables, sts, *, edge_of_token, interpret: bool = False,
+                  block_v: int = BLOCK_V):
     """:func:`jaxcd.decoding.pgcd.batched_scores` through the Pallas kernel, for
     particles with one leading axis (``sts.u [K, H]``): ``(log ψ(x v) [K, V], log ψ(x)
-    [K], log p_prod(v | x) [K, V])``, over every out-edge (no out-degree factor)."""
-    from .pgcd import _edge_of_token, check_tables
-
-    check_tables(fa, tables)
+    [K], log p_prod(v | x) [K, V])``, over every out-edge (no out-degree factor).
+    ``edge_of_token(fa, state, D) -> (edge [V], has [V])`` finds each token's out-edge
+    when the tables carry no edge index; the caller has checked that the tables belong
+    to ``fa`` (:func:`jaxcd.decoding.pgcd.check_tables`, which passes its own lookup)."""
     D = fa.out_dst.shape[1]
     n = tables.limit()
     s, t, u = sts.cs.state, sts.cs.t, sts.u
@@ -151,7 +152,7 @@ def pallas_scores(fa, tables, sts, *, interpret: bool = False, block_v: int = BL
     if tables.edge_index is not None:
         d = tables.edge_index[s].astype(jnp.int32)                       # [K, V], -1 none
     else:
-        dd, has = jax.vmap(lambda st: _edge_of_token(fa, st, D))(s)
+        dd, has = jax.vmap(lambda st: edge_of_token(fa, st, D))(s)
         d = jnp.where(has, dd, -1).astype(jnp.int32)
     log_num, log_den = log_num_den(tables.Bt, W, d, ls, u, block_v=block_v,
                                    interpret=interpret)
