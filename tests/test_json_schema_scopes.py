@@ -279,7 +279,7 @@ def _doc():
         inner, inner, st.booleans())
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
+@settings(max_examples=80, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(_doc())
 def test_fuzz_nested_applicators_against_jsonschema(schema):

@@ -56,7 +56,7 @@ def _reference_maxima(ref, ps):
     return tok, pre
 
 
-@settings(max_examples=20, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(pattern=_regex(), n=st.sampled_from([3, 5]), H=st.sampled_from([2, 4]),
        seed=st.integers(0, 2**16), zeros=st.booleans())
