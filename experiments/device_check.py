@@ -62,6 +62,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.bench_pgcd import best_ms  # noqa: E402  median ms after one warm-up call
+
 RESULTS = ROOT / "experiments" / "results"
 GOAL_STEP = 1.3
 GOAL_LOOKAHEAD = {1024: 1.05, 4096: 1.1, 16384: 1.3}
@@ -132,19 +134,6 @@ def random_hmm(H: int, V: int, seed: int):
                      jax.random.dirichlet(k3, jnp.ones((V,), jnp.float32), (H,)))
 
 
-def median_ms(fn, repeats: int) -> float:
-    """Median ms of ``repeats`` calls after one warm-up call."""
-    import jax
-
-    jax.block_until_ready(fn())
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(ts))
-
-
 class Budget:
     """Wall-clock guard: :meth:`ok` is False once ``limit_s`` have passed; skipped work
     is listed."""
@@ -184,7 +173,7 @@ def decode_floor(lm, up, batch: int, prompt_len: int, loop: int, repeats: int) -
     out = {"weights_GB": tree_bytes(up) / 1e9, "batch": batch, "prompt_len": prompt_len,
            "loop_steps": loop}
     floor = jax.jit(lambda p: sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(p)))
-    out["floor_ms"] = median_ms(lambda: floor(up), repeats)
+    out["floor_ms"] = best_ms(lambda: floor(up), repeats)
     out["read_GBps"] = out["weights_GB"] / (out["floor_ms"] / 1e3)
 
     tok = jnp.full((batch,), 7, jnp.int32)
@@ -245,9 +234,9 @@ def scoring(fa, fa_d, tab, H: int, repeats: int) -> dict:
     out = {"out_degree": int(deg[states].max()),
            "live_degree": int(np.max(np.asarray(jax.vmap(
                pgcd.live_degree, in_axes=(None, None, 0))(fa_d, tab, sts))))}
-    out["xla_ms"] = median_ms(lambda: f["xla"](fa_d, tab, sts), repeats)
+    out["xla_ms"] = best_ms(lambda: f["xla"](fa_d, tab, sts), repeats)
     try:
-        out["pallas_ms"] = median_ms(lambda: f["pallas"](fa_d, tab, sts), repeats)
+        out["pallas_ms"] = best_ms(lambda: f["pallas"](fa_d, tab, sts), repeats)
     except Exception as e:          # noqa: BLE001 - recorded; the caller falls back to XLA
         out["pallas_error"] = "".join(traceback.format_exception_only(type(e), e))[-2000:]
         return out

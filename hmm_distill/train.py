@@ -60,19 +60,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from . import hmm as F
 from .checkpoint import (epoch_checkpoint_path, list_epoch_checkpoints, load_checkpoint,
                          save_checkpoint)
 from .em import EM, check_memory, make_mesh, pad_batch, step_schedule
-from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError, SampleDataError
+from .errors import CheckpointMismatchError, ConfigError, NonFiniteStatisticsError
 from .distributed import barrier, broadcast_int, is_main, to_host
 from .init import initialise
 from .lvd import lvd_init
 from .stream import TrainData, heldout_split, trim_batch
-from .priors import Prior, data_prior_from_counts, first_eos_mask, flat_prior
+from .priors import Prior, data_prior_from_counts, flat_prior
 
 
 @dataclass

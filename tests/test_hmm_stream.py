@@ -11,7 +11,6 @@ import pytest
 
 from hmm_distill.data import write_samples
 from hmm_distill.errors import ConfigError
-from hmm_distill.priors import first_eos_mask
 from hmm_distill.stream import TrainData
 from hmm_distill.train import TrainConfig, train
 

@@ -60,7 +60,6 @@ def gguf_path():
 
 @pytest.fixture(scope="module")
 def smol_loaded(gguf_path):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     return load_lm(gguf_path, tokenizer=False)
@@ -346,7 +345,6 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
     """Random tiny Llama (tied, GQA 4/2) and Qwen2 (Q/K/V biases, untied output) GGUFs:
     JAX vs transformers on every position, and the Q un-permutation vs the truth."""
     torch = pytest.importorskip("torch")
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
     from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
 
@@ -382,7 +380,6 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
 
 # --------------------------------------------------------------------------- (e) bad input
 def test_missing_file_raises(tmp_path):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     with pytest.raises(ModelFileError, match="not found"):
@@ -390,7 +387,6 @@ def test_missing_file_raises(tmp_path):
 
 
 def test_non_gguf_file_raises(tmp_path):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     bad = tmp_path / "model.gguf"
@@ -400,7 +396,6 @@ def test_non_gguf_file_raises(tmp_path):
 
 
 def test_truncated_gguf_raises(tmp_path, gguf_path):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     bad = tmp_path / "truncated.gguf"
@@ -423,7 +418,6 @@ def test_bad_prompt_shapes_raise(lm, params):
 
 
 def test_missing_tensor_raises(tmp_path):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     path = tmp_path / "incomplete.gguf"
@@ -435,7 +429,6 @@ def test_missing_tensor_raises(tmp_path):
 def test_unsupported_architecture_raises(tmp_path):
     import gguf
 
-    from jaxcd.lm.llama import JaxLM
 
     from jaxcd.lm.loading import load_lm
 
@@ -453,7 +446,6 @@ def test_unsupported_architecture_raises(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_loaded(tmp_path_factory):
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
 
     path = tmp_path_factory.mktemp("tiny") / "tiny_llama.gguf"

@@ -21,7 +21,8 @@ from jaxcd.decoding import pgcd
 from jaxcd.decoding import pgcd_pallas
 
 from test_pgcd_exact import CASES, VOCAB, Reference, prefixes, random_hmm
-from test_pgcd_kernel import WIDE, WIDE_PATTERN, _dirichlet_hmm, _f32, _states
+from test_pgcd_kernel import (WIDE, WIDE_PATTERN, _dirichlet_hmm, _f32, _states,
+                              assert_scores_equal_enumeration)
 
 _pallas = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="pallas"))
 _xla = jax.jit(lambda fa, t, s: pgcd.batched_scores(fa, t, s, path="xla"))
@@ -38,17 +39,7 @@ def test_pallas_scores_equal_enumeration(pattern, n, H):
     tables = pgcd.backward(fa, hmm, n)
     ps = prefixes(fa, n)
     logpsi, logz, lprod = (np.asarray(x) for x in _pallas(fa, tables, _states(fa, hmm, ps)))
-    for i, p in enumerate(ps):
-        want = ref.token_psi(p)
-        pos = np.nan_to_num(want) > 0
-        assert np.all(logpsi[i][~pos] == -np.inf), p
-        np.testing.assert_allclose(np.exp(logpsi[i][pos]), want[pos], rtol=1e-4)
-        psi_p = ref.psi(p)
-        if np.nan_to_num(psi_p) > 0:
-            np.testing.assert_allclose(np.exp(logz[i]), psi_p, rtol=1e-4)
-            assert abs(np.exp(lprod[i]).sum() - 1) < 1e-4
-        else:
-            assert logz[i] == -np.inf and np.all(lprod[i] == -np.inf)
+    assert_scores_equal_enumeration(ref, ps, logpsi, logz, lprod)
 
 
 @pytest.mark.parametrize("with_index", [True, False])

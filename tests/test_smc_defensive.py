@@ -87,8 +87,9 @@ def gcd_allows(prefix, v):
     return any(b[:len(prefix) + 1] == prefix + (v,) for b in VALID)
 
 
-def reference_logq(lm, hmm, body, proposal, lam):
-    """log q(body·EOS) of the defensive mixture, by the reference."""
+def reference_logq(lm, hmm, body, proposal, lam, alpha=1.0):
+    """log q(body·EOS) of the defensive mixture ``(1 − λ)·q_P + λ·q_GCD``, ``q_P ∝
+    p_lm·score^α`` (score ψ or p_prod; ``α = 1`` untempered), by the reference."""
     lp = np.asarray(lm.params[0], np.float64)
     children = np.asarray(lm.params[1])
     node, total, prefix = 0, 0.0, ()
@@ -101,6 +102,7 @@ def reference_logq(lm, hmm, body, proposal, lam):
             _, u = hmm_filter(hmm, prefix)
             ph = u @ np.asarray(hmm.B, np.float64)
             w = ph * np.array([psi(hmm, prefix + (v,)) for v in range(V)]) * m
+        w = np.where(w > 0, w ** alpha, 0.0)   # a constant factor in w cancels in q_P
         qg = p * m / (p * m).sum()
         qp = p * w
         q = qg if qp.sum() == 0 else (1 - lam) * qp / qp.sum() + lam * qg

@@ -12,34 +12,8 @@ import pytest
 
 from jaxcd import compile_regex
 from jaxcd.decoding import smc
-from test_smc import EOS, N, PATTERN, R, V, VOCAB, key_of, make_lm
-from test_smc_defensive import VALID, gcd_allows, hmm_filter, psi, zero_hmm
-
-
-def reference_logq(lm, hmm, body, proposal, lam, alpha):
-    """log q(body·EOS) of the tempered defensive mixture
-    ``(1 − λ)·q_P + λ·q_GCD``, ``q_P ∝ p_lm·score^α`` (score ψ or p_prod), by the reference."""
-    lp = np.asarray(lm.params[0], np.float64)
-    children = np.asarray(lm.params[1])
-    node, total, prefix = 0, 0.0, ()
-    for tok in body + (EOS,):
-        p = np.exp(lp[node] - np.logaddexp.reduce(lp[node]))
-        m = np.array([gcd_allows(prefix, v) for v in range(V)], float)
-        ps = np.array([psi(hmm, prefix + (v,)) for v in range(V)])
-        if proposal == "lookahead":
-            score = ps * m
-        else:
-            _, u = hmm_filter(hmm, prefix)
-            score = (u @ np.asarray(hmm.B, np.float64)) * ps * m
-            score = score / score.sum() if score.sum() > 0 else score
-        w = np.where(score > 0, score ** alpha, 0.0)
-        qg = p * m / (p * m).sum()
-        qp = p * w
-        q = qg if qp.sum() == 0 else (1 - lam) * qp / qp.sum() + lam * qg
-        total += np.log(q[tok]) if q[tok] > 0 else -np.inf
-        prefix += (tok,)
-        node = int(children[node, tok])
-    return total
+from test_smc import EOS, N, PATTERN, R, VOCAB, key_of, make_lm
+from test_smc_defensive import VALID, reference_logq, zero_hmm
 
 
 @pytest.fixture(scope="module")
