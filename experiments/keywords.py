@@ -42,9 +42,9 @@ every reference fits its budget).
 Shapes: every concept set has its own automaton. A run first compiles all of them
 (cached on disk under the jaxcd cache, so a rerun skips this), then pads each to the
 run's largest state, edge, out-degree and mask-row counts (powers of two;
-:func:`jaxcd.automata.tensorized.pad_automaton`) and left-pads prompts to a multiple of 32
-tokens, so one compiled program per (method, K, budget, prompt width) serves every
-example. ``compiled`` in the predictions and ``compiles`` / ``compile s`` in the summary
+:func:`jaxcd.decoding.buckets.bucket_automaton`); every call goes through
+:func:`jaxcd.generate`, whose prompt and budget buckets make one compiled program per
+(method, K, budget bucket, prompt bucket) serve every example. ``compiled`` in the predictions and ``compiles`` / ``compile s`` in the summary
 separate compilation from decoding.
 
 Outputs in ``--out``: ``predictions.jsonl`` (one line per concept set × method × K:
@@ -241,11 +241,10 @@ def padded_constraint(fa, row: dict, shape: tuple[int, int, int, int], need_dfa:
     """``fa`` padded to ``shape`` = (states, edges, out-degree, mask rows) as a
     :class:`experiments.runner.Constraint` (with the byte DFA only for AWRS)."""
     from jaxcd.automata.keywords import keywords_to_dfa
-    from jaxcd.automata.tensorized import pad_automaton
+    from jaxcd.decoding.buckets import bucket_automaton
 
     from .runner import Constraint
-    S, E, D, R = shape
-    pfa, _ = pad_automaton(fa, num_states=S, num_edges=E, max_out_degree=D, num_mask_rows=R)
+    pfa = bucket_automaton(fa, shape)
     dfa = keywords_to_dfa(constraint_groups(row), TEXT_PATTERN) if need_dfa else None
     s0 = fa_sizes(fa)
     info = {"states": s0[0], "edges": s0[1], "max_out_degree": s0[2], "mask_rows": s0[3],
@@ -257,11 +256,6 @@ def auto_budget(min_budget: int, margin: int = AUTO_MARGIN, multiple: int = 16) 
     """``min_budget + margin`` rounded up to a multiple of ``multiple`` (one compiled
     program serves every example with the same budget)."""
     return -(-(int(min_budget) + int(margin)) // multiple) * multiple
-
-
-def prompt_width(n: int) -> int:
-    """Prompts are left-padded to a multiple of 32 tokens (keyword prompts: 40-70)."""
-    return max(32, -(-int(n) // 32) * 32)
 
 
 def sentence_bleu(hyp: str, ref: str) -> float:
@@ -332,7 +326,7 @@ def run(a, model=None, hmm=None) -> dict:
     ``--hmm`` (tests)."""
     from jaxcd.generation import format_prompt
 
-    from .runner import HMM_METHODS, Runner, Shapes, machine_info, write_predictions, write_summary
+    from .runner import HMM_METHODS, Runner, machine_info, write_predictions, write_summary
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
@@ -363,8 +357,6 @@ def run(a, model=None, hmm=None) -> dict:
         if budget < fa.min_budget:
             log(f"{r['id']}: budget {budget} < min_budget {fa.min_budget}; skipped")
             continue
-        runner.shapes = Shapes(prompt_multiple=prompt_width(len(ids)), min_states=shape[0],
-                               min_edges=shape[1], min_degree=shape[2])
         per_example.append({"id": r["id"], "concepts": r["concepts"], "budget": budget,
                             "min_budget": int(fa.min_budget), "prompt_tokens": len(ids),
                             "build_s": round(build_s[i], 3), **c.info})

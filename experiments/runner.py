@@ -1,21 +1,19 @@
 """Shared machinery of the real-data experiments (function calling, keywords).
 
 - :class:`Runner` loads the model (and an HMM) once and runs one *method* at one
-  particle count ``K`` on one prompt + constraint, returning the texts, validity,
-  weights, the chosen output and timings (:class:`RunResult`).
+  particle count ``K`` on one prompt + constraint through :func:`jaxcd.generate` (the
+  path users run), returning the texts, validity, weights, the chosen output and timings
+  (:class:`RunResult`).
 - Constraints are compiled once per example (:func:`build_constraint`) and **padded to
-  bucketed shapes** (:func:`jaxcd.decoding.buckets.bucket_automaton`, the buckets
-  ``generate`` uses, raised to the run's planned floors), prompts are left-padded to a multiple of
-  ``Shapes.prompt_multiple`` tokens, so the jitted programs (:func:`jaxcd.decoding.smc.run`,
-  :func:`jaxcd.decoding.decode.sample`, the β / β^P backward passes) are compiled once per
-  bucket instead of once per example. :class:`RunResult` says whether a call compiled
-  (a jit cache grew) so that compile and run time can be reported apart.
+  the library's buckets** (:func:`jaxcd.decoding.buckets.bucket_automaton`, raised to the
+  run's planned floors, :class:`Shapes`), which ``generate`` keeps; prompts and budgets
+  take ``generate``'s buckets. So the jitted programs are compiled once per bucket
+  instead of once per example; :class:`RunResult` says whether a call compiled so that
+  compile and run time can be reported apart.
 - Work saved per example without changing any output's distribution: the prompt is
-  prefilled once and shared by every method and K (:func:`jaxcd.decoding.decode.prefill`, passed
-  as ``prefilled=``), the decoders
-  stop once every row has emitted EOS (:func:`jaxcd.decoding.decode.sample`, :func:`jaxcd.decoding.smc.run`),
-  and
-  :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
+  prefilled once and shared by every method and K
+  (:meth:`jaxcd.generation.Model.prefilled`), the decoders stop once every row has
+  emitted EOS, and :meth:`Runner.run_ks` draws ``lcd``/``gcd`` samples once for all K.
 - :func:`bootstrap_ci`, :func:`summarize`, :func:`write_predictions`,
   :func:`write_summary`: the result files.
 
@@ -66,22 +64,13 @@ HMM_METHODS = ("smc-lookahead", "smc-product")
 # ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Shapes:
-    """Bucketing of the shapes that the jitted programs are specialised on."""
+    """The smallest automaton bucket of a run (powers of two): every example's automaton is
+    padded at least to these sizes, so that a run shares one compiled program."""
 
-    prompt_multiple: int = 128     #: prompt width: a multiple of this
-    budget_multiple: int = 16      #: ``--budget auto`` rounds up to a multiple of this
     min_states: int = 128          #: automaton states: a power of two, at least this
     min_edges: int = 512           #: edges: a power of two, at least this
     min_degree: int = 16           #: out-degree (columns of ``out_dst``): power of two
     min_mask_rows: int = 1         #: rows of ``cum_masks``: a power of two, at least this
-
-    def prompt_width(self, n: int) -> int:
-        m = self.prompt_multiple
-        return max(m, -(-n // m) * m)
-
-    def budget(self, n: int) -> int:
-        m = self.budget_multiple
-        return -(-n // m) * m
 
 
 def _pow2(x: int, lo: int) -> int:
@@ -179,18 +168,6 @@ class RunResult:
     cpu_s: float | None = None    # process CPU seconds of the call (all threads)
 
 
-def _jit_cache_sizes() -> dict:
-    from jaxcd.decoding import decode, gcd, pgcd, smc
-    out = {}
-    for name, f in (("smc", smc._run), ("sample", decode._sample), ("beta", gcd._backward),
-                    ("beta_p", pgcd._backward)):
-        try:
-            out[name] = f._cache_size()
-        except AttributeError:
-            pass
-    return out
-
-
 _COMPILE_S = [0.0]
 _COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
                    "/jax/core/compile/jaxpr_trace_duration",
@@ -219,10 +196,11 @@ class Runner:
     """The model (and HMM) loaded once; :meth:`run` one method × K on one prompt,
     :meth:`run_ks` one method at several K.
 
-    The prompt is prefilled once per (prompt, width, budget) with
-    :func:`jaxcd.decoding.decode.prefill` and every call starts from it (``prefilled=``; a batch-1
-    prefill serves the K rows of the same prompt); ``prefill=False`` turns this off:
-    every call prefills its own batch."""
+    Every call goes through :func:`jaxcd.generate` — the path users run: its shape
+    buckets (an automaton padded here to the run's planned bucket keeps it), its
+    decoders and its posterior draws. The prompt is passed as token ids; the model
+    remembers its prefill (:meth:`jaxcd.generation.Model.prefilled`), so the methods and
+    K's of one example run the prompt through the LM once."""
 
     def __init__(self, model=None, hmm=None, temperature: float = 1.0,
                  resample: str = "systematic", ess: float = 0.5, shapes: Shapes = Shapes(),
@@ -237,15 +215,10 @@ class Runner:
         self.resample = resample
         self.ess = float(ess)
         from jaxcd.decoding.smc import DEFENSIVE
-        #: the P-GCD proposals' GCD share and ψ exponent (smc.run's defensive / psi_power)
+        #: the P-GCD proposals' GCD share and ψ exponent (SMCConfig's defensive / psi_power)
         self.defensive = DEFENSIVE if defensive is None else float(defensive)
         self.psi_power = float(psi_power)
         self.shapes = shapes
-        self._tables: dict = {}
-        self.prefill = True
-        self._prefills: dict = {}
-        self.prefill_s = 0.0                # wall seconds of the prefill of the last new prompt
-        self.prefill_cpu_s = 0.0            # and its process CPU seconds
 
     @property
     def vocab(self):
@@ -258,58 +231,9 @@ class Runner:
     def constraint(self, nfa, key: str = "") -> Constraint:
         return build_constraint(nfa, self.vocab, self.shapes, key)
 
-    def _gtables(self, c: Constraint, budget: int, kind: str):
-        from jaxcd.decoding import gcd, pgcd
-        k = (c.uid, budget, kind)
-        if k not in self._tables:
-            if len(self._tables) > 64:
-                self._tables.clear()
-            if kind == "lcd":
-                self._tables[k] = gcd.lcd_tables(c.device, budget)
-            elif kind == "gcd":
-                self._tables[k] = gcd.backward(c.device, budget)
-            else:
-                self._tables[k] = pgcd.backward(c.device, self._hmm, budget)
-        return self._tables[k]
-
     def release(self, c: Constraint) -> None:
-        """Drop the tables cached for ``c`` (call when done with an example) and the
-        cached prompt prefills."""
-        for k in [k for k in self._tables if k[0] == c.uid]:
-            del self._tables[k]
-        self._prefills.clear()
-
-    def _prefilled(self, prompt_ids, width: int, budget: int):
-        """The cached :func:`jaxcd.decoding.decode.prefill` of this prompt (batch 1, computed on
-        first use, timed), or ``None`` when prefill reuse is off."""
-        from jaxcd.decoding import decode
-        from jaxcd.lm.interface import pad_prompts
-        m = self.model
-        if not self.prefill or not hasattr(m.lm, "cache_slots"):
-            return None
-        k = (tuple(int(t) for t in prompt_ids), int(width), int(budget))
-        if k not in self._prefills:
-            if len(self._prefills) > 8:
-                self._prefills.clear()
-            t0 = time.perf_counter()
-            ids, lens = pad_prompts([list(prompt_ids)], pad_id=getattr(m.lm, "pad_token_id", 0),
-                                    length=width)
-            p0 = time.process_time()
-            pre = jax.block_until_ready(decode.prefill(m.lm, m.params, ids, lens, width + budget))
-            self.prefill_s = round(time.perf_counter() - t0, 4)
-            self.prefill_cpu_s = round(time.process_time() - p0, 3)
-            self._prefills[k] = pre
-        return self._prefills[k]
-
-    def _width(self, prompt_ids, budget: int) -> int:
-        ctx = getattr(self.model.lm.config, "context_length", None)
-        width = self.shapes.prompt_width(len(prompt_ids))
-        if ctx and width + budget > ctx:
-            width = len(prompt_ids)
-        if ctx and width + budget > ctx:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + budget ({budget}) exceed the "
-                             f"model's context ({ctx})")
-        return width
+        """Forget the prompt prefills remembered for the example of ``c``."""
+        self.model._prefills.clear()
 
     def run_ks(self, method: str, c: Constraint, prompt_ids: Sequence[int], budget: int,
                ks: Sequence[int], seed: int, tag: str = "", share: bool = True) -> dict:
@@ -340,103 +264,63 @@ class Runner:
 
     def run(self, method: str, c: Constraint, prompt_ids: Sequence[int], budget: int,
             particles: int, seed: int, tag: str = "") -> RunResult:
-        """Run ``method`` with ``particles`` = K on one prompt; ``tag`` (e.g. the example
-        id) enters the seeds so that examples get independent randomness."""
-        from jaxcd.decoding import decode, smc
-        from jaxcd.lm.interface import pad_prompts
+        """Run ``method`` with ``particles`` = K on one prompt through
+        :func:`jaxcd.generate`; ``tag`` (e.g. the example id) enters the seed so that
+        examples get independent randomness."""
+        from jaxcd.generation import SMCConfig, generate
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if method in HMM_METHODS and self._hmm is None:
             raise ValueError(f"method {method!r} needs an HMM (hmm='default' or a checkpoint)")
-        m = self.model
         K = int(particles)
-        width = self._width(prompt_ids, budget)
         s = stable_seed(seed, tag, method, K)
-        key = jax.random.PRNGKey(s)
-        eos = m.lm.eos_token_id
-        pad = getattr(m.lm, "pad_token_id", 0)
-        lm, params = m.lm, m.params
-        pre = None if method == "awrs" else self._prefilled(prompt_ids, width, budget)
-        n0 = _jit_cache_sizes()
-        c0 = compile_seconds()
+        common = dict(budget=int(budget), temperature=self.temperature, seed=s,
+                      model=self.model, progress=False)
+        ids = [int(t) for t in prompt_ids]
         t0 = time.perf_counter()
         p0 = time.process_time()
-        weights, chosen, log_Z, checks = None, None, None, None
-        tables_s = 0.0
-        if method == "none":
-            ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
-            out = jax.device_get(decode.sample(key, lm, params, ids, lens, None, None,
-                                               max_steps=budget, constrained=False,
-                                               temperature=self.temperature, prefilled=pre))
-            toks = np.asarray(out.tokens)
-            valid = [_accepted(c.dfa, m.vocab, row, eos) for row in toks.tolist()]
+        if method in ("none", "lcd", "gcd"):
+            # K independent samples in one batch; the output is the first valid one
+            out = generate(ids, automaton=c.fa, method=method, num_samples=K,
+                           batch_size=K, batching="static", **common)
+            rows, valid = out.token_ids, list(out.valid)
+            ended = list(out.ended)
             chosen = next((i for i, v in enumerate(valid) if v), 0)
-        elif method in ("lcd", "gcd"):
-            ta = time.perf_counter()
-            tables = self._gtables(c, budget, method)
-            tables_s = time.perf_counter() - ta
-            ids, lens = pad_prompts([list(prompt_ids)] * K, pad_id=pad, length=width)
-            out = jax.device_get(decode.sample(key, lm, params, ids, lens, c.device, tables,
-                                               max_steps=budget, constrained=True,
-                                               temperature=self.temperature, prefilled=pre))
-            toks = np.asarray(out.tokens)
-            valid = [bool(v) for v in np.asarray(out.valid)]
-            chosen = next((i for i, v in enumerate(valid) if v), 0)
+            weights, log_Z, checks = None, None, None
+            texts = list(out.texts)
+            output, output_valid = texts[chosen], bool(valid[chosen])
+            n_out = len(rows[chosen]) + int(ended[chosen])
         else:
-            ids, lens = pad_prompts([list(prompt_ids)], pad_id=pad, length=width)
+            cfg = SMCConfig(num_particles=K, resample=self.resample, ess_threshold=self.ess,
+                            return_particles=True, defensive=self.defensive,
+                            psi_power=self.psi_power,
+                            proposal="gcd" if method == "awrs" else method[4:],
+                            hmm=self._hmm if method in HMM_METHODS else None)
             if method == "awrs":
-                res = smc.run_blackbox(key, m.lm, m.params, ids, lens,
-                                       predicate=dfa_predicate(c.dfa), token_bytes=m.vocab,
-                                       eos_id=eos, budget=budget, num_particles=K,
-                                       resample=self.resample, ess_threshold=self.ess,
-                                       temperature=self.temperature, seed=s)
+                out = generate(ids, predicate=dfa_predicate(c.dfa), method="awrs", smc=cfg,
+                               **common)
             else:
-                proposal = method[4:]
-                ta = time.perf_counter()
-                kind = "lcd" if proposal == "lcd" else "gcd"
-                tables = self._gtables(c, budget, kind)
-                ptables = self._gtables(c, budget, "pgcd") if method in HMM_METHODS else None
-                tables_s = time.perf_counter() - ta
-                res = smc.run(key, lm, params, ids, lens, c.device, budget=budget,
-                              num_particles=K, proposal=proposal,
-                              hmm=self._hmm if method in HMM_METHODS else None,
-                              resample=self.resample, ess_threshold=self.ess,
-                              temperature=self.temperature, tables=tables, ptables=ptables,
-                              prefilled=pre, defensive=self.defensive, psi_power=self.psi_power)
-            res = jax.device_get(res)
-            toks = np.asarray(res.tokens)[0]
-            valid = [bool(v) for v in np.asarray(res.valid)[0]]
-            lw = np.asarray(res.log_weights, np.float64)[0]
-            log_Z = float(np.asarray(res.log_Z)[0])
-            if res.num_checks is not None:
-                checks = int(np.asarray(res.num_checks).sum())
-            if np.isfinite(lw).any():
-                w = np.exp(lw - lw[np.isfinite(lw)].max())
-                w = w / w.sum()
-                # its own stream ([s, 1]): AWRS's proposals use seed s
-                chosen = int(np.random.default_rng([s, 1]).choice(len(w), p=w))
-            else:
-                w, chosen = np.zeros_like(lw), None
-            weights = [float(x) for x in w]
+                out = generate(ids, automaton=c.fa, method="smc", smc=cfg, **common)
+            # the output: one draw from the weighted ensemble (generate's posterior draw)
+            ps = out.particles
+            texts, valid, ended, rows = ps.texts, list(ps.valid), ps.ended, ps.token_ids
+            weights = [float(w) for w in ps.weights]
+            chosen = None if not any(weights) else next(
+                i for i in range(K) if ps.token_ids[i] == out.token_ids[0] and weights[i] > 0)
+            log_Z = out.log_Z
+            checks = out.stats.get("constraint_checks")
+            output = out.texts[0]
+            output_valid = bool(out.valid[0]) and chosen is not None
+            n_out = len(out.token_ids[0]) + int(out.ended[0])
         dt = time.perf_counter() - t0
         cpu = time.process_time() - p0
-        n1 = _jit_cache_sizes()
-        compile_s = compile_seconds() - c0
-        # a jit cache entry without ~any compile time: a new dispatch signature for an
-        # already compiled program (e.g. committed vs uncommitted arrays), not a compile
-        compiled = ([k for k in n1 if n1[k] > n0.get(k, 0)] or ["other"]) if compile_s >= 1.0 \
-            else []
-        texts, lengths = [], []
-        for row in toks.tolist():
-            ended = eos in row
-            row = row[: row.index(eos)] if ended else row
-            lengths.append(len(row) + int(ended))
-            texts.append(m.vocab.decode_bytes(row).decode("utf-8", errors="replace"))
-        i = 0 if chosen is None else chosen
-        return RunResult(texts, valid, texts[i], bool(valid[i]) and chosen is not None, chosen,
-                         weights, round(dt, 4), compiled, lengths[i], log_Z, checks,
-                         round(tables_s, 4), round(compile_s, 4), lengths=lengths,
-                         cpu_s=round(cpu, 3))
+        compile_s = float(out.stats.get("xla_compile_s", 0.0))
+        compiled = ["xla"] if compile_s >= 1.0 else []
+        lengths = [len(r) + int(e) for r, e in zip(rows, ended)]
+        return RunResult(list(texts), valid, output, output_valid, chosen, weights,
+                         round(dt, 4), compiled, n_out, log_Z, checks,
+                         round(float(out.stats.get("setup_s", 0.0)), 4), round(compile_s, 4),
+                         lengths=lengths, cpu_s=round(cpu, 3))
 
 
 # ---------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ distilled one; one example shared by the studies; the model is :func:`smoke_mode
 random 2-layer Llama with the default model's tokenizer, so that compiles are cheap).
 
 BFCL options: ``--categories`` (the subset's categories), ``--budget auto|auto-max|N``,
-``--shared-shapes`` (one automaton shape, prompt width and — with ``auto-max`` — budget
+``--shared-shapes`` (one automaton shape and — with ``auto-max`` — budget
 for both formats and all categories: one compiled program per method × k),
 ``--time-limit S`` (no new example after S seconds; the studies then report the examples
 completed, a prefix of the seeded order) and ``--reuse DIR`` (take the rows of an earlier
@@ -51,7 +51,7 @@ sub-folders. ``python -m experiments.make_results`` turns them into ``RESULTS.md
 
 Runs that outgrow one machine (the BFCL studies: satisfaction, accuracy, awrs,
 second_model). ``--shard I/N`` runs every N-th example of the seeded subset from the I-th
-(shapes, prompt widths and ``auto-max`` budgets are planned over all examples, so a
+(shapes and ``auto-max`` budgets are planned over all examples, so a
 shard's rows are exactly the unsharded run's rows for its examples). Every finished
 example is appended to ``run/records.jsonl``; ``--resume`` continues a stopped run in the
 same ``--out`` without redoing them (refused if the settings differ). On N machines (a
@@ -703,7 +703,7 @@ def tool_calls_runs(out: Path, st: dict, seed: int, log, hmm: str | None, data: 
     if st.get("time_limit"):
         argv += ["--time-limit", str(st["time_limit"])]
     if st.get("shared_shapes"):
-        argv += ["--pad", "run", "--width", "run"]
+        argv += ["--pad", "run"]
     if st.get("shard"):
         argv += ["--shard", str(st["shard"])]
     if st.get("resume"):
@@ -764,7 +764,7 @@ def register_run(run_dir: Path) -> dict:
     methods = set(a["method_list"])
     rec = {"data": Path(a["data"]).read_text(), "seed": a["seed"], "margin": a.get("margin"),
            "model": a.get("model"), "budget": a.get("budget", "auto"),
-           "shared_shapes": a.get("pad") == "run" and a.get("width") == "run",
+           "shared_shapes": a.get("pad") == "run",
            "shard": a.get("shard") or None,
            "hmm": _hmm_key(hmm) if set(HMM_METHODS) & methods else "any",
            "methods": methods, "particles": set(a["ks"]), "formats": set(a["formats"]),
@@ -1419,8 +1419,8 @@ def main(argv=None):
                     help="BFCL studies: the entry point's --budget (default auto; auto-max: "
                          "one budget per format, fewer compiles)")
     ap.add_argument("--shared-shapes", action="store_true", default=None,
-                    help="BFCL studies: one automaton shape and prompt width for all formats and "
-                         "categories (--pad run --width run): fewest compiles")
+                    help="BFCL studies: one automaton shape for all formats (--pad run): fewest "
+                         "compiles")
     ap.add_argument("--reuse", action="append", default=[],
                     help="an earlier tool_calls output folder whose rows a BFCL study with the "
                          "same settings takes instead of recomputing them (e.g. a run that was "

@@ -37,24 +37,24 @@ Outputs in ``--out``: ``predictions.jsonl`` (one line per example × format × m
 method × K: n, valid %, accuracy % with a bootstrap 95% interval, mean seconds per
 example — all calls and the calls that compiled nothing — compiles, output tokens).
 
-Shapes. Each example has its own automaton; the jitted programs are specialised on
-its shape. All automata of a run (per format) are padded to the run's largest state,
-edge and out-degree counts (powers of two; :func:`jaxcd.automata.tensorized.pad_automaton` —
-masks are one row gather whatever the size, so padding costs memory, not time), prompts
-are left-padded to one width per category (``--width category``: the category's longest
-prompt rounded up to a quarter-octave width: 256, 320, 384, 448, 512, 640, ...) or per run
-(``--width run``: fewest compiles), and budgets are multiples of 16: one compiled program
-per (method, K, format, width, budget) serves every example. ``compiled`` in the predictions and ``compiles`` in the summary say
+Shapes. Each example has its own automaton; every call goes through
+:func:`jaxcd.generate` (the path users run), whose jitted programs are specialised on
+shape buckets. All automata of a run (per format) are padded to one bucket, the run's
+largest state, edge and out-degree counts (powers of two;
+:func:`jaxcd.decoding.buckets.bucket_automaton` — masks are one row gather whatever the
+size, so padding costs memory, not time); prompts and budgets take ``generate``'s
+buckets (:func:`jaxcd.decoding.buckets.prompt_bucket`,
+:func:`~jaxcd.decoding.buckets.budget_bucket`): one compiled program per (method, K,
+format, prompt bucket, budget bucket) serves every example. ``compiled`` in the predictions and ``compiles`` in the summary say
 how many calls paid for a compilation.
 
-``--pad run`` pads both formats' automata to one shape (with ``--width run``: one prompt
-width for every category; with ``--budget auto-max``: one budget, the run's largest auto
-budget), so that the two formats share every compiled program: on a CPU each program
+``--pad run`` pads both formats' automata to one shape (with ``--budget auto-max``: one
+budget, the run's largest auto budget), so that the two formats share every compiled program: on a CPU each program
 of SmolLM2-135M (one per method × K) takes about a minute of compile.
 
 Work saved per example (:class:`experiments.runner.Runner`): the prompt is prefilled once
-per example and format and shared by every method and K (``--no-prefill-cache`` turns
-this off); a decode step whose rows have ALL emitted EOS skips its LM work (exact: no
+per example and format and shared by every method and K
+(:meth:`jaxcd.generation.Model.prefilled`; its time counts in the first call's seconds); a decode step whose rows have ALL emitted EOS skips its LM work (exact: no
 output changes); ``lcd``/``gcd`` at several K draw ``max K`` samples once and score each
 K on its first K samples (i.i.d. samples: each K's result has its own distribution;
 ``--independent-k`` runs one call per K). ``--time-limit S`` starts no new example after
@@ -86,6 +86,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxcd.decoding.buckets import prompt_bucket
+
 from . import bfcl
 from .runner import (HMM_METHODS, METHODS, Runner, Shapes, append_record, build_constraint,
                      machine_info, parse_shard, read_records, shard_indices, summarize,
@@ -116,12 +118,9 @@ def parse_args(argv=None):
                    help=f"auto budget margin (default {DEFAULT_MARGIN}; {PARALLEL_MARGIN} for "
                         "parallel categories)")
     p.add_argument("--budget-cap", type=int, default=256)
-    p.add_argument("--width", default="category",
-                   help="prompt width policy: category (the largest prompt of each category, "
-                        "bucketed) or run (one width for the whole run: fewer compiles)")
     p.add_argument("--pad", default="format", choices=("format", "run"),
                    help="automaton padding: per format (default), or one shape for all formats "
-                        "(with --budget auto-max: one budget; with --width run: one width) so "
+                        "(with --budget auto-max: one budget) so "
                         "that both formats share every compiled program")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--time-limit", type=float, default=0,
@@ -132,9 +131,6 @@ def parse_args(argv=None):
     p.add_argument("--independent-k", action="store_true",
                    help="lcd/gcd: one call per K (default: one draw of max K samples, the "
                         "result at K from its first K; see Runner.run_ks)")
-    p.add_argument("--no-prefill-cache", action="store_true",
-                   help="every call prefills its own batch (default: one prefill of the "
-                        "prompt per example and format, shared by every method and K)")
     p.add_argument("--model", default=None, help="GGUF path (default: SmolLM2-135M-Instruct)")
     p.add_argument("--shard", default=None,
                    help="I/N: run only shard I of N (every N-th example of the seeded order, "
@@ -227,14 +223,6 @@ def run_settings(a, exs, model_name: str) -> dict:
     return json.loads(json.dumps(st, default=str))
 
 
-def prompt_width(n: int) -> int:
-    """Quarter-octave bucket: round up to a multiple of 2^(floor(log2 n) - 2), at least 64."""
-    if n <= 64:
-        return 64
-    step = 1 << max(n.bit_length() - 3, 4)
-    return -(-n // step) * step
-
-
 def auto_budget(a, ex: bfcl.Example, min_budget: int) -> int:
     margin = a.margin if a.margin is not None else (
         PARALLEL_MARGIN if "parallel" in ex.category else DEFAULT_MARGIN)
@@ -252,13 +240,12 @@ def run(a) -> dict:
     exs = load(a)
     runner = Runner(a.model, hmm=a.hmm if any(m in HMM_METHODS for m in a.method_list) else None,
                     temperature=a.temperature, defensive=a.defensive, psi_power=a.psi_power)
-    runner.prefill = not a.no_prefill_cache
     tok, vocab = runner.tokenizer, runner.vocab
     rows: list[dict] = []
     per_example: list[dict] = []
     skipped: list[dict] = []        # (example, format) pairs whose budget < min_budget
     # pass 1: every example's automaton (sizes only) and prompt, so that the run pads the
-    # automata of a format to one shape and the prompts of a category to one width
+    # automata of a format to one shape
     t0 = time.perf_counter()
     pow2 = lambda x: 1 << max(int(x) - 1, 0).bit_length()          # noqa: E731
     plan: dict[str, dict] = {}
@@ -274,25 +261,17 @@ def run(a) -> dict:
         E = pow2(max(x[1] for x in sizes))
         D = pow2(max(x[2] for x in sizes))
         R = pow2(max(x[4] for x in sizes))
-        widths: dict[str, int] = {}
-        for ex, (_, _, ids) in zip(exs, built):
-            widths[ex.category] = max(widths.get(ex.category, 0), prompt_width(len(ids)))
-        if a.width == "run":
-            widths = dict.fromkeys(widths, max(widths.values()))
         mins = [x[3] for x in sizes]
-        plan[fmt] = {"S": S, "E": E, "D": D, "R": R, "built": built, "widths": widths,
+        plan[fmt] = {"S": S, "E": E, "D": D, "R": R, "built": built,
                      "budget": max(auto_budget(a, ex, mb) for ex, mb in zip(exs, mins))}
         log(f"[{fmt}] {len(exs)} examples; automata padded to {S} states, {E} edges, "
-            f"out-degree {D}, {R} mask rows; prompt widths {widths}")
-    if a.pad == "run":          # one shape, width and auto-max budget for all formats
+            f"out-degree {D}, {R} mask rows")
+    if a.pad == "run":          # one shape and auto-max budget for all formats
         top = {k: max(P[k] for P in plan.values()) for k in ("S", "E", "D", "R", "budget")}
-        wid = max(w for P in plan.values() for w in P["widths"].values())
         for P in plan.values():
             P.update(top)
-            if a.width == "run":
-                P["widths"] = dict.fromkeys(P["widths"], wid)
         log(f"--pad run: every format padded to {top['S']} states, {top['E']} edges, out-degree "
-            f"{top['D']}, {top['R']} mask rows" + (f", prompt width {wid}" if a.width == "run" else "")
+            f"{top['D']}, {top['R']} mask rows"
             + (f", budget {top['budget']}" if a.budget == "auto-max" else ""))
     log(f"pass 1: {time.perf_counter() - t0:.1f} s")
 
@@ -349,7 +328,7 @@ def run(a) -> dict:
         for fmt in a.formats:
             P = plan[fmt]
             nfa, info, ids = P["built"][i]
-            runner.shapes = Shapes(prompt_multiple=P["widths"][ex.category], min_states=P["S"],
+            runner.shapes = Shapes(min_states=P["S"],
                                    min_edges=P["E"], min_degree=P["D"], min_mask_rows=P["R"])
             c = runner.constraint(nfa, key="")
             budget = auto_budget(a, ex, c.min_budget) if a.budget == "auto" else \
@@ -362,15 +341,12 @@ def run(a) -> dict:
             per_example.append({"id": ex.id, "format": fmt, "category": ex.category,
                                 "budget": budget, "min_budget": c.min_budget,
                                 "prompt_tokens": len(ids),
-                                "prompt_width": runner.shapes.prompt_width(len(ids)),
+                                "prompt_width": prompt_bucket(len(ids)),
                                 **{k: c.info[k] for k in ("states", "edges", "max_out_degree",
                                                           "build_s")}, **info})
             for method in a.method_list:
                 res = runner.run_ks(method, c, ids, budget, a.ks, a.seed, tag=f"{fmt}|{ex.id}",
                                     share=not a.independent_k)
-                if runner.prefill and "prefill_s" not in per_example[-1]:
-                    per_example[-1]["prefill_s"] = runner.prefill_s
-                    per_example[-1]["prefill_cpu_s"] = runner.prefill_cpu_s
                 for K in a.ks:
                     r = res[K]
                     correct, why = bfcl.score(ex, r.output, fmt)
@@ -429,10 +405,8 @@ def _write_summaries(a, out, rows, per_example, runner, n_examples, t_start,
                                        "one draw of max K samples per example, the result at K "
                                        "from its first K (rows carry shared_ks and the shared "
                                        "call's seconds)")
-                        + "; prompt prefill: " + ("per call" if a.no_prefill_cache else
-                                                  "once per example and format, shared by every "
-                                                  "method and K (not in seconds; prefill_s per "
-                                                  "example)"))}
+                        + "; prompt prefill: once per example and format, shared by every "
+                          "method and K (in the seconds of the example's first call)")}
     meta.update(extra_meta or {})
     md = ["## Function calling on BFCL", "", f"`{meta['command']}`", "",
           f"{meta['machine']['date']}, {meta['machine']['backend']} ({meta['machine']['cpu']}), "

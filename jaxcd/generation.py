@@ -34,9 +34,35 @@ class Model:
     vocab: Vocabulary
     path: str
     mesh: Any = None        # the jax.sharding.Mesh of load_model(mesh=...), else None
+    #: the last few one-prompt prefills (:meth:`prefilled`), keyed on the prompt
+    _prefills: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def encode_prompt(self, prompt: str | None, chat: bool = True) -> list[int]:
+    def encode_prompt(self, prompt: str | Sequence[int] | None, chat: bool = True) -> list[int]:
+        """Token ids: a text through :func:`format_prompt`, token ids as they are."""
+        if _is_token_ids(prompt):
+            return [int(t) for t in prompt]
         return format_prompt(self.tokenizer, prompt, chat=chat)
+
+    def prefilled(self, prompt_ids: Sequence[int], width: int, max_len: int):
+        """:func:`jaxcd.decoding.decode.prefill` of one prompt (left-padded to ``width``,
+        with room for ``max_len`` slots), remembered for the next calls on the same prompt
+        (a few prompts at a time; forgotten when the weights object changes): several
+        methods or seeds on one prompt run the prompt through the LM once."""
+        from .decoding.decode import prefill
+        k = (tuple(int(t) for t in prompt_ids), int(width), int(max_len), id(self.params))
+        if k not in self._prefills:
+            while len(self._prefills) >= 4:
+                self._prefills.pop(next(iter(self._prefills)))
+            ids, lens = pad_prompts([list(prompt_ids)], pad_id=getattr(self.lm, "pad_token_id", 0),
+                                    length=width)
+            self._prefills[k] = prefill(self.lm, self.params, ids, lens, max_len)
+        return self._prefills[k]
+
+
+def _is_token_ids(prompt) -> bool:
+    """A prompt given as token ids: a non-empty sequence of integers."""
+    return (isinstance(prompt, (list, tuple, np.ndarray)) and len(prompt) > 0
+            and all(isinstance(t, (int, np.integer)) for t in prompt))
 
 
 def format_prompt(tokenizer, user: str | None, system: str | None = None, tools=None,
@@ -98,21 +124,32 @@ def _on_data_axis(m: Model, *arrays):
 
 
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
-                     whitespace_pattern: str | None = None, cache: bool | str = False,
+                     automaton=None, whitespace_pattern: str | None = None, cache: bool | str = False,
                      strict: bool = True, closed_objects: bool = True,
                      property_order: str = "auto", max_tokens: int | None = None):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
-    or lists of forms), ``tool`` (tool JSON schema) — or none for unconstrained.
+    or lists of forms), ``tool`` (tool JSON schema), ``automaton`` (a constraint already
+    compiled over ``vocab``: a :class:`~jaxcd.automata.TensorizedAutomaton` from
+    ``compile_*``, padded or not) — or none for unconstrained.
     ``cache``, ``strict``, ``property_order`` and ``max_tokens`` (the budget the automaton
     will be used with) are :func:`~jaxcd.compile_json_schema`'s, with its defaults (the
     last three for schemas only). ``closed_objects`` defaults to True here: generation
     closes objects that declare properties (no keys beyond those, as xgrammar's strict mode
     and OpenAI's structured outputs do); ``closed_objects=False`` gives the specification's
     open objects, :func:`~jaxcd.compile_json_schema`'s default."""
-    given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool).items()
-             if v is not None]
+    given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool,
+                                automaton=automaton).items() if v is not None]
     if len(given) > 1:
         raise ValueError(f"give at most one constraint, got {', '.join(given)}")
+    if automaton is not None:
+        from .automata.tensorized import TensorizedAutomaton
+        if not isinstance(automaton, TensorizedAutomaton) or automaton.batch_shape:
+            raise TypeError("automaton= takes one TensorizedAutomaton (from jaxcd.compile_*), "
+                            f"got {type(automaton).__name__}")
+        if automaton.vocab_size != vocab.vocab_size:
+            raise ValueError(f"automaton= was compiled for a vocabulary of "
+                             f"{automaton.vocab_size} tokens, the model has {vocab.vocab_size}")
+        return automaton
     if schema is not None:
         return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern,
                                    strict=strict, cache=cache, closed_objects=closed_objects,
@@ -259,7 +296,8 @@ def resolve_predicate(predicate):
 
 
 def _encode_within_context(m: "Model", prompt, chat: bool, budget: int) -> list[int]:
-    """The prompt's token ids; raises if prompt + budget exceed the model's context."""
+    """The prompt's token ids (a text through the chat template, or token ids as given);
+    raises if prompt + budget exceed the model's context."""
     prompt_ids = m.encode_prompt(prompt, chat=chat)
     ctx = getattr(m.lm.config, "context_length", None)
     if ctx and len(prompt_ids) + budget > ctx:
@@ -281,7 +319,7 @@ def _walk_valid(fa, rows, ended) -> list[bool]:
     return out
 
 
-_KINDS = ("schema", "regex", "keywords", "tool")
+_KINDS = ("schema", "regex", "keywords", "tool", "automaton")
 
 
 def _row_constraints(n: int, constraints, **given) -> list[dict]:
@@ -327,8 +365,8 @@ def _row_constraints(n: int, constraints, **given) -> list[dict]:
 _SMC_METHODS = ("smc", "awrs")
 
 
-def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=None, tool=None,
-             predicate=None, method: str = "gcd", budget: int = 128, temperature: float = 1.0,
+def generate(prompt: str | Sequence[int] | None = None, *, schema=None, regex=None,
+             keywords=None, tool=None, automaton=None, predicate=None, method: str = "gcd", budget: int = 128, temperature: float = 1.0,
              seed: int = 0, num_samples: int = 1, model: Model | str | None = None,
              chat: bool = True, smc: SMCConfig | None = None, strict: bool = True,
              closed_objects: bool = True, property_order: str = "auto",
@@ -338,10 +376,14 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
     """Sample ``num_samples`` outputs for one ``prompt`` under one constraint (for many
     prompts: :func:`generate_batch`).
 
+    ``prompt``: a text (through the model's chat template when ``chat``) or token ids
+    (used as they are).
+
     The constraint: at most one of ``schema`` (dict or JSON text), ``regex``,
-    ``keywords`` (words, or lists of forms), ``tool`` (a tool's JSON schema) and, for
-    ``method="awrs"``, ``predicate(prefix: bytes, final: bool) -> bool`` (a callable or
-    ``"module:function"``).
+    ``keywords`` (words, or lists of forms), ``tool`` (a tool's JSON schema),
+    ``automaton`` (a constraint compiled once with ``jaxcd.compile_*``, for many calls)
+    and, for ``method="awrs"``, ``predicate(prefix: bytes, final: bool) -> bool`` (a
+    callable or ``"module:function"``).
 
     ``method``: ``"gcd"`` (budget-aware masks: every output is valid and ends within
     ``budget`` tokens, EOS included), ``"lcd"`` (step-local masks; may run out of
@@ -378,10 +420,11 @@ def generate(prompt: str | None = None, *, schema=None, regex=None, keywords=Non
         out = jaxcd.generate("Give me an integer.", regex=r"-?[0-9]+", budget=8)
         print(out.text)
     """
-    if isinstance(prompt, (list, tuple)):
-        raise TypeError("generate takes one prompt; use generate_batch for a list")
+    if isinstance(prompt, (list, tuple)) and not _is_token_ids(prompt):
+        raise TypeError("generate takes one prompt (a text or token ids); use generate_batch "
+                        "for a list")
     given = {k: v for k, v in dict(schema=schema, regex=regex, keywords=keywords,
-                                   tool=tool).items() if v is not None}
+                                   tool=tool, automaton=automaton).items() if v is not None}
     if len(given) > 1:
         raise ValueError(f"give at most one constraint, got {', '.join(given)}")
     return _generate([prompt], [given], batch=False, predicate=predicate, method=method,
@@ -404,7 +447,8 @@ def generate_batch(prompts: Sequence[str], *, constraints: Sequence[dict] | None
     """:func:`generate` for a list of prompts, each under its own constraint; returns one
     :class:`GenerationResult` per prompt, in order. Options as :func:`generate`'s.
 
-    The constraints: ``constraints=[{"regex": ...}, {"schema": ...}, ...]`` (one dict per
+    ``prompts``: texts or token ids, as in :func:`generate`. The constraints:
+    ``constraints=[{"regex": ...}, {"schema": ...}, {"automaton": fa}, ...]`` (one dict per
     prompt; kinds may mix), or ``regex=`` / ``schema=`` / ``tool=`` (one spec for every
     prompt, or a list with one per prompt) / ``keywords=`` (a list with one entry per
     prompt). The prompts are decoded together, each row under its own constraint
@@ -480,7 +524,8 @@ def _generate(prompts, rows, *, batch, predicate, method, budget, temperature, s
     fas, auto_s, built = [], [], {}
     for c in rows:
         t = time.perf_counter()
-        ck = json.dumps(c, sort_keys=True, default=str)
+        ck = (f"automaton:{id(c['automaton'])}" if "automaton" in c
+              else json.dumps(c, sort_keys=True, default=str))
         if ck not in built:                  # the same constraint twice: one automaton
             # the budget bounds every output: long maxLength-like bounds are exact
             # without a counter (compile_json_schema's max_tokens)
@@ -511,9 +556,17 @@ def _generate(prompts, rows, *, batch, predicate, method, budget, temperature, s
 
 
 def _bucket_of(fas) -> tuple | None:
-    from .decoding.buckets import common_bucket
+    """The bucket the rows' automata are padded to: the library's
+    (:func:`~jaxcd.decoding.buckets.common_bucket`), or the shape of one automaton that
+    is already bucketed (:func:`~jaxcd.decoding.buckets.is_bucketed`: padded by the
+    caller, e.g. to share one compiled program over a run)."""
+    from .decoding.buckets import common_bucket, is_bucketed
     real = [fa for fa in fas if fa is not None]
-    return common_bucket(real) if real else None
+    if not real:
+        return None
+    if all(fa is real[0] for fa in real) and is_bucketed(real[0]):
+        return real[0].bucket
+    return common_bucket(real)
 
 
 def _posterior(m: Model, tokens, log_weights, valid, seed: int, num_samples: int,
@@ -592,9 +645,7 @@ def _generate_masked(m: Model, prompts, fas, auto_s, *, method, budget, temperat
     if len(prompts) == 1:
         # every row decodes the same prompt: run it through the LM once ([1, width]) and
         # broadcast its cache to the rows, instead of bs identical prefills
-        from .decoding.decode import prefill
-        ids1, lens1 = pad_prompts(prompt_ids[:1], pad_id=pad_id, length=width)
-        pre = prefill(m.lm, m.params, ids1, lens1, width + N)
+        pre = m.prefilled(prompt_ids[0], width, width + N)
     for c in range(n_chunks):
         rows = row_of[c * bs:(c + 1) * bs]
         rows = rows + [rows[-1]] * (bs - len(rows))          # the last chunk: same shape
@@ -731,7 +782,10 @@ def _generate_smc(m: Model, prompts, fas, auto_s, *, budget, temperature, seed, 
         (ids, lens), data_shards = _on_data_axis(m, ids, lens)
         fa = fa_shared if shared else stack_automata([fas[i] for i in rows], bucket)
         k = key if c == 0 else jax.random.fold_in(key, c)
+        pre = m.prefilled(prompt_ids[0], width, width + N) if P == 1 and m.mesh is None \
+            else None
         res = smc_mod.run(k, m.lm, m.params, ids, lens, fa, budget=budget, max_steps=N,
+                          prefilled=pre,
                           num_particles=K, proposal=smc.proposal, hmm=hmm_params,
                           resample=smc.resample, ess_threshold=smc.ess_threshold,
                           temperature=temperature, defensive=smc.defensive,

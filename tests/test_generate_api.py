@@ -70,6 +70,33 @@ def test_one_prompt_one_result_and_clear_errors(smol):
                        smc=jaxcd.SMCConfig(proposal="lookahead"))
 
 
+def test_compiled_automaton_and_token_id_prompts_equal_the_spec_and_text(smol):
+    """A constraint compiled once (``automaton=``) and a prompt given as its token ids
+    draw exactly what the regex and the text draw (same seed); an automaton for another
+    vocabulary or a stack is refused, naming why."""
+    rx = "(yes|no|maybe)"
+    fa = jaxcd.compile_regex(rx, smol.vocab)
+    ids = smol.encode_prompt("Is Paris the capital of France?")
+    for method, extra in (("gcd", {}), ("smc", {"smc": jaxcd.SMCConfig(num_particles=4)})):
+        a = jaxcd.generate("Is Paris the capital of France?", regex=rx, method=method,
+                           budget=6, num_samples=4, seed=3, model=smol, **extra)
+        b = jaxcd.generate(ids, automaton=fa, method=method, budget=6, num_samples=4, seed=3,
+                           model=smol, **extra)
+        assert a.texts == b.texts and a.valid == b.valid, method
+        assert all(re.fullmatch(rx, t) for t in b.texts)
+    c = jaxcd.generate_batch([ids, "A colour?"], constraints=[{"automaton": fa},
+                             {"regex": "red|blue"}], budget=6, seed=1, model=smol)
+    assert re.fullmatch(rx, c[0].text) and c[1].text in ("red", "blue")
+    other = jaxcd.compile_regex(rx, jaxcd.Vocabulary.from_token_bytes(
+        [bytes([i]) for i in range(256)], eos_id=2))
+    with pytest.raises(ValueError, match="vocabulary of 256"):
+        jaxcd.generate(ids, automaton=other, budget=6, model=smol)
+    with pytest.raises(TypeError, match="TensorizedAutomaton"):
+        jaxcd.generate(ids, automaton=rx, budget=6, model=smol)
+    with pytest.raises(ValueError, match="at most one"):
+        jaxcd.generate(ids, automaton=fa, regex=rx, budget=6, model=smol)
+
+
 def test_smc_samples_are_posterior_draws_and_nothing_is_written(smol, tmp_path, monkeypatch):
     """SMC's ``num_samples`` texts are particles of positive weight; the particles come
     back only on request; generate writes no automaton to the cache directory unless

@@ -349,10 +349,6 @@ def test_budget_and_width_rules():
     assert tool_calls.auto_budget(a, sp, 20) == 80            # 20 + 48 -> 68 -> 80
     assert tool_calls.auto_budget(a, par, 20) == 176          # 20 + 144 -> 164 -> 176
     assert tool_calls.auto_budget(a, par, 200) == 256         # capped
-    widths = [tool_calls.prompt_width(n) for n in range(1, 3000)]
-    assert all(w >= n for n, w in zip(range(1, 3000), widths))
-    assert all(w <= max(64, 1.25 * n) for n, w in zip(range(1, 3000), widths))
-    assert len(set(widths)) <= 4 * 6 + 1                      # 4 buckets per octave
 
 
 def test_entry_point_end_to_end(tmp_path, examples):
@@ -417,8 +413,8 @@ def tiny_runner(tmp_path_factory):
     write_tiny_gguf(path, "llama", tied=True, seed=3)
     lm, params = load_lm(path, tokenizer=False)[:2]
     vocab = Vocabulary.from_token_bytes([bytes([i]) for i in range(256)], eos_id=2)
-    runner = Runner(Model(lm, params, None, vocab, str(path)), shapes=Shapes(prompt_multiple=16))
-    c = build_constraint(_regex_nfa(r"(ab|cd){1,5}"), vocab, Shapes(prompt_multiple=16))
+    runner = Runner(Model(lm, params, None, vocab, str(path)))
+    c = build_constraint(_regex_nfa(r"(ab|cd){1,5}"), vocab)
     return runner, c
 
 
@@ -467,18 +463,35 @@ def test_prefilled_same_draws_as_own_prefill(tiny_runner):
 
 
 def test_runner_prefill_cache_and_shared_draw(tiny_runner):
-    """Runner with and without the prefill cache: same outputs. run_ks for lcd/gcd: one
-    draw of max K samples; the result at K is the first valid of its first K samples,
-    and the draw is the very call run(method, max K) makes."""
+    """The runner goes through jaxcd.generate: its calls equal generate's on the same
+    automaton, prompt ids and seed. The model's remembered prefill serves every method
+    (one entry) and changes no output (the same calls after forgetting it). run_ks for
+    lcd/gcd: one draw of max K samples; the result at K is the first valid of its first K
+    samples, and the draw is the very call run(method, max K) makes."""
+    import jaxcd
+    from experiments.runner import stable_seed
     runner, c = tiny_runner
     prompt, budget = [5, 17, 99, 3, 250, 7, 40], 16
-    runner.prefill = False
-    off = {m: runner.run(m, c, prompt, budget, 3, seed=1, tag="t") for m in ("lcd", "gcd", "smc-gcd")}
-    runner.prefill = True
+    runner.release(c)
     on = {m: runner.run(m, c, prompt, budget, 3, seed=1, tag="t") for m in ("lcd", "gcd", "smc-gcd")}
+    assert len(runner.model._prefills) == 1                         # one prefill served all
+    off = {}
     for m in on:
+        runner.release(c)
+        off[m] = runner.run(m, c, prompt, budget, 3, seed=1, tag="t")
         assert on[m].texts == off[m].texts and on[m].output == off[m].output, m
-    assert runner.prefill_s > 0 and len(runner._prefills) == 1      # one prefill served all
+    g = jaxcd.generate(prompt, automaton=c.fa, method="gcd", num_samples=3, batch_size=3,
+                       batching="static", budget=budget, seed=stable_seed(1, "t", "gcd", 3),
+                       model=runner.model, progress=False)
+    assert g.texts == on["gcd"].texts
+    s = jaxcd.generate(prompt, automaton=c.fa, method="smc", budget=budget,
+                       seed=stable_seed(1, "t", "smc-gcd", 3), model=runner.model,
+                       smc=jaxcd.SMCConfig(num_particles=3, return_particles=True),
+                       progress=False)
+    assert s.particles.texts == on["smc-gcd"].texts and s.text == on["smc-gcd"].output
+    # the SMC output is a particle of positive weight, the runner's `chosen`
+    r = on["smc-gcd"]
+    assert r.weights[r.chosen] > 0 and r.texts[r.chosen] == r.output
     # (K = 3 throughout: the programs compiled above serve every call below)
     for m in ("lcd", "gcd"):
         res = runner.run_ks(m, c, prompt, budget, [1, 2, 3], seed=1, tag="t")
@@ -495,7 +508,7 @@ def test_runner_prefill_cache_and_shared_draw(tiny_runner):
     assert res[3].texts == on["smc-gcd"].texts and res[3].shared_ks is None
     assert runner.run_ks("smc-gcd", c, prompt, budget, [3, 3], seed=1, tag="t")[3].shared_ks is None
     runner.release(c)
-    assert not runner._prefills
+    assert not runner.model._prefills
 
 
 def test_runner_unconstrained_validity_is_the_regex(tiny_runner):

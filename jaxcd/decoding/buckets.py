@@ -32,7 +32,8 @@ import numpy as np
 
 from ..automata.tensorized import TensorizedAutomaton, pad_automaton
 
-__all__ = ["pad_prompts", "automaton_bucket", "bucket_automaton", "stack_automata", "common_bucket", "flatten",
+__all__ = ["pad_prompts", "automaton_bucket", "bucket_automaton", "is_bucketed", "stack_automata",
+           "common_bucket", "flatten",
            "budget_bucket", "prompt_bucket", "LEVELS"]
 
 #: ``(states, edges, out-degree, mask rows)`` of the coarse automaton buckets; an
@@ -93,6 +94,14 @@ def bucket_automaton(fa: TensorizedAutomaton, bucket: tuple[int, int, int, int] 
     out, _ = pad_automaton(fa, num_states=b[0], num_edges=b[1], max_out_degree=b[2],
                            num_mask_rows=b[3], key=fa.key)
     return out
+
+
+def is_bucketed(fa: TensorizedAutomaton) -> bool:
+    """``fa`` is laid out as :func:`bucket_automaton` leaves it: power-of-two sizes and the
+    canonical ids (``initial = 0``, ``final = S - 2``, ``dead = S - 1``)."""
+    S, E, D, R = _sizes(fa)
+    return (all(x == _pow2(x) for x in (S, E, D, R)) and int(fa.initial_state) == 0
+            and int(fa.final_state) == S - 2 and int(fa.dead_state) == S - 1)
 
 
 def common_bucket(fas: Sequence[TensorizedAutomaton]) -> tuple[int, int, int, int]:
