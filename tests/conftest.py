@@ -13,9 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # XLA's CPU compiler with its older fusion emitters (`--xla_cpu_use_fusion_emitters=false`)
 # compiles the suite's programs 2-3x faster than with the default MLIR emitters, at the same
-# run time (session 14, load ~6, one process each, alternated: `jaxcd.generate` SMC first
-# call 23.3 -> 9.4 s and 13.7 -> 4.2 s of XLA compiling, warm calls 2.6-4.7 s either way;
-# the test_smc SMC program 13.1 -> 8.7 s and 10.2 -> 6.2 s). The CLI uses it too. The
+# run time (measured on `jaxcd.generate`'s first SMC call and test_smc's SMC program, one
+# process each, alternated). The CLI uses it too. The
 # emitters change how a fusion is lowered, not what it computes:
 # tests/test_smc.py::test_particles_sharded_over_forced_host_devices runs its child with
 # XLA's default emitters and asserts the same tokens and weights as this process.
