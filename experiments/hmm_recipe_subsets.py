@@ -1,17 +1,23 @@
-"""Would a cheaper default-HMM recipe keep its quality? (issue #11)
+"""How does an HMM's held-out quality grow with its data? EM on nested subsets of one
+sample set's training rows, every variant evaluated on the SAME held-out rows.
 
-The default HMM's cost is almost all sampling (512 continuations, cap 128; EM is ~20 CPU s),
-so the cheaper recipes are fewer continuations. This re-runs the recipe's EM (H=128,
-full batch, data prior 0.1, at most 30 iterations, patience 4) on subsets of the built
-default HMM's training rows and evaluates every variant on the SAME 51 held-out
-continuations (placed where the job's seeded split puts its held-out rows, with
-``heldout_frac = 51 / rows``). The full subset reproduces the built HMM exactly.
+The default HMM's cost is almost all sampling (512 continuations, cap 128; EM is ~20 CPU
+s), so its cheaper recipes are fewer continuations; for the task HMM the question is the
+other way round: how much more data the gap-share goal needs. Each run re-runs the
+recipe's EM on the first N training rows of the seeded split and places the held-out
+rows where the job's split puts them (``heldout_frac = held-out / rows``), so the full
+subset reproduces the built HMM.
 
-    python experiments/hmm_recipe_subsets.py 461 345 230     # needs the built default HMM
+    python experiments/hmm_recipe_subsets.py 461 345 230     # the built default HMM
+    python experiments/hmm_recipe_subsets.py 1843 921 460 230 --samples <task samples> \
+        --hidden-size 256 --init lvd --mode minibatch --epochs 6 --patience 2 \
+        --out experiments/results/hmm_task_data_scaling.json
 
-Writes ``experiments/results/hmm_recipe_subsets.json``. ``gap_share`` uses the job's
-own unigram baseline (from the subset's training rows); ``gap_share_vs_full_unigram``
-the baseline of all 461 training rows, so the variants share one scale.
+Writes ``experiments/results/hmm_recipe_subsets.json`` (``--out`` to change).
+``gap_share`` uses the job's own unigram baseline (from the subset's training rows);
+``gap_share_vs_full_unigram`` the baseline of all training rows, so the variants share
+one scale. With several sizes, ``fit`` is the least-squares line of gap share against
+log2(training tokens) (the share gained per doubling of the data).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hmm_distill.data import load_samples, logprobs_name, write_samples  # noqa: E402
+from hmm_distill.data import (features_name, load_features, load_samples, logprobs_name,  # noqa: E402
+                              write_samples)
 from hmm_distill.default import DefaultSettings, default_hmm_dir  # noqa: E402
 from hmm_distill.priors import first_eos_mask  # noqa: E402
 from hmm_distill.train import TrainConfig, heldout_split, train  # noqa: E402
@@ -40,16 +47,49 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _parse(argv):
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sizes", nargs="*", type=int, help="training rows per run")
+    ap.add_argument("--samples", help="sample directory (default: the built default HMM's)")
+    ap.add_argument("--hidden-size", type=int)
+    ap.add_argument("--init", default=None, help="cluster | lvd | random (default: the recipe's)")
+    ap.add_argument("--mode", default=None, help="full | minibatch")
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--patience", type=int)
+    ap.add_argument("--token-dropout", type=float, default=None)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "hmm_recipe_subsets.json"))
+    return ap.parse_args(argv)
+
+
+def _shown(path) -> str:
+    home = str(Path.home() / ".cache" / "jaxcd")
+    return str(path).replace(home, "<cache>")
+
+
 def main(argv=None) -> None:
-    sizes = [int(a) for a in (argv if argv is not None else sys.argv[1:])] or [461, 345, 230]
+    a = _parse(argv if argv is not None else sys.argv[1:])
     s = DefaultSettings()
-    src = default_hmm_dir(None, s) / "samples"
+    src = Path(a.samples) if a.samples else default_hmm_dir(None, s) / "samples"
+    H = a.hidden_size or s.hidden_size
+    mode, epochs = a.mode or s.mode, a.epochs or s.epochs
+    patience = s.patience if a.patience is None else a.patience
     S = load_samples(src)
     X, LP, meta = S.tokens, S.logprobs, S.meta
     V, eos = meta["vocab_size"], meta["eos_token_id"]
+    F = None
+    if int(meta.get("features") or 0):
+        F = np.concatenate([np.asarray(load_features(src / sh["features"],
+                                                     (sh["num_seqs"], X.shape[1])))
+                            for sh in meta["shards"]], 0)
     tr, ho = heldout_split(X.shape[0], s.heldout_frac, s.seed)
-    out = {"samples": str(src), "num_seqs": int(X.shape[0]), "heldout_rows": int(len(ho)), "settings": asdict(s),
-           "runs": {}}
+    sizes = a.sizes or [len(tr)]
+    settings = dict(asdict(s), hidden_size=H, mode=mode, epochs=epochs, patience=patience,
+                    init=a.init or "cluster", token_dropout=a.token_dropout)
+    out = {"command": "python experiments/hmm_recipe_subsets.py "
+                      + " ".join(_shown(x) for x in (argv if argv is not None else sys.argv[1:])),
+           "samples": _shown(src), "num_seqs": int(X.shape[0]), "heldout_rows": int(len(ho)),
+           "settings": settings, "runs": {}}
     full_unigram = None
     with tempfile.TemporaryDirectory() as tmp:
         for n_tr in sizes:
@@ -61,14 +101,23 @@ def main(argv=None) -> None:
             rows[ho2], rows[tr2] = ho, tr[:n_tr]
             d = Path(tmp) / f"data{n_tr}"
             write_samples(d, X[rows], vocab_size=V, eos_token_id=eos, fingerprint=meta["vocab_fingerprint"])
-            np.save(d / logprobs_name(0), LP[rows])
             m = json.loads((d / "metadata.json").read_text())
-            m["shards"][0]["logprobs"] = logprobs_name(0)
+            if LP is not None:
+                np.save(d / logprobs_name(0), LP[rows])
+                m["shards"][0]["logprobs"] = logprobs_name(0)
+            if F is not None:
+                np.save(d / features_name(0), F[rows])
+                m["shards"][0]["features"] = features_name(0)
+                m["features"] = int(F.shape[-1])
             (d / "metadata.json").write_text(json.dumps(m))
             c0, t0 = _cpu_s(), time.perf_counter()
-            cfg = TrainConfig(data=str(d), out=str(Path(tmp) / f"run{n_tr}"), hidden_size=s.hidden_size,
-                              epochs=s.epochs, mode=s.mode, prior_strength=s.prior_strength, heldout_frac=frac,
-                              seed=s.seed, batch_size=256, plot=False, progress=False, patience=s.patience)
+            cfg = TrainConfig(data=str(d), out=str(Path(tmp) / f"run{n_tr}"), hidden_size=H,
+                              epochs=epochs, mode=mode, prior_strength=s.prior_strength,
+                              heldout_frac=frac, seed=s.seed, batch_size=256, plot=False,
+                              progress=False, patience=patience,
+                              **({"init": a.init} if a.init else {}),
+                              **({"token_dropout": a.token_dropout}
+                                 if a.token_dropout is not None else {}))
             res = train(cfg, log=lambda *a: None)
             b = res.best
             if n_tr == len(tr):
@@ -83,7 +132,15 @@ def main(argv=None) -> None:
         for r in out["runs"].values():
             r["gap_share_vs_full_unigram"] = ((r["heldout_ll"] - full_unigram)
                                               / (r["lm_heldout_ll"] - full_unigram))
-    path = ROOT / "experiments" / "results" / "hmm_recipe_subsets.json"
+    runs = [r for r in out["runs"].values() if r.get("gap_share") is not None]
+    if len(runs) >= 2:
+        x = np.log2([r["train_tokens"] for r in runs])
+        y = np.array([r.get("gap_share_vs_full_unigram", r["gap_share"]) for r in runs])
+        slope, icpt = np.polyfit(x, y, 1)
+        out["fit"] = {"per_doubling": float(slope), "intercept_log2_tokens": float(icpt),
+                      "tokens_for_0.6": float(2 ** ((0.6 - icpt) / slope)) if slope > 0 else None}
+        print(json.dumps(out["fit"]), flush=True)
+    path = Path(a.out)
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path}")
 

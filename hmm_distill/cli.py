@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", required=True)
     p = sub.add_parser("task", help="build (or find) a model's task HMM: the whole recipe, cached")
     p.add_argument("--model", default=None, help="GGUF path or model name (default SmolLM2-135M)")
-    p.add_argument("--profile", default="cpu", help="settings: cpu (this CPU, <= 2 h), accelerator "
+    p.add_argument("--profile", default="cpu", help="settings: cpu (a 2-core CPU; measured costs in docs/hmm_distill.md), accelerator "
                    "(the references' scale), smoke (minutes)")
     p.add_argument("--hidden-size", type=int, default=None, help="override the profile's H")
     p.add_argument("--rebuild", action="store_true", help="discard a cached or partial build")

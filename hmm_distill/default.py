@@ -93,7 +93,7 @@ class TaskSettings(DefaultSettings):
 
 
 TASK_PROFILES = {
-    # this repository's CPU budget (2 cores, <= 2 hours per model with the sampling)
+    # sized for a 2-core CPU (the measured costs: docs/hmm_distill.md, "The task HMM")
     "cpu": TaskSettings(hidden_size=256, num_seqs=8192, max_length=96, batch_size=64, pools=2,
                         epochs=6, patience=2, max_prompt_tokens=512),
     # the references' scale on an accelerator (GeLaTo / Ctrl-G: millions of sequences, H = 4096)
