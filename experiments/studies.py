@@ -786,7 +786,9 @@ def _reusable(key: dict, st: dict) -> dict | None:
 
 def cost_per_example(rows: list[dict], run_dir: Path | None = None) -> dict:
     """Decode cost per example: wall and process-CPU seconds of every call (a shared
-    lcd/gcd draw counted once), plus the prompt prefills (``summary.json``'s examples)."""
+    lcd/gcd draw counted once). A call's seconds include the prompt's prefill when it
+    ran it; records that timed prefills apart (``summary.json``'s examples'
+    ``prefill_s``) have them added."""
     per: dict = {}
     # compile time taken out call by call (compile_s is wall time of tracing + XLA
     # compile; on a CPU that is ~ the same CPU time): an estimate of a warm example
