@@ -15,6 +15,10 @@ The table between the ``results-table`` markers in README.md is this module's ou
 
     python -m experiments.readme_table            # print it
     python -m experiments.readme_table --write    # replace it in README.md
+
+``make run`` (``jaxcd demo``) prints measured facts beside its own runs: they come from
+``jaxcd/data/demo_results.json``, which :func:`demo_facts` renders from the results
+files (``--write`` rewrites it too; ``tests/test_readme.py`` checks it is current).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ MASKBENCH = R + "bench_maskbench.json"
 RUNTIME = R + "bench_runtime.json"
 HMM = R + "bench_hmm.json"
 SATISFACTION = R + "satisfaction/satisfaction.json"
+SECOND_MODEL = R + "second_model/second_model.json"
+SECOND_MODEL_DEFENSIVE = R + "second_model_defensive/paired_runs.json"
+DEMO_FACTS = ROOT / "jaxcd" / "data" / "demo_results.json"
 
 #: (what is measured, [(label, file, key, format)], command that writes the file)
 ROWS = [
@@ -128,6 +135,33 @@ def render(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
+def demo_facts(root: Path = ROOT) -> dict:
+    """What ``jaxcd demo`` quotes, from the results files: the Paris question's exact
+    posterior (SmolLM2, by enumeration) and the P-GCD look-ahead's BFCL accuracy beside
+    SMC-GCD's (study 8)."""
+    ks = (1, 4, 16)
+
+    def acc(method, k):
+        key = f"table/format=json,method={method},particles={k}/accuracy_pct"
+        return round(float(lookup(SECOND_MODEL, key, root)), 1)
+    sm = json.loads((root / SECOND_MODEL).read_text())
+    defensive = [e for e in lookup(SECOND_MODEL_DEFENSIVE, "paired_accuracy", root)
+                 if e["a"] == "smc-gcd" and e["b"].startswith("smc-lookahead (defensive")
+                 and e["particles"] == 16]
+    return {
+        "paris": {"source": BIAS, "posterior": {
+            w: round(float(v), 3)
+            for w, v in lookup(BIAS, "constraints/paris/posterior", root).items()}},
+        "lookahead": {
+            "source": SECOND_MODEL, "model": sm["model"], "n": int(sm["subset"]["examples"]),
+            "hmm_gap_share": round(float(sm["hmm_info"]["heldout"]["gap_share"]), 3),
+            "k": list(ks), "smc_gcd_pct": [acc("smc-gcd", k) for k in ks],
+            "lookahead_pct": [acc("smc-lookahead", k) for k in ks],
+            "defensive_source": SECOND_MODEL_DEFENSIVE,
+            "defensive_k16_pct": round(float(defensive[0]["b_pct"]), 1)},
+    }
+
+
 def readme_block(text: str) -> str:
     """The table as it stands in README.md (between the markers)."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
@@ -136,12 +170,15 @@ def readme_block(text: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--write", action="store_true", help="replace the table in README.md")
+    ap.add_argument("--write", action="store_true",
+                    help="replace the table in README.md and rewrite jaxcd/data/demo_results.json")
     a = ap.parse_args(argv)
     table = render()
     if not a.write:
         print(table)
         return 0
+    facts = json.dumps(demo_facts(), indent=1, ensure_ascii=False) + "\n"
+    DEMO_FACTS.write_text(facts)
     text = README.read_text()
     old = readme_block(text)
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)

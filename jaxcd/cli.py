@@ -318,9 +318,27 @@ def cmd_demo(args) -> int:
     print(f"  {'method':<30} " + " ".join(f"{w:>6}" for w in PARIS_WORDS))
     for name, dist in paris:
         print(f"  {name:<30} " + " ".join(f"{dist.get(w, 0.0):>6.0%}" for w in PARIS_WORDS))
-    print("  the model's own conditional, by exact enumeration of every tokenization "
-          "(python -m experiments.study_bias_real): yes 80%, no 9%, true 11%")
+    facts = _demo_facts()
+    post = facts["paris"]["posterior"]
+    print("  the model's own conditional, by exact enumeration of every tokenization ("
+          + facts["paris"]["source"] + "): "
+          + ", ".join(f"{w} {p:.0%}" for w, p in post.items() if p >= 0.005))
+    la = facts["lookahead"]
+    ks = " / ".join(map(str, la["k"]))
+    print(f"\n== The look-ahead today: BFCL tool calls ({la['model']}, n = {la['n']}, "
+          f"its default HMM, gap share {la['hmm_gap_share']:.2f}): P-GCD lookahead "
+          f"{' / '.join(f'{x:.1f}' for x in la['lookahead_pct'])}% correct at k = {ks} "
+          f"against SMC-GCD's {' / '.join(f'{x:.1f}' for x in la['smc_gcd_pct'])}% "
+          f"({la['defensive_k16_pct']:.1f}% at k = 16 with the defensive proposal): a weak "
+          f"HMM costs accuracy ({la['source']})")
     return 0
+
+
+def _demo_facts() -> dict:
+    """The measured facts the demo quotes (rendered from the results files by
+    ``python -m experiments.readme_table --write``)."""
+    from importlib.resources import files
+    return json.loads(files("jaxcd").joinpath("data/demo_results.json").read_text())
 
 
 PARIS_PROMPT = "Is Paris the capital of France? Answer in one word."

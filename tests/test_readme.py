@@ -262,6 +262,17 @@ def test_results_table_is_generated_from_the_results_files():
         "run `python -m experiments.readme_table --write`")
 
 
+def test_demo_quotes_the_results_files():
+    """What `make run` quotes (jaxcd/data/demo_results.json) is what the results files
+    say now, and the demo's lines print those numbers."""
+    from jaxcd.cli import _demo_facts
+    facts = _demo_facts()
+    assert facts == readme_table.demo_facts(), "run `python -m experiments.readme_table --write`"
+    la = facts["lookahead"]
+    assert len(la["k"]) == len(la["lookahead_pct"]) == len(la["smc_gcd_pct"]) == 3
+    assert abs(sum(facts["paris"]["posterior"].values()) - 1) < 0.01
+
+
 def test_lookup_selectors_and_escapes(tmp_path):
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"a/b": {"c": 1}, "rows": [{"m": "x", "k": 1, "v": 2.5},
