@@ -97,10 +97,34 @@ class Source:
         return json.loads((self.path / name).read_text())
 
 
-def select(src: Source, splits: str, n: int | None, seed: int) -> list[str]:
-    """Names of the files (with tests) in ``splits``: all (``n=None``) or a seeded
-    sample of ``n``."""
+def excluded_names(paths) -> set[str]:
+    """Base names of MaskBench files named by earlier runs: results ``.json`` files (their
+    rows), rows logs (``.jsonl``), plain lists (one name a line) or data directories (their
+    ``*.json`` files)."""
+    out: set[str] = set()
+    for p in map(Path, paths or ()):
+        if p.is_dir():
+            out.update(x.name for x in p.glob("*.json"))
+        elif p.suffix == ".jsonl":
+            for line in p.read_text().splitlines():
+                if line.strip():
+                    out.add(os.path.basename(json.loads(line)["file"]))
+        elif p.suffix == ".json":
+            d = json.loads(p.read_text())
+            out.update(os.path.basename(r["file"]) for rs in d["rows"].values() for r in rs)
+        else:
+            out.update(os.path.basename(x.strip()) for x in p.read_text().splitlines()
+                       if x.strip())
+    return out
+
+
+def select(src: Source, splits: str, n: int | None, seed: int,
+           exclude: set[str] = frozenset()) -> list[str]:
+    """Names of the files (with tests) in ``splits``, less those in ``exclude`` (base
+    names): all (``n=None``) or a seeded sample of ``n``."""
     def keep(name):
+        if os.path.basename(name) in exclude:
+            return False
         s = split_of(name)
         if splits == "dev":
             return s.startswith(DEV_PREFIXES)
@@ -436,6 +460,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIME_LIMIT)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_maskbench"))
     ap.add_argument("--files", nargs="*", help="only these file names (debugging)")
+    ap.add_argument("--exclude-rows", nargs="+", metavar="PATH", default=(),
+                    help="leave out of the sample the files of earlier runs: results .json "
+                         "files, rows logs (.jsonl), name lists or data directories")
     ap.add_argument("--from-rows", nargs="+", metavar="RESULTS.json",
                     help="run nothing: write the tables from the per-file rows of earlier "
                          "results files (an engine's rows from the last file that has it; "
@@ -476,7 +503,9 @@ def main(argv=None) -> int:
         t0 = time.time()
     else:
         src = Source(Path(args.data))
-        names = args.files or select(src, args.splits, None if args.full else args.n, args.seed)
+        exclude = excluded_names(args.exclude_rows)
+        names = args.files or select(src, args.splits, None if args.full else args.n, args.seed,
+                                     exclude)
         print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
               file=sys.stderr)
         setup = Setup(engines)
