@@ -336,6 +336,24 @@ class _Member:
     required: bool
 
 
+def _required_order(members: list, required: list) -> tuple | None:
+    """``members`` with the required ones in the order of the ``required`` list (the
+    optional ones keep their places in the schema's order), or None when that is the
+    schema's order or fewer than two members are required."""
+    names = {}
+    for m in members:
+        if m.required:
+            names[json.loads(m.key.args[0])] = m
+    order = [names[r] for r in dict.fromkeys(x for x in required if isinstance(x, str))
+             if r in names]
+    if len(order) < 2 or len(order) != len(names):
+        return None
+    if [id(m) for m in order] == [id(m) for m in members if m.required]:
+        return None
+    it = iter(order)
+    return tuple(next(it) if m.required else m for m in members)
+
+
 # ---------------------------------------------------------------------------------------
 # JSON-string escaping of a regex over decoded characters
 # ---------------------------------------------------------------------------------------
@@ -2853,6 +2871,13 @@ class SchemaBuilder:
             node = self._auto_object(members, extra, lo, hi, path)
             if node is not None:
                 return node
+            other = _required_order(members, required)
+            if other is not None and self.auto_spent + size + 8 <= self.auto_total:
+                # too wide for any order: the schema's order or the order of `required`
+                # (each a valid order, so is their union)
+                self.auto_spent += size + 8
+                return alt(Node("obj", (tuple(members), extra, lo, hi), size + 8),
+                           Node("obj", (other, extra, lo, hi), size + 8))
         return Node("obj", (tuple(members), extra, lo, hi), size + 8)
 
     def _auto_object(self, members, extra, lo, hi, path) -> Node | None:
