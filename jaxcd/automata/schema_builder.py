@@ -237,6 +237,15 @@ AUTO_REFUSE_NFA = 4
 _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
                 "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
                 "/unevaluatedProperties")
+# compile_json_schema: a schema whose recursive $refs were cut at max_depth, and whose
+# tree's size estimate is at most REF_DEPTH_TREE, is built again with them expanded
+# REF_DEPTH_EXTRA times more; that tree is compiled instead when its size estimate is at
+# least the first one's (a smaller one gave up order-free objects) and at most
+# REF_DEPTH_GROWTH times it; else, or past a compile limit, the first one (no schema
+# that compiled before is refused)
+REF_DEPTH_EXTRA = 1
+REF_DEPTH_GROWTH = 5.0
+REF_DEPTH_TREE = 300_000
 #: ``uniqueItems``: the item language must be finite, with at most this many spellings
 #: and this many distinct values (the array automaton tracks the subset of values used)
 MAX_UNIQUE_SPELLINGS = 256
@@ -675,6 +684,8 @@ class SchemaBuilder:
     # schema (free_sites) or the extra properties of open objects (implicit_sites)
     free_sites: int = 0
     implicit_sites: int = 0
+    # recursive $refs cut at max_depth outside subtracted operands (see REF_DEPTH_EXTRA)
+    ref_cuts: int = 0
     _product_level: int = 0
     _implicit_free: int = 0
     # building a subtracted operand that is not met with its positive side (see meet):
@@ -1300,7 +1311,7 @@ class SchemaBuilder:
                 self._any_cache.clear()
                 self._ref_stack.clear()
                 self.auto_spent = 0
-                self.free_sites = self.implicit_sites = 0
+                self.free_sites = self.implicit_sites = self.ref_cuts = 0
                 try:
                     n = self.node(self.root, "")
                 except _TooBig as e:
@@ -1368,7 +1379,10 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return self.free_value() if self._neg else EMPTY
+                if self._neg:
+                    return self.free_value()
+                self.ref_cuts += 1
+                return EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -1987,6 +2001,7 @@ class SchemaBuilder:
                 if self._ref_stack.count(key) >= self.max_depth:
                     if self._neg:
                         continue
+                    self.ref_cuts += 1
                     return {"enum": []}
                 rest = {k: v for k, v in sub.items() if k != "$ref"}
                 self._ref_stack.append(key)
