@@ -40,7 +40,8 @@ import numpy as np
 
 from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from ..limits import current_limits, too_large
-from .fsa import DFA, NFA, determinize, difference, intersect, is_empty, minimize
+from .fsa import (DFA, NFA, concat, determinize, difference, intersect, is_empty,
+                  minimize, union)
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
                       multiple_of_dfa, decimal_multiple_of_dfa, to_decimal)
 from .regex import _Builder, anchor_product, regex_to_nfa
@@ -410,6 +411,8 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
         raise UnsupportedRegexError(f"regex flags {re.RegexFlag(bad)!r} are not supported "
                                     f"(in {pattern!r})")
     alternatives = _split_anchored(list(parsed))
+    if any(op in (C.ASSERT, C.ASSERT_NOT) for items in alternatives for op, _ in items):
+        return _lookahead_content_nfa(alternatives, search, sflags, pattern)
     nfa = _JsonCharNFA()
     start = nfa.add_state()
     nfa.start = start
@@ -440,6 +443,76 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     if b.anchor_edges:
         return anchor_product(nfa, b.anchor_edges)
     return nfa
+
+
+def _items_content_nfa(items, sflags, pattern: str, any_tail: bool) -> NFA:
+    """JSON string contents whose decoded text starts with a match of the parsed
+    ``items`` (anchored at its start), then anything if ``any_tail``, else ends there;
+    anchors inside (``$``) resolved by :func:`anchor_product`."""
+    items = list(items)
+    if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
+        any_tail = False                     # (a top-level $ ends the text)
+    nfa = _JsonCharNFA()
+    start = nfa.add_state()
+    nfa.start = start
+    b = _Builder(nfa, pattern)
+    b.anchor_edges = []
+    e = b.seq(items, start, sflags, top=True)
+    if any_tail:
+        loop = nfa.add_state()
+        nfa.add_epsilon(e, loop)
+        nfa.add_codepoints(loop, loop, [(0, MAX_CODE_POINT)])
+        e = loop
+    nfa.accepting = {e}
+    if b.anchor_edges:
+        return anchor_product(nfa, b.anchor_edges)
+    return nfa
+
+
+def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> NFA:
+    """:func:`json_string_content_nfa` for a pattern with look-ahead assertions at the
+    start of top-level alternatives anchored with ``^`` (``^(?!a-)[a-z-]+$``): a look-ahead
+    at the start constrains the whole text, so the alternative is ``R`` intersected
+    with ``X.*`` (``(?=X)``) or less ``X.*`` (``(?!X)``), exactly, where ``R`` is the
+    rest of the alternative (followed by anything under search semantics unless it
+    ends with ``$``). Look-behind, and look-ahead elsewhere, stay unsupported."""
+    from ..errors import UnsupportedRegexError
+    parts = []
+    for items in alternatives:
+        anchored = bool(items) and items[0] in ((C.AT, C.AT_BEGINNING),
+                                               (C.AT, C.AT_BEGINNING_STRING))
+        body = list(items[1:] if anchored else items)
+        asserts = []
+        while body and body[0][0] in (C.ASSERT, C.ASSERT_NOT):
+            direction, sub = body[0][1]
+            if direction != 1:
+                raise UnsupportedRegexError(
+                    f"look-behind assertion is not supported (in {pattern!r})")
+            asserts.append((body[0][0] is C.ASSERT, sub))
+            body = body[1:]
+        if asserts and not anchored and search:
+            raise UnsupportedRegexError(
+                "look-ahead assertion is supported only at the start of a pattern (or "
+                f"top-level alternative) anchored with ^ (in {pattern!r})")
+        if any(op in (C.ASSERT, C.ASSERT_NOT) for op, _ in body):
+            raise UnsupportedRegexError(
+                "look-ahead assertion is supported only at the start of a pattern (or "
+                f"top-level alternative), after ^ (in {pattern!r})")
+        anchored_end = bool(body) and body[-1][0] is C.AT and \
+            body[-1][1] in (C.AT_END, C.AT_END_STRING)
+        rest = _items_content_nfa(body, sflags, pattern, search and not anchored_end)
+        if not asserts:
+            if search and not anchored:
+                pre = _items_content_nfa([], sflags, pattern, True)
+                rest = concat(pre, rest)
+            parts.append(rest)
+            continue
+        d = minimize(determinize(rest))
+        for positive, sub in asserts:
+            x = minimize(determinize(_items_content_nfa(list(sub), sflags, pattern, True)))
+            d = minimize(intersect(d, x) if positive else difference(d, x))
+        parts.append(d)
+    return union(*parts)
 
 
 def ecma_to_python(pattern: str) -> str:
