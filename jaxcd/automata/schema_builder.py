@@ -347,21 +347,21 @@ class _Member:
 
 
 def _required_order(members: list, required: list) -> tuple | None:
-    """``members`` with the required ones in the order of the ``required`` list (the
-    optional ones keep their places in the schema's order), or None when that is the
-    schema's order or fewer than two members are required."""
+    """``members`` with the required ones first, in the order of the ``required`` list,
+    then the optional ones in the schema's order; None when that is the schema's order
+    or none is required."""
     names = {}
     for m in members:
         if m.required:
             names[json.loads(m.key.args[0])] = m
     order = [names[r] for r in dict.fromkeys(x for x in required if isinstance(x, str))
              if r in names]
-    if len(order) < 2 or len(order) != len(names):
+    if not order or len(order) != len(names):
         return None
-    if [id(m) for m in order] == [id(m) for m in members if m.required]:
+    out = tuple(order) + tuple(m for m in members if not m.required)
+    if [id(m) for m in out] == [id(m) for m in members]:
         return None
-    it = iter(order)
-    return tuple(next(it) if m.required else m for m in members)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -2961,8 +2961,8 @@ class SchemaBuilder:
                 return node
             other = _required_order(members, required)
             if other is not None and self.auto_spent + size + 8 <= self.auto_total:
-                # too wide for any order: the schema's order or the order of `required`
-                # (each a valid order, so is their union)
+                # too wide for any order: the schema's order, or the required ones first
+                # in the order of `required` (each a valid order, so is their union)
                 self.auto_spent += size + 8
                 return alt(Node("obj", (tuple(members), extra, lo, hi), size + 8),
                            Node("obj", (other, extra, lo, hi), size + 8))
