@@ -134,8 +134,22 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
 _EMAIL = (r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
           rf"@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}")
-_URI_CHAR = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})"
-_URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URI_CHAR}*"
+# RFC 3986 (what jsonschema's uri / uri-reference checkers validate, with rfc3987 or
+# rfc3986-validator), exactly: appendix A's grammar as a regex
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRES_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="                 # unreserved and sub-delims
+_PCHAR = rf"(?:[{_UNRES_SUB}:@]|{_PCT})"
+_SEGMENT_NZ_NC = rf"(?:[{_UNRES_SUB}@]|{_PCT})+"
+_IP_LITERAL = rf"\[(?:{_IPV6}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]"
+_AUTHORITY = (rf"(?:(?:[{_UNRES_SUB}:]|{_PCT})*@)?"
+              rf"(?:{_IP_LITERAL}|(?:[{_UNRES_SUB}]|{_PCT})*)(?::[0-9]*)?")
+_PATH_ABEMPTY = rf"(?:/{_PCHAR}*)*"
+_PATH_ABSOLUTE = rf"/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
+_QUERY_FRAGMENT = rf"(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
+        rf"|{_PCHAR}+(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
+_RELATIVE_REF = (rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
+                 rf"|{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
 _HEX = "[0-9a-fA-F]"
 FORMATS = {
     "date": _DATE,
@@ -144,7 +158,7 @@ FORMATS = {
     "email": _EMAIL,
     "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
     "uri": _URI,
-    "uri-reference": f"{_URI_CHAR}*",
+    "uri-reference": f"(?:{_URI})|(?:{_RELATIVE_REF})",
     "ipv4": _IPV4,
     "ipv6": _IPV6,
     "hostname": _HOSTNAME,
