@@ -35,6 +35,21 @@ Synthesized, BFCL_*, JME) are sampled unless ``--splits heldout|all`` is given.
     python -m experiments.bench_maskbench --data /path/to/mirror --n 1000 --seed 0
     python -m experiments.bench_maskbench --full --engines jaxcd
 
+A fresh sample, disjoint from earlier ones (``--exclude-rows`` takes their results, rows
+logs or data directories), and the held-out splits in one results file
+(``--combine``; ``experiments/results/maskbench_generalisation.md``):
+
+    python -m experiments.bench_maskbench --data MIRROR --n 500 --seed 11 \
+        --exclude-rows experiments/results/bench_maskbench.json tests/data/maskbench ... \
+        --engines jaxcd,llguidance --out DEV
+    python -m experiments.bench_maskbench --data MIRROR --splits heldout --full \
+        --engines jaxcd,llguidance --out HELDOUT
+    python -m experiments.bench_maskbench --combine dev=DEV.json heldout=HELDOUT.json \
+        --note NOTE.md --out experiments/results/maskbench_generalisation
+
+A file of the splits that cannot be read (a blob absent from a partial mirror) is left
+out of the sample and named in the results (``meta.unreadable``).
+
 Writes ``experiments/results/bench_maskbench.{json,md}`` (``--out`` to change).
 """
 
@@ -61,6 +76,7 @@ ENGINES = ("jaxcd", "jaxcd_schema", "jaxcd_any", "jaxcd_nonstrict", "llguidance"
 MEM_LIMIT = 4 << 30
 TIME_LIMIT = 60.0
 ROWS_LOG: str | None = None        # --rows-log: one JSON line per (engine, file) as it ends
+UNREADABLE: list[str] = []         # files of the splits that could not be read (select)
 
 
 def split_of(name: str) -> str:
@@ -90,17 +106,45 @@ class Source:
             self.names = sorted(str(p.relative_to(self.path)) for p in self.path.glob("*.json"))
 
     def read(self, name: str) -> dict:
+        """The file's JSON; ``OSError`` when it cannot be read (a blob absent from a
+        partial mirror)."""
         if self.git:
-            return json.loads(subprocess.run(["git", f"--git-dir={self.path}", "show",
-                                              f"HEAD:{name}"], check=True,
-                                             capture_output=True).stdout)
+            r = subprocess.run(["git", f"--git-dir={self.path}", "show", f"HEAD:{name}"],
+                               capture_output=True)
+            if r.returncode:
+                raise OSError(f"{name}: {r.stderr.decode(errors='replace').strip()[:200]}")
+            return json.loads(r.stdout)
         return json.loads((self.path / name).read_text())
 
 
-def select(src: Source, splits: str, n: int | None, seed: int) -> list[str]:
-    """Names of the files (with tests) in ``splits``: all (``n=None``) or a seeded
-    sample of ``n``."""
+def excluded_names(paths) -> set[str]:
+    """Base names of MaskBench files named by earlier runs: results ``.json`` files (their
+    rows), rows logs (``.jsonl``), plain lists (one name a line) or data directories (their
+    ``*.json`` files)."""
+    out: set[str] = set()
+    for p in map(Path, paths or ()):
+        if p.is_dir():
+            out.update(x.name for x in p.glob("*.json"))
+        elif p.suffix == ".jsonl":
+            for line in p.read_text().splitlines():
+                if line.strip():
+                    out.add(os.path.basename(json.loads(line)["file"]))
+        elif p.suffix == ".json":
+            d = json.loads(p.read_text())
+            out.update(os.path.basename(r["file"]) for rs in d["rows"].values() for r in rs)
+        else:
+            out.update(os.path.basename(x.strip()) for x in p.read_text().splitlines()
+                       if x.strip())
+    return out
+
+
+def select(src: Source, splits: str, n: int | None, seed: int,
+           exclude: set[str] = frozenset()) -> list[str]:
+    """Names of the files (with tests) in ``splits``, less those in ``exclude`` (base
+    names): all (``n=None``) or a seeded sample of ``n``."""
     def keep(name):
+        if os.path.basename(name) in exclude:
+            return False
         s = split_of(name)
         if splits == "dev":
             return s.startswith(DEV_PREFIXES)
@@ -114,7 +158,14 @@ def select(src: Source, splits: str, n: int | None, seed: int) -> list[str]:
     for x in names:
         if n is not None and len(out) >= n:
             break
-        if src.read(x).get("tests"):
+        try:
+            doc = src.read(x)
+        except OSError as e:
+            # reported in the results (meta "unreadable"), not silently dropped
+            UNREADABLE.append(os.path.basename(x))
+            print(f"unreadable, left out: {e}", file=sys.stderr)
+            continue
+        if doc.get("tests"):
             out.append(x)
     return sorted(out)
 
@@ -424,6 +475,96 @@ def run_all(setup, src, names, engines, timeout, jobs, t0):
             for e in engines}
 
 
+def _scrub(x):
+    """Results without machine paths (repository paths relative, the MaskBench data
+    ``<maskbench>``, temporary files ``<tmp>``)."""
+    from experiments.make_results import scrub_paths
+    text = json.dumps(x)
+    data = os.environ.get("JAXCD_MASKBENCH")
+    for d in filter(None, [data, "/work/.mirror/guidance-ai+jsonschemabench/repo"]):
+        text = text.replace(d.rstrip("/"), "<maskbench>")
+    return json.loads(scrub_paths(text))
+
+
+def combine(specs: list[str], out: str, note: str | None = None) -> int:
+    """One results file (``out``.json/.md) with the runs ``LABEL=RESULTS.json`` side by
+    side: per engine and run the overall figures, then each run's per-split tables and
+    compile errors."""
+    runs = {}
+    for spec in specs:
+        label, _, path = spec.partition("=")
+        runs[label] = json.loads(Path(path).read_text())
+    engines = list(next(iter(runs.values()))["rows"])
+    for label, d in runs.items():
+        if list(d["rows"]) != engines:
+            raise SystemExit(f"--combine: {label} has engines {list(d['rows'])}, not {engines}")
+    doc = {"meta": {label: _scrub(d["meta"]) for label, d in runs.items()},
+           "overall": {label: d["overall"] for label, d in runs.items()},
+           "per_split": {label: d["per_split"] for label, d in runs.items()},
+           "rows": {label: d["rows"] for label, d in runs.items()}}
+    outp = Path(out)
+    outp.parent.mkdir(parents=True, exist_ok=True)
+    outp.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    md = ["# MaskBench generalisation: development and held-out splits side by side "
+          "(experiments/bench_maskbench.py)", ""]
+    if note:
+        md += [Path(note).read_text().rstrip(), ""]
+    md += ["## Runs", ""]
+    for label, d in runs.items():
+        m = _scrub(d["meta"])
+        wall = "" if m.get("wall_s") is None else f", wall {m['wall_s']:.0f} s"
+        md.append(f"- **{label}**: `python -m experiments.bench_maskbench "
+                  f"{' '.join(m.get('argv') or [])}`: {m['files']} files{wall} on "
+                  f"{m.get('cpus')} CPUs" + (f"; unreadable in the data (left out): "
+                                            f"{', '.join(m['unreadable'])}"
+                                            if m.get("unreadable") else ""))
+    md += ["", "## Side by side", "",
+           "| engine | run | files | passing | compiled | valid rejected (schemas) | "
+           "invalid accepted (schemas / instances) | compile error | crash / timeout / OOM "
+           "| compile p50 / p95 | compile CPU p50 / p95 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in engines:
+        for label in runs:
+            x = runs[label]["overall"][e]
+            p50 = "-" if x["compile_p50_s"] is None else f"{x['compile_p50_s']:.2f}"
+            p95 = "-" if x["compile_p95_s"] is None else f"{x['compile_p95_s']:.2f}"
+            c50, c95 = (("-", "-") if x.get("compile_cpu_p50_s") is None else
+                        (f"{x['compile_cpu_p50_s']:.2f}", f"{x['compile_cpu_p95_s']:.2f}"))
+            md.append(
+                f"| {e} | {label} | {x['files']} | **{_pct(x['passing'], x['files'])}** "
+                f"({x['passing']}) | {_pct(x['compiled'], x['files'])} | "
+                f"{x['valid_rejected_schemas']} | {x['invalid_accepted_schemas']} / "
+                f"{x['invalid_accepted_instances']} | {x['compile_error']} | "
+                f"{x['crash']} / {x['timeout']} / {x['oom']} | {p50} / {p95} s | "
+                f"{c50} / {c95} s |")
+    md.append("")
+    for label, d in runs.items():
+        md += [f"## {label}", ""]
+        md.append(table(d["overall"], f"{label}: overall"))
+        for sp in sorted(d["per_split"]):
+            md.append(table(d["per_split"][sp], f"{label}: {sp}"))
+        for e in engines:
+            errs: dict[str, int] = {}
+            vr: dict[str, int] = {}
+            for r in d["rows"][e]:
+                if r["status"] != "ok":
+                    k = r.get("error", r["status"])[:110]
+                    errs[k] = errs.get(k, 0) + 1
+                elif r["valid_rejected"]:
+                    vr[r["split"]] = vr.get(r["split"], 0) + 1
+            if errs:
+                md.append(f"### {label}, {e}: compile errors and failures\n")
+                md.extend(f"- {v} × `{k}`" for k, v in
+                          sorted(errs.items(), key=lambda x: -x[1])[:25])
+                md.append("")
+            if vr:
+                md.append(f"{label}, {e}: schemas with a valid instance rejected, by split: "
+                          + ", ".join(f"{k} {v}" for k, v in sorted(vr.items())) + "\n")
+    outp.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md[:40]))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.environ.get("JAXCD_MASKBENCH", str(DEFAULT_DATA)),
@@ -436,11 +577,20 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIME_LIMIT)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_maskbench"))
     ap.add_argument("--files", nargs="*", help="only these file names (debugging)")
+    ap.add_argument("--exclude-rows", nargs="+", metavar="PATH", default=(),
+                    help="leave out of the sample the files of earlier runs: results .json "
+                         "files, rows logs (.jsonl), name lists or data directories")
     ap.add_argument("--from-rows", nargs="+", metavar="RESULTS.json",
                     help="run nothing: write the tables from the per-file rows of earlier "
                          "results files (an engine's rows from the last file that has it; "
                          "every engine must cover the same files), e.g. a new jaxcd run "
                          "beside the earlier llguidance/xgrammar rows of the same sample")
+    ap.add_argument("--combine", nargs="+", metavar="LABEL=RESULTS.json",
+                    help="run nothing: write one results file (--out) with the runs side by "
+                         "side, e.g. dev=<a>.json heldout=<b>.json (same engines)")
+    ap.add_argument("--note", metavar="NOTE.md",
+                    help="with --combine: markdown put under the title (how the runs were "
+                         "made)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="worker processes, each with its own forked child per compile "
                          "(compile times then include the contention)")
@@ -458,6 +608,9 @@ def main(argv=None) -> int:
         print("note: held-out splits are for an outside check; do not tune on them",
               file=sys.stderr)
     sources = []
+    exclude: set[str] = set()
+    if args.combine:
+        return combine(args.combine, args.out, args.note)
     if args.from_rows:
         rows = {}
         for f in args.from_rows:
@@ -476,7 +629,9 @@ def main(argv=None) -> int:
         t0 = time.time()
     else:
         src = Source(Path(args.data))
-        names = args.files or select(src, args.splits, None if args.full else args.n, args.seed)
+        exclude = excluded_names(args.exclude_rows)
+        names = args.files or select(src, args.splits, None if args.full else args.n, args.seed,
+                                     exclude)
         print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
               file=sys.stderr)
         setup = Setup(engines)
@@ -488,6 +643,8 @@ def main(argv=None) -> int:
                  for s in splits}
     import platform
     meta = {"data": str(args.data), "files": len(names), "seed": args.seed,
+            "unreadable": sorted(UNREADABLE),
+            "excluded": len(exclude) if not args.from_rows else None,
             "full": args.full, "splits": args.splits, "engines": engines,
             "time_limit_s": args.timeout, "jobs": args.jobs, "mem_limit_bytes_above_parent": MEM_LIMIT,
             "wall_s": time.time() - t0, "machine": platform.platform(),

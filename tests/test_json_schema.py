@@ -350,7 +350,11 @@ def test_gcd_walks_validate(smol_vocab):
     and host-side walks (mask rows of the tensorized automaton) at the tightest one."""
     schema = WALK_SCHEMA
     fa = compile_json_schema(schema, smol_vocab, whitespace_pattern="")
-    d = dfa_of(schema)
+    # the byte DFA of every form compile_json_schema may choose (order-free objects,
+    # recursive $refs one level deeper): a superset of the automaton walked
+    import jaxcd.automata.schema_builder as sb
+    d = dfa_of(schema, property_order="auto",
+               max_depth=sb.DEFAULT_MAX_DEPTH + sb.REF_DEPTH_EXTRA)
     texts = walk_texts(fa, smol_vocab, fa.min_budget + 30, num_walks=32, seed=1)
     rng = np.random.default_rng(2)
     for _ in range(8):                 # tight budget: host masks, same GCD semantics

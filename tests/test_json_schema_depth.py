@@ -255,3 +255,78 @@ def test_subtracted_operand_reused_from_the_memo():
     for inst in cases:
         text = json.dumps(inst, separators=(",", ":"))
         assert accepts(fa, text) == oracle.is_valid(inst), text
+
+
+# ---------------------------------------------------------------------------------------
+# recursive $refs: one expansion more where the tree stays small (REF_DEPTH_EXTRA)
+# ---------------------------------------------------------------------------------------
+TREE = {"$defs": {"node": {"type": "object", "properties": {
+    "id": {"type": "integer"},
+    "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    "required": ["id"], "additionalProperties": False}},
+    "$ref": "#/$defs/node"}
+
+
+def chain(k: int, kids: int = 1, leaf=0):
+    """A tree of ``k`` nodes nested below the root (each with ``kids`` children), its
+    leaves' id ``leaf``."""
+    v = {"id": leaf}
+    for i in range(k):
+        v = {"id": i, "kids": [v] * kids}
+    return v
+
+
+def test_recursive_refs_one_level_deeper():
+    """The default max_depth expands the recursive $ref twice inside itself; a small
+    recursive schema gets one expansion more; every accepted instance validates and the
+    deepest accepted one is exactly one level deeper than max_depth gives."""
+    _, _, _, b = _auto_tree(TREE, None, True, sb.DEFAULT_MAX_DEPTH, False, "auto", {})
+    assert b.ref_cuts > 0
+    oracle = jsonschema.Draft202012Validator(TREE)
+    deepest = {}
+    for extra in (0, sb.REF_DEPTH_EXTRA):
+        old = sb.REF_DEPTH_EXTRA
+        sb.REF_DEPTH_EXTRA = extra
+        try:
+            fa = compile_json_schema(TREE, VOCAB)
+        finally:
+            sb.REF_DEPTH_EXTRA = old
+        best = -1
+        for k in range(8):
+            for kids, leaf in ((1, 0), (2, 0), (1, "x"), (2, 1.5)):
+                inst = chain(k, kids, leaf)
+                ok = accepts(fa, json.dumps(inst, separators=(",", ":")))
+                if ok:
+                    assert oracle.is_valid(inst), inst          # sound
+                assert oracle.is_valid(inst) == (leaf == 0)
+                if ok and kids == 1:
+                    best = max(best, k)
+        deepest[extra] = best
+    assert deepest[0] >= 1
+    assert deepest[sb.REF_DEPTH_EXTRA] == deepest[0] + sb.REF_DEPTH_EXTRA
+
+
+def test_recursive_refs_deeper_only_within_the_growth():
+    """Past REF_DEPTH_GROWTH (here 1: any growth) the max_depth tree is compiled; past
+    a compile limit at the deeper depth too (no schema that compiled before is
+    refused)."""
+    deep = compile_json_schema(TREE, VOCAB)
+    old = sb.REF_DEPTH_EXTRA
+    sb.REF_DEPTH_EXTRA = 0
+    try:
+        plain = compile_json_schema(TREE, VOCAB)
+    finally:
+        sb.REF_DEPTH_EXTRA = old
+    assert plain.num_states < deep.num_states
+    old = sb.REF_DEPTH_GROWTH
+    sb.REF_DEPTH_GROWTH = 1.0
+    try:
+        assert compile_json_schema(TREE, VOCAB).num_states == plain.num_states
+    finally:
+        sb.REF_DEPTH_GROWTH = old
+    # a limit under the deeper automaton: a smaller one (max_depth, here in the
+    # schema's order as well), not an error
+    got = compile_json_schema(TREE, VOCAB, limits=CompileLimits(
+        max_dfa_states=plain.num_states + 1))
+    assert got.num_states <= plain.num_states
+    assert accepts(got, json.dumps(chain(1), separators=(",", ":")))

@@ -157,10 +157,12 @@ def test_auto_order_past_budget_keeps_optional_in_schema_order(seed):
 
 
 def test_auto_order_budget_zero_is_schema_order():
+    """No budget at all (per object, root and in total: the required-first form counts
+    in the total): the schema's order."""
     rng = random.Random(7)
     schema = _random_object(rng, 3)
     b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_states=0,
-                      auto_root=0)
+                      auto_root=0, auto_total=0)
     d = minimize(determinize(to_nfa(b.build(), "")))
     fixed = _dfa(schema, property_order="schema")
     for pairs, _ in _instances(schema["properties"], rng=rng):
@@ -337,3 +339,70 @@ def test_auto_refused_before_determinising(monkeypatch, rule):
     assert nfa.dfa_cap == 5
     with pytest.raises(AutomatonTooLargeError, match="max_dfa_states"):
         determinize(nfa)
+
+
+def _in_order(keys, order) -> bool:
+    """``keys`` follow ``order`` (keys not in ``order`` anywhere)."""
+    seen = [k for k in keys if k in order]
+    return seen == sorted(seen, key=order.index)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_auto_order_past_budget_takes_the_required_ones_first(seed):
+    """Past every any-order budget, an object takes its properties in the schema's
+    order or with the required ones first (in the order of the ``required`` list), the
+    optional ones after them in the schema's order: exactly the valid instances without
+    a repeated key in one of the two orders, by brute force against jsonschema."""
+    rng = random.Random(300 + seed)
+    names = list("abcd")
+    props = {k: {"type": rng.choice(list(VALUES))} for k in names}
+    req = rng.sample(names, rng.randint(1, 3))
+    while req == names[:len(req)]:
+        rng.shuffle(req)
+    schema = {"type": "object", "properties": props, "required": req}
+    if rng.random() < 0.5:
+        schema["additionalProperties"] = False
+    budget = {"auto_states": 0, "auto_root": 0}
+    assert _form(schema, **budget)[0] == set()
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    node = b.build()
+    assert node.kind == "alt"
+    d = minimize(determinize(to_nfa(node, "")))
+    second = req + [k for k in names if k not in req]
+    oracle = jsonschema.Draft202012Validator(schema)
+    n_second = 0
+    for pairs, dup in _instances(props, rng=rng):
+        keys = [k for k, _ in pairs]
+        declared = [k for k in keys if k in props]
+        # as in the schema's order: extra keys after the declared ones
+        ext = [i for i, k in enumerate(keys) if k not in props]
+        pos = [i for i, k in enumerate(keys) if k in props]
+        tail = not (pos and ext and min(ext) < max(pos))
+        by_schema = _in_order(declared, names)
+        by_req = _in_order(declared, second)
+        want = not dup and oracle.is_valid(dict(pairs)) and tail and (by_schema or by_req)
+        assert d.accepts(_text(pairs)) == want, (schema, pairs)
+        n_second += want and not by_schema
+    assert n_second > 0
+
+
+def test_auto_order_wide_object_in_required_order():
+    """Eleven required properties listed in another order than ``properties`` (too many
+    to track in any order): the schema's order and the required ones first are
+    accepted, other orders and repeated keys not."""
+    names = [f"k{i:02d}" for i in range(12)]
+    req = names[1:][::-1]
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in names},
+              "required": req, "additionalProperties": False}
+    from jaxcd.automata.json_schema import schema_to_nfa
+    d = minimize(determinize(schema_to_nfa(schema, "", property_order="auto")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    n = 0
+    for keys in (names[1:], names, req, req + ["k00"], ["k00"] + req, req[1:] + req[:1],
+                 req + [req[0]]):
+        pairs = [(k, 1) for k in keys]
+        want = len(set(keys)) == len(keys) and oracle.is_valid(dict(pairs)) and (
+            _in_order(keys, names) or _in_order(keys, req + ["k00"]))
+        assert d.accepts(_text(pairs)) == want, keys
+        n += want
+    assert n == 4

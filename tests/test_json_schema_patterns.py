@@ -80,3 +80,58 @@ def test_random_patterns_against_jsonschema(seed):
         if rng.random() < 0.5:
             schema["additionalProperties"] = rng.choice(SUBS)
         _check(schema, rng.choice(["auto", "schema"]))
+
+
+# ---------------------------------------------------------------------------------------
+# look-ahead at the start of an anchored pattern: R intersected with / less X.*
+# ---------------------------------------------------------------------------------------
+LOOKAHEAD = ["^(?!io\\.papermc\\.)[a-z.]+$", "^(?!ab)", "^(?=a)(?!ab).*b$",
+             "^(?!a|b$)..?|c", "^(?!.*a$)[ab]+", "^(?=.*a)(?=.*b)",
+             "^(?!(a|b)$)[abc]*$", "^(?![ab]*c)", "^(?!a$)(?:a|b)$",
+             "^(?!.*\\.\\.)[a-c.]+$", "^(?=(a|bc))", "^(?!\\.)(?=.*c)[^b]{1,3}"]
+
+
+@pytest.mark.parametrize("pattern", LOOKAHEAD)
+def test_lookahead_patterns_against_re(pattern):
+    """Every text over a small alphabet (a, b, c, ., ", é) up to 5 characters: the
+    JSON string content is accepted iff ``re.search`` (jsonschema's pattern test)
+    finds the pattern in the decoded text."""
+    import re
+    from jaxcd.automata.schema_builder import json_string_content_nfa
+    d = minimize(determinize(json_string_content_nfa(pattern, True)))
+    n = 0
+    for k in range(6):
+        for t in itertools.product('abc."é', repeat=k):
+            s = "".join(t)
+            want = re.search(pattern, s) is not None
+            assert d.accepts(json.dumps(s, ensure_ascii=False)[1:-1].encode()) == want, s
+            n += want
+    assert n > 0
+
+
+def test_lookahead_in_a_schema_against_jsonschema():
+    """``pattern`` and ``patternProperties`` with a negative look-ahead, by
+    ``jsonschema`` on a universe of strings and one-key objects."""
+    schema = {"type": "object",
+              "properties": {"id": {"type": "string", "pattern": "^(?!io\\.)[a-z.]+$"}},
+              "patternProperties": {"^(?!x)": {"type": "integer"}},
+              "additionalProperties": False}
+    d = minimize(determinize(schema_to_nfa(schema, "")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    texts = ["io.x", "io", "ia.b", "", "a.io.", "IO.x", "i.o"]
+    n = 0
+    for t in texts:
+        for inst in ({"id": t}, {t: 1}, {t: "s"}, {"id": t, "xa": 1}):
+            want = oracle.is_valid(inst)
+            assert d.accepts(json.dumps(inst, separators=(",", ":")).encode()) == want, inst
+            n += want
+    assert n > 4
+
+
+@pytest.mark.parametrize("pattern, what", [("(?!a)b", "anchored with \\^"),
+                                           ("^a(?!b)", "at the start"),
+                                           ("^(?<=a)b", "look-behind")])
+def test_lookahead_elsewhere_is_refused(pattern, what):
+    from jaxcd.errors import UnsupportedSchemaError
+    with pytest.raises((UnsupportedSchemaError, ValueError), match=what):
+        schema_to_nfa({"type": "string", "pattern": pattern}, "")

@@ -192,3 +192,33 @@ def test_bench_rows_log(tmp_path):
     overall = json.loads((tmp_path / "bm.json").read_text())["overall"]["jaxcd"]
     assert overall["compile_cpu_p95_s"] >= overall["compile_cpu_p50_s"] >= 0
     assert "compile CPU p50 / p95" in (tmp_path / "bm.md").read_text()
+
+
+def test_bench_exclude_rows_and_combine(tmp_path):
+    """``--exclude-rows``: a second sample of the same seed leaves out the files of the
+    first; ``--combine``: one results file with both runs side by side, without machine
+    paths."""
+    from experiments import bench_maskbench as bm
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert bm.main(["--n", "2", "--seed", "3", "--engines", "jaxcd", "--out", str(a)]) == 0
+    assert bm.main(["--n", "2", "--seed", "3", "--engines", "jaxcd", "--out", str(b),
+                    "--exclude-rows", str(a.with_suffix(".json"))]) == 0
+    ra = json.loads(a.with_suffix(".json").read_text())
+    rb = json.loads(b.with_suffix(".json").read_text())
+    fa = {r["file"] for r in ra["rows"]["jaxcd"]}
+    fb = {r["file"] for r in rb["rows"]["jaxcd"]}
+    assert len(fa) == len(fb) == 2 and not fa & fb
+    assert rb["meta"]["excluded"] == 2
+    assert bm.excluded_names([DATA]) >= fa | fb
+    note = tmp_path / "note.md"
+    note.write_text("How the runs were made.")
+    out = tmp_path / "both"
+    assert bm.main(["--combine", f"dev={a.with_suffix('.json')}",
+                    f"heldout={b.with_suffix('.json')}", "--out", str(out),
+                    "--note", str(note)]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "How the runs were made." in md and "| jaxcd | dev |" in md
+    assert "| jaxcd | heldout |" in md
+    both = json.loads(out.with_suffix(".json").read_text())
+    assert set(both["overall"]) == {"dev", "heldout"}
+    assert str(tmp_path) not in out.with_suffix(".md").read_text()

@@ -40,7 +40,8 @@ import numpy as np
 
 from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
 from ..limits import current_limits, too_large
-from .fsa import DFA, NFA, determinize, difference, intersect, is_empty, minimize
+from .fsa import (DFA, NFA, concat, determinize, difference, intersect, is_empty,
+                  minimize, union)
 from .numeric import (ceil_int, decimal_range_regex, floor_int, int_range_regex,
                       multiple_of_dfa, decimal_multiple_of_dfa, to_decimal)
 from .regex import _Builder, anchor_product, regex_to_nfa
@@ -133,8 +134,22 @@ _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOSTNAME = rf"{_LABEL}(?:\.{_LABEL})*"
 _EMAIL = (r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
           rf"@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}")
-_URI_CHAR = r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})"
-_URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_URI_CHAR}*"
+# RFC 3986 (what jsonschema's uri / uri-reference checkers validate, with rfc3987 or
+# rfc3986-validator), exactly: appendix A's grammar as a regex
+_PCT = r"%[0-9A-Fa-f]{2}"
+_UNRES_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="                 # unreserved and sub-delims
+_PCHAR = rf"(?:[{_UNRES_SUB}:@]|{_PCT})"
+_SEGMENT_NZ_NC = rf"(?:[{_UNRES_SUB}@]|{_PCT})+"
+_IP_LITERAL = rf"\[(?:{_IPV6}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]"
+_AUTHORITY = (rf"(?:(?:[{_UNRES_SUB}:]|{_PCT})*@)?"
+              rf"(?:{_IP_LITERAL}|(?:[{_UNRES_SUB}]|{_PCT})*)(?::[0-9]*)?")
+_PATH_ABEMPTY = rf"(?:/{_PCHAR}*)*"
+_PATH_ABSOLUTE = rf"/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
+_QUERY_FRAGMENT = rf"(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
+        rf"|{_PCHAR}+(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
+_RELATIVE_REF = (rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
+                 rf"|{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
 _HEX = "[0-9a-fA-F]"
 FORMATS = {
     "date": _DATE,
@@ -143,7 +158,7 @@ FORMATS = {
     "email": _EMAIL,
     "uuid": f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}",
     "uri": _URI,
-    "uri-reference": f"{_URI_CHAR}*",
+    "uri-reference": f"(?:{_URI})|(?:{_RELATIVE_REF})",
     "ipv4": _IPV4,
     "ipv6": _IPV6,
     "hostname": _HOSTNAME,
@@ -237,6 +252,15 @@ AUTO_REFUSE_NFA = 4
 _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
                 "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
                 "/unevaluatedProperties")
+# compile_json_schema: a schema whose recursive $refs were cut at max_depth, and whose
+# tree's size estimate is at most REF_DEPTH_TREE, is built again with them expanded
+# REF_DEPTH_EXTRA times more; that tree is compiled instead when its size estimate is at
+# least the first one's (a smaller one gave up order-free objects) and at most
+# REF_DEPTH_GROWTH times it; else, or past a compile limit, the first one (no schema
+# that compiled before is refused)
+REF_DEPTH_EXTRA = 1
+REF_DEPTH_GROWTH = 5.0
+REF_DEPTH_TREE = 300_000
 #: ``uniqueItems``: the item language must be finite, with at most this many spellings
 #: and this many distinct values (the array automaton tracks the subset of values used)
 MAX_UNIQUE_SPELLINGS = 256
@@ -336,6 +360,24 @@ class _Member:
     required: bool
 
 
+def _required_order(members: list, required: list) -> tuple | None:
+    """``members`` with the required ones first, in the order of the ``required`` list,
+    then the optional ones in the schema's order; None when that is the schema's order
+    or none is required."""
+    names = {}
+    for m in members:
+        if m.required:
+            names[json.loads(m.key.args[0])] = m
+    order = [names[r] for r in dict.fromkeys(x for x in required if isinstance(x, str))
+             if r in names]
+    if not order or len(order) != len(names):
+        return None
+    out = tuple(order) + tuple(m for m in members if not m.required)
+    if [id(m) for m in out] == [id(m) for m in members]:
+        return None
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # JSON-string escaping of a regex over decoded characters
 # ---------------------------------------------------------------------------------------
@@ -383,6 +425,8 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
         raise UnsupportedRegexError(f"regex flags {re.RegexFlag(bad)!r} are not supported "
                                     f"(in {pattern!r})")
     alternatives = _split_anchored(list(parsed))
+    if any(op in (C.ASSERT, C.ASSERT_NOT) for items in alternatives for op, _ in items):
+        return _lookahead_content_nfa(alternatives, search, sflags, pattern)
     nfa = _JsonCharNFA()
     start = nfa.add_state()
     nfa.start = start
@@ -413,6 +457,76 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     if b.anchor_edges:
         return anchor_product(nfa, b.anchor_edges)
     return nfa
+
+
+def _items_content_nfa(items, sflags, pattern: str, any_tail: bool) -> NFA:
+    """JSON string contents whose decoded text starts with a match of the parsed
+    ``items`` (anchored at its start), then anything if ``any_tail``, else ends there;
+    anchors inside (``$``) resolved by :func:`anchor_product`."""
+    items = list(items)
+    if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
+        any_tail = False                     # (a top-level $ ends the text)
+    nfa = _JsonCharNFA()
+    start = nfa.add_state()
+    nfa.start = start
+    b = _Builder(nfa, pattern)
+    b.anchor_edges = []
+    e = b.seq(items, start, sflags, top=True)
+    if any_tail:
+        loop = nfa.add_state()
+        nfa.add_epsilon(e, loop)
+        nfa.add_codepoints(loop, loop, [(0, MAX_CODE_POINT)])
+        e = loop
+    nfa.accepting = {e}
+    if b.anchor_edges:
+        return anchor_product(nfa, b.anchor_edges)
+    return nfa
+
+
+def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> NFA:
+    """:func:`json_string_content_nfa` for a pattern with look-ahead assertions at the
+    start of top-level alternatives anchored with ``^`` (``^(?!a-)[a-z-]+$``): a look-ahead
+    at the start constrains the whole text, so the alternative is ``R`` intersected
+    with ``X.*`` (``(?=X)``) or less ``X.*`` (``(?!X)``), exactly, where ``R`` is the
+    rest of the alternative (followed by anything under search semantics unless it
+    ends with ``$``). Look-behind, and look-ahead elsewhere, stay unsupported."""
+    from ..errors import UnsupportedRegexError
+    parts = []
+    for items in alternatives:
+        anchored = bool(items) and items[0] in ((C.AT, C.AT_BEGINNING),
+                                               (C.AT, C.AT_BEGINNING_STRING))
+        body = list(items[1:] if anchored else items)
+        asserts = []
+        while body and body[0][0] in (C.ASSERT, C.ASSERT_NOT):
+            direction, sub = body[0][1]
+            if direction != 1:
+                raise UnsupportedRegexError(
+                    f"look-behind assertion is not supported (in {pattern!r})")
+            asserts.append((body[0][0] is C.ASSERT, sub))
+            body = body[1:]
+        if asserts and not anchored and search:
+            raise UnsupportedRegexError(
+                "look-ahead assertion is supported only at the start of a pattern (or "
+                f"top-level alternative) anchored with ^ (in {pattern!r})")
+        if any(op in (C.ASSERT, C.ASSERT_NOT) for op, _ in body):
+            raise UnsupportedRegexError(
+                "look-ahead assertion is supported only at the start of a pattern (or "
+                f"top-level alternative), after ^ (in {pattern!r})")
+        anchored_end = bool(body) and body[-1][0] is C.AT and \
+            body[-1][1] in (C.AT_END, C.AT_END_STRING)
+        rest = _items_content_nfa(body, sflags, pattern, search and not anchored_end)
+        if not asserts:
+            if search and not anchored:
+                pre = _items_content_nfa([], sflags, pattern, True)
+                rest = concat(pre, rest)
+            parts.append(rest)
+            continue
+        d = minimize(determinize(rest))
+        for positive, sub in asserts:
+            x = minimize(determinize(_items_content_nfa(list(sub), sflags, pattern, True)))
+            d = minimize(intersect(d, x) if positive else difference(d, x))
+        parts.append(d)
+    return union(*parts)
 
 
 def ecma_to_python(pattern: str) -> str:
@@ -657,6 +771,8 @@ class SchemaBuilder:
     # schema (free_sites) or the extra properties of open objects (implicit_sites)
     free_sites: int = 0
     implicit_sites: int = 0
+    # recursive $refs cut at max_depth outside subtracted operands (see REF_DEPTH_EXTRA)
+    ref_cuts: int = 0
     _product_level: int = 0
     _implicit_free: int = 0
     # building a subtracted operand that is not met with its positive side (see meet):
@@ -1282,7 +1398,7 @@ class SchemaBuilder:
                 self._any_cache.clear()
                 self._ref_stack.clear()
                 self.auto_spent = 0
-                self.free_sites = self.implicit_sites = 0
+                self.free_sites = self.implicit_sites = self.ref_cuts = 0
                 try:
                     n = self.node(self.root, "")
                 except _TooBig as e:
@@ -1350,7 +1466,10 @@ class SchemaBuilder:
             if self._ref_stack.count(key) >= self.max_depth:
                 # recursion cut: only non-recursive choices remain (any value when the
                 # operand is subtracted)
-                return self.free_value() if self._neg else EMPTY
+                if self._neg:
+                    return self.free_value()
+                self.ref_cuts += 1
+                return EMPTY
             self._ref_stack.append(key)
             try:
                 if rest:
@@ -1969,6 +2088,7 @@ class SchemaBuilder:
                 if self._ref_stack.count(key) >= self.max_depth:
                     if self._neg:
                         continue
+                    self.ref_cuts += 1
                     return {"enum": []}
                 rest = {k: v for k, v in sub.items() if k != "$ref"}
                 self._ref_stack.append(key)
@@ -2853,6 +2973,13 @@ class SchemaBuilder:
             node = self._auto_object(members, extra, lo, hi, path)
             if node is not None:
                 return node
+            other = _required_order(members, required)
+            if other is not None and self.auto_spent + size + 8 <= self.auto_total:
+                # too wide for any order: the schema's order, or the required ones first
+                # in the order of `required` (each a valid order, so is their union)
+                self.auto_spent += size + 8
+                return alt(Node("obj", (tuple(members), extra, lo, hi), size + 8),
+                           Node("obj", (other, extra, lo, hi), size + 8))
         return Node("obj", (tuple(members), extra, lo, hi), size + 8)
 
     def _auto_object(self, members, extra, lo, hi, path) -> Node | None:
