@@ -55,8 +55,10 @@ class Model:
                 self._prefills.pop(next(iter(self._prefills)))
             ids, lens = pad_prompts([list(prompt_ids)], pad_id=getattr(self.lm, "pad_token_id", 0),
                                     length=width)
-            self._prefills[k] = prefill(self.lm, self.params, ids, lens, max_len)
-        return self._prefills[k]
+            # the entry holds the weights it was computed from, so their id (in the key)
+            # cannot be reused by other weights while the entry lives
+            self._prefills[k] = (self.params, prefill(self.lm, self.params, ids, lens, max_len))
+        return self._prefills[k][1]
 
 
 def _is_token_ids(prompt) -> bool:
