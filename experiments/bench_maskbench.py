@@ -408,6 +408,13 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def _compile_cells(s: dict) -> tuple[str, str, str, str]:
+    """Compile wall p50 / p95 and CPU p50 / p95 of one engine's summary, as table cells."""
+    f = lambda k: "-" if s.get(k) is None else f"{s[k]:.2f}"          # noqa: E731
+    return (f("compile_p50_s"), f("compile_p95_s"), f("compile_cpu_p50_s"),
+            f("compile_cpu_p95_s"))
+
+
 def table(summary: dict, title: str) -> str:
     lines = [f"### {title}", "",
              "| engine | files | compiled | passing | valid rejected (schemas / instances) | "
@@ -415,10 +422,7 @@ def table(summary: dict, title: str) -> str:
              "compile p50 / p95 | compile CPU p50 / p95 |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for eng, s in summary.items():
-        p50 = "-" if s["compile_p50_s"] is None else f"{s['compile_p50_s']:.2f}"
-        p95 = "-" if s["compile_p95_s"] is None else f"{s['compile_p95_s']:.2f}"
-        c50, c95 = (("-", "-") if s.get("compile_cpu_p50_s") is None else
-                    (f"{s['compile_cpu_p50_s']:.2f}", f"{s['compile_cpu_p95_s']:.2f}"))
+        p50, p95, c50, c95 = _compile_cells(s)
         lines.append(
             f"| {eng} | {s['files']} | {_pct(s['compiled'], s['files'])} | "
             f"**{_pct(s['passing'], s['files'])}** ({s['passing']}) | "
@@ -526,10 +530,7 @@ def combine(specs: list[str], out: str, note: str | None = None) -> int:
     for e in engines:
         for label in runs:
             x = runs[label]["overall"][e]
-            p50 = "-" if x["compile_p50_s"] is None else f"{x['compile_p50_s']:.2f}"
-            p95 = "-" if x["compile_p95_s"] is None else f"{x['compile_p95_s']:.2f}"
-            c50, c95 = (("-", "-") if x.get("compile_cpu_p50_s") is None else
-                        (f"{x['compile_cpu_p50_s']:.2f}", f"{x['compile_cpu_p95_s']:.2f}"))
+            p50, p95, c50, c95 = _compile_cells(x)
             md.append(
                 f"| {e} | {label} | {x['files']} | **{_pct(x['passing'], x['files'])}** "
                 f"({x['passing']}) | {_pct(x['compiled'], x['files'])} | "

@@ -156,36 +156,15 @@ class RunResult:
     chosen: int | None
     weights: list[float] | None
     seconds: float                # wall time of the call (tables included)
-    compiled: list[str]           # jitted programs compiled during the call (smc, sample,
-    #                               beta, beta_p, or other (e.g. AWRS's LM step); only if compile_s >= 1 s); empty = none
+    compiled: list[str]           # ["xla"] when the call spent >= 1 s compiling; empty = none
     tokens: int                   # tokens of the output, EOS included
     log_Z: float | None = None
     num_checks: int | None = None
-    tables_s: float = 0.0
+    tables_s: float = 0.0         # generate's setup_s: padding, and lcd/gcd's tables
     compile_s: float = 0.0        # of ``seconds``: tracing + lowering + XLA compile
     lengths: list[int] | None = None   # tokens of every sample / particle, EOS included
     shared_ks: list[int] | None = None  # lcd/gcd: the K's served by one shared draw
     cpu_s: float | None = None    # process CPU seconds of the call (all threads)
-
-
-_COMPILE_S = [0.0]
-_COMPILE_EVENTS = ("/jax/core/compile/backend_compile_duration",
-                   "/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration")
-
-
-def _on_event(event: str, duration: float, **_) -> None:
-    if event in _COMPILE_EVENTS:
-        _COMPILE_S[0] += float(duration)
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_event)
-
-
-def compile_seconds() -> float:
-    """Seconds spent tracing, lowering and compiling (XLA backend) in this process so far
-    (JAX's monitoring events; eager ops on new shapes count too)."""
-    return _COMPILE_S[0]
 
 
 def stable_seed(*parts) -> int:
