@@ -40,7 +40,12 @@ class Model:
     def encode_prompt(self, prompt: str | Sequence[int] | None, chat: bool = True) -> list[int]:
         """Token ids: a text through :func:`format_prompt`, token ids as they are."""
         if _is_token_ids(prompt):
-            return [int(t) for t in prompt]
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be in [0, {self.vocab.vocab_size}) for "
+                                 f"this model's vocabulary, got {bad[:5]}")
+            return ids
         return format_prompt(self.tokenizer, prompt, chat=chat)
 
     def prefilled(self, prompt_ids: Sequence[int], width: int, max_len: int):

@@ -95,6 +95,8 @@ def test_compiled_automaton_and_token_id_prompts_equal_the_spec_and_text(smol):
         jaxcd.generate(ids, automaton=rx, budget=6, model=smol)
     with pytest.raises(ValueError, match="at most one"):
         jaxcd.generate(ids, automaton=fa, regex=rx, budget=6, model=smol)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 49152\)"):
+        jaxcd.generate([5, 49152, -1], automaton=fa, budget=6, model=smol)
 
 
 def test_smc_samples_are_posterior_draws_and_nothing_is_written(smol, tmp_path, monkeypatch):
