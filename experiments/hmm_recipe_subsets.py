@@ -58,6 +58,9 @@ def _parse(argv):
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--patience", type=int)
     ap.add_argument("--token-dropout", type=float, default=None)
+    ap.add_argument("--prior-strength", type=float, default=None,
+                    help="prior mass per row / data per row (default: the recipe's)")
+    ap.add_argument("--batch-size", type=int, default=256, help="rows per mini-batch E-step")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "results" / "hmm_recipe_subsets.json"))
     return ap.parse_args(argv)
 
@@ -85,7 +88,9 @@ def main(argv=None) -> None:
     tr, ho = heldout_split(X.shape[0], s.heldout_frac, s.seed)
     sizes = a.sizes or [len(tr)]
     settings = dict(asdict(s), hidden_size=H, mode=mode, epochs=epochs, patience=patience,
-                    init=a.init or "cluster", token_dropout=a.token_dropout)
+                    init=a.init or "cluster", token_dropout=a.token_dropout,
+                    prior_strength=a.prior_strength if a.prior_strength is not None
+                    else s.prior_strength, batch_size=a.batch_size)
     out = {"command": "python experiments/hmm_recipe_subsets.py "
                       + " ".join(_shown(x) for x in (argv if argv is not None else sys.argv[1:])),
            "samples": _shown(src), "num_seqs": int(X.shape[0]), "heldout_rows": int(len(ho)),
@@ -112,8 +117,8 @@ def main(argv=None) -> None:
             (d / "metadata.json").write_text(json.dumps(m))
             c0, t0 = _cpu_s(), time.perf_counter()
             cfg = TrainConfig(data=str(d), out=str(Path(tmp) / f"run{n_tr}"), hidden_size=H,
-                              epochs=epochs, mode=mode, prior_strength=s.prior_strength,
-                              heldout_frac=frac, seed=s.seed, batch_size=256, plot=False,
+                              epochs=epochs, mode=mode, prior_strength=settings["prior_strength"],
+                              heldout_frac=frac, seed=s.seed, batch_size=a.batch_size, plot=False,
                               progress=False, patience=patience,
                               **({"init": a.init} if a.init else {}),
                               **({"token_dropout": a.token_dropout}

@@ -330,8 +330,10 @@ def test_presence_tests_against_jsonschema_and_products(i, order, monkeypatch):
         elif not isinstance(v, dict) or len(v) < 2:
             assert not oracle.is_valid(v), (schema, v)
     # the same language as the automaton products build without the split (in any
-    # property order: in the schema's, the cases may order required keys differently)
-    if order != "auto":
+    # property order: in the schema's, the cases may order required keys differently);
+    # the products are slow to build, so on every third schema (every kind of case still
+    # meets them: the kinds cycle with period 4)
+    if order != "auto" or i % 3:
         return
     monkeypatch.setattr(SchemaBuilder, "_presence_split", lambda self, s, p: None)
     try:
