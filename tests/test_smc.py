@@ -248,8 +248,9 @@ def test_particles_sharded_over_forced_host_devices(tmp_path):
     res = run(make_lm(), compile_regex(PATTERN, VOCAB), 4, 8, "lookahead",
               hmm=random_hmm(3, 1), seed=3)
     outs = [{"tokens": np.asarray(res.tokens), "lw": np.asarray(res.log_weights)}]
-    # the child compiles with XLA's default CPU emitters (XLA_FLAGS replaced), this process
-    # with the suite's (tests/conftest.py): the same results check that flag, too
+    # the child compiles with XLA's defaults (XLA_FLAGS replaced: default CPU emitters and
+    # optimisation level), this process with the suite's flags (tests/conftest.py): the same
+    # results check those flags, too
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_PLATFORMS="cpu")
     f = tmp_path / "r4.npz"
