@@ -1,6 +1,7 @@
-"""One prepared accelerator check (issue 41): the decode step against its weight-read
-floor, P-GCD scoring through Pallas vs XLA, and none / GCD / SMC-GCD / SMC-lookahead at
-H = 1k / 4k / 16k, for 1B- and 8B-shaped Llama models, in ONE call.
+"""One prepared accelerator check (issues 41 and 39): the decode step against its
+weight-read floor, P-GCD scoring through Pallas vs XLA, none / GCD / SMC-GCD /
+SMC-lookahead at H = 1k / 4k / 16k, for 1B- and 8B-shaped Llama models, and EM
+throughput at H = 1k / 4k, in ONE call.
 
 Nothing large is carried to the device: the models are Llama-3.2-1B- and
 Llama-3.1-8B-shaped (V = 128,256) with random bfloat16 weights (flax's initialisers)
@@ -30,6 +31,12 @@ Parts, in order, results written after each (``OUT.json`` and ``OUT.md``; ``OUT`
    defensive mixture at its default λ), interleaved over ``--rounds`` rounds; ms/step =
    call time / steps the call ran; slowdown = ratio to ``none`` in the same round.
    Goals: lookahead ≤ 1.05× / 1.1× / 1.3× at H = 1k / 4k / 16k.
+
+4. **EM throughput** (issue 39): one full EM iteration (E-step over every sequence +
+   M-step) of :mod:`hmm_distill` on Zipf-distributed tokens, ``T = 128``, at
+   ``H = 1024, V = 50,257`` (pyjuice's published anchor: forward + backward at about
+   87k tokens/s on an RTX 4090) and at ``H = 4096, V = 128,256`` (a Llama-3 vocabulary);
+   tokens per second of the best of three timed iterations, compile excluded.
 
 ``--time-limit-s`` (default 420): work not yet started when this much wall time has
 passed is skipped and listed in the results (the partial results stay). ``--parts``
@@ -68,6 +75,9 @@ RESULTS = ROOT / "experiments" / "results"
 GOAL_STEP = 1.3
 GOAL_LOOKAHEAD = {1024: 1.05, 4096: 1.1, 16384: 1.3}
 PAPER = {1024: 3.11, 4096: 4.87, 16384: 10.2}
+#: pyjuice's forward + backward at H = 1024, V = 50,257, T = 128 on an RTX 4090 (issue 39)
+PYJUICE = {"H": 1024, "V": 50257, "T": 128, "tokens_per_s": 87_000, "device": "RTX 4090"}
+EM_SHAPES = ((1024, 50257), (4096, 128256))
 K = 16
 
 
@@ -328,9 +338,27 @@ def decoding(lm, up, fa_d, gtables, ptables, hmms, budget: int, batch: int, prom
     return {"compile_s": compile_s, "rows": rows, "raw_s": times, "raw_steps": steps}
 
 
+# ----------------------------------------------------------------------------- part 4
+def em_throughput(H: int, V: int, T: int, seqs: int, batch: int, repeats: int) -> dict:
+    """Part 4 for one shape: hmm_distill's EM iteration (E-step over ``seqs`` sequences in
+    batches of ``batch``, then the M-step), timed as ``experiments/bench_hmm.py`` does."""
+    import jax
+
+    from experiments.bench_hmm import time_ours, zipf_tokens
+    from hmm_distill.hmm import random_params
+
+    X = zipf_tokens(np.random.default_rng(H), seqs, T, V)
+    params = random_params(jax.random.key(H), H, V)
+    r = time_ours(params, X, batch, repeats)
+    r.update(H=H, V=V, T=T, seqs=seqs, batch=batch)
+    if (H, V, T) == (PYJUICE["H"], PYJUICE["V"], PYJUICE["T"]):
+        r["vs_pyjuice"] = r["tokens_per_s"] / PYJUICE["tokens_per_s"]
+    return r
+
+
 # ----------------------------------------------------------------------------- report
 def to_markdown(res: dict) -> str:
-    lines = ["# Device check (issue 41): decode step vs floor, P-GCD scoring, SMC", "",
+    lines = ["# Device check (issues 41, 39): decode step vs floor, P-GCD scoring, SMC, EM", "",
              f"{res['device']} ({res['backend']}), jax {res['jax']}; command `{res['command']}`;"
              f" wall {res.get('wall_s', '?')} s" + (" (smoke: tiny shapes)" if res["smoke"]
                                                   else ""), ""]
@@ -377,6 +405,22 @@ def to_markdown(res: dict) -> str:
                          f"{'≤ ' + str(GOAL_LOOKAHEAD[H]) + '×' if H in GOAL_LOOKAHEAD else ''}"
                          f" | {str(PAPER[H]) + '×' if H in PAPER else ''} |")
         lines += ["", f"Warm-up (compile + one call) s: {d.get('compile_s')}", ""]
+    if res.get("em"):
+        lines += ["## EM throughput (one iteration: E-step + M-step)", "",
+                  f"pyjuice's anchor: forward + backward at H = {PYJUICE['H']}, V = {PYJUICE['V']:,}, "
+                  f"T = {PYJUICE['T']}, about {PYJUICE['tokens_per_s']:,} tokens/s on an "
+                  f"{PYJUICE['device']} (an E-step only; the rows below add the M-step).", "",
+                  "| H | V | T | tokens | tokens/s | vs pyjuice | compile + first s |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, r in res["em"].items():
+            if "error" in r:
+                lines.append(f"| {key} | error: {r['error'][:200]} ||||||")
+                continue
+            vs = r.get("vs_pyjuice")
+            lines.append(f"| {r['H']} | {r['V']:,} | {r['T']} | {r['tokens']:,} | "
+                         f"{r['tokens_per_s']:,.0f} | {'' if vs is None else f'{vs:.2f}×'} | "
+                         f"{r['compile_plus_first_s']:.1f} |")
+        lines.append("")
     if res.get("skipped"):
         lines += [f"Skipped at the time limit: {res['skipped']}", ""]
     if res.get("errors"):
@@ -404,7 +448,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--time-limit-s", type=float, default=420.0)
-    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], choices=[1, 2, 3])
+    ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
     ap.add_argument("--layers", choices=["unrolled", "scan"], default="unrolled",
                     help="the LM parameters of part 3 (per-layer, or stacked: faster compiles)")
     ap.add_argument("--out", default=str(RESULTS / "device_check"))
@@ -432,7 +476,7 @@ def main(argv=None) -> dict:
            "python": platform.python_version(), "smoke": smoke, "models": models,
            "hidden": hidden, "batch": args.batch, "rounds": args.rounds,
            "parts": args.parts, "layers": args.layers,
-           "decode_floor": {}, "scoring": {}, "decoding": {}, "skipped": guard.skipped,
+           "decode_floor": {}, "scoring": {}, "decoding": {}, "em": {}, "skipped": guard.skipped,
            "errors": {}}
     fa = smoke_automaton() if smoke else load_automaton(args.automaton)
     fa_d = fa.to_device()
@@ -491,6 +535,20 @@ def main(argv=None) -> dict:
                                if failed else ("pallas" if all(t.pallas for t in ptables.values())
                                                else "xla"))
     write(res, out)
+    # ---- part 4 (before part 3, the longest: it is short, and issue 39's only device figure)
+    em_shapes = ((16, 512),) if smoke else EM_SHAPES
+    em_T, em_seqs, em_batch = (16, 8, 4) if smoke else (128, 512, 256)
+    for H, Vem in em_shapes if 4 in args.parts else ():
+        if not guard.ok(f"em H={H} V={Vem}"):
+            continue
+        try:
+            r = em_throughput(H, Vem, em_T, em_seqs, em_batch, 1 if smoke else 3)
+            res["em"][f"H={H} V={Vem}"] = r
+            print(f"  em H={H} V={Vem}: {r['tokens_per_s']:,.0f} tokens/s", flush=True)
+        except Exception as e:      # noqa: BLE001
+            res["em"][f"H={H} V={Vem}"] = {"error": repr(e)[-1500:]}
+            traceback.print_exc()
+        write(res, out)
     # ---- part 3
     for m in models if 3 in args.parts else []:
         if not guard.ok(f"decoding {m}"):

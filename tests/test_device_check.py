@@ -33,3 +33,6 @@ def test_device_check_smoke(tmp_path):
         assert len(r["steps"]) == 2 and all(x >= 1 for x in r["steps"])
         assert r["ms_per_step"][0] > 0
     assert rows["none"]["slowdown"][0] == pytest.approx(1.0)
+    em = saved["em"]["H=16 V=512"]                        # part 4: one EM iteration timed
+    assert em["tokens"] == 8 * 16 and em["tokens_per_s"] > 0 and "vs_pyjuice" not in em
+    assert "EM throughput" in md and "pyjuice" in md
