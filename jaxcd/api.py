@@ -13,7 +13,7 @@ import numpy as np
 
 from .automata.bits import unpack_bits
 from .automata.fsa import DFA, NFA, determinize, minimize
-from .automata.json_schema import DEFAULT_MAX_DEPTH, _auto_tree, schema_to_nfa
+from .automata.json_schema import DEFAULT_MAX_DEPTH, _auto_tree
 from .automata import schema_builder as _sb
 from .automata.schema_builder import to_nfa
 from .automata.keywords import keywords_to_dfa, normalize_groups
@@ -156,79 +156,68 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     with use_limits(limits), constraint_part(_part("JSON Schema", src)):
         memo: dict = {}
 
-        depth = max_depth
-        sizes = {}
-
-        def build(order, free=None, like=None):
+        def build(order, depth, free=None, like=None):
             # the tree: an error here is final for "auto" (the builder already tried the
             # schema's order wherever an order-free object made a subschema too large)
             node, ws, text, b = _auto_tree(schema, whitespace_pattern, strict, depth,
                                            closed_objects, order, memo, free, like,
                                            count_budget)
-            sizes[id(b)] = node.size
-            return b, text, lambda: minimize(determinize(to_nfa(node, ws)))
+            return b, node.size, text, lambda: minimize(determinize(to_nfa(node, ws)))
 
-        def finish(order, text, make, free=None):
+        def finish(b, depth, order, text, make, free=None):
+            # ``b``: the attempt's builder (whether a max_tokens bound was used)
             try:
-                return _finish(order, text, make, free)
+                return _cached("json_schema", text,
+                               {"ws": whitespace_pattern, "strict": bool(strict),
+                                "depth": int(depth), "closed": bool(closed_objects),
+                                "order": order, "free": free, "builder": 6,
+                                "count_budget": count_budget if b.budget_used else None},
+                               vocab, make, cache)
             except EmptyLanguageError as e:
-                if not cur.budget_used:
+                if not b.budget_used:
                     raise
                 raise EmptyLanguageError(
                     f"{e}: no value of the schema fits in max_tokens={max_tokens} tokens (at "
                     f"most {count_budget} characters; a minLength/minItems/minProperties "
                     "asks for more)") from None
 
-        def _finish(order, text, make, free=None):
-            return _cached("json_schema", text,
-                           {"ws": whitespace_pattern, "strict": bool(strict),
-                            "depth": int(depth), "closed": bool(closed_objects),
-                            "order": order, "free": free, "builder": 6,
-                            "count_budget": count_budget if cur.budget_used else None},
-                           vocab, make, cache)
-
-        def rest(b, text, make):
-            nonlocal cur
-            cur = b
+        def rest(b, depth, text, make):
             used = b.auto_used
             deep = b.adaptive_free_depth()
             if deep is not None:
                 # few free-form values: first deeper ones (docs/json_schema.md, "Depth");
                 # past a limit, the default depth below
                 try:
-                    b2, text2, make2 = build(property_order, deep, b)
+                    b2, _, text2, make2 = build(property_order, depth, deep, b)
                     if (b2.depth_used, b2.free_depth_used, b2.auto_used) == \
                             (b.depth_used, b.free_depth_used, used):
-                        return finish(property_order, text2, make2, deep)
+                        return finish(b, depth, property_order, text2, make2, deep)
                 except AutomatonTooLargeError:
                     pass
             if property_order != "auto" or not used:
                 # no order-free object: the schema's order, whatever the option
-                return finish(property_order, text, make)
+                return finish(b, depth, property_order, text, make)
             try:
-                return finish("auto", text, make)
+                return finish(b, depth, "auto", text, make)
             except AutomatonTooLargeError:
                 pass
-            _, text, make = build("schema")
-            return finish("schema", text, make)
+            _, _, text, make = build("schema", depth)
+            return finish(b, depth, "schema", text, make)
 
-        b, text, make = build(property_order)
-        cur = b
-        if b.ref_cuts and _sb.REF_DEPTH_EXTRA and sizes[id(b)] <= _sb.REF_DEPTH_TREE:
+        b, size, text, make = build(property_order, max_depth)
+        if b.ref_cuts and _sb.REF_DEPTH_EXTRA and size <= _sb.REF_DEPTH_TREE:
             # recursive $refs cut at max_depth: one level deeper where the tree stays
             # within REF_DEPTH_GROWTH times its size (docs/json_schema.md, "Depth"); past
             # a compile limit, max_depth as before
-            depth = max_depth + _sb.REF_DEPTH_EXTRA
+            deeper = max_depth + _sb.REF_DEPTH_EXTRA
             try:
-                b3, text3, make3 = build(property_order)
-                if (b3.depth_used == depth and b3.auto_used == b.auto_used and sizes[id(b)]
-                        <= sizes[id(b3)] <= _sb.REF_DEPTH_GROWTH * sizes[id(b)]):
-                    return rest(b3, text3, make3)
+                b3, size3, text3, make3 = build(property_order, deeper)
+                if (b3.depth_used == deeper and b3.auto_used == b.auto_used
+                        and size <= size3 <= _sb.REF_DEPTH_GROWTH * size):
+                    return rest(b3, deeper, text3, make3)
             except AutomatonTooLargeError:
                 pass
-            depth = max_depth
-            cur = b
-        return rest(b, text, make)
+        return rest(b, max_depth, text, make)
 
 
 def _longest_token(vocab: Vocabulary) -> int:
