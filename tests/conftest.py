@@ -28,12 +28,12 @@ prefer_fast_cpu_compiles()
 # The suite's own programs are compiled with LLVM at optimisation level 1
 # (`--xla_backend_optimization_level=1`, the test suite only; the CLI and the library keep
 # XLA's level). Most of a run from an empty compile cache is XLA compiling small
-# programs that then run for milliseconds: level 1 compiles them faster than the run time it
-# costs (the whole suite from an empty cache: 479 s of pytest against 539 s, two workers).
-# Like the emitter flag it changes how the code is optimised, not what it computes; the
-# same test (test_smc.py::test_particles_sharded_over_forced_host_devices) runs its child
-# with XLA's defaults and asserts this process's tokens and weights. An XLA_FLAGS that
-# already sets the level is kept.
+# programs that then run for milliseconds: level 1 saves more compile time than the run
+# time it costs (level 0's slower code let a forced multi-device collective pass XLA's
+# rendezvous timeout). Like the emitter flag it changes how the code is optimised, not
+# what it computes; test_smc.py::test_particles_sharded_over_forced_host_devices runs its
+# child with XLA's defaults and asserts this process's tokens and weights. An XLA_FLAGS
+# that already sets the level is kept.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=1").strip()
