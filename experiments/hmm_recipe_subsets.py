@@ -27,7 +27,6 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +86,12 @@ def main(argv=None) -> None:
                             for sh in meta["shards"]], 0)
     tr, ho = heldout_split(X.shape[0], s.heldout_frac, s.seed)
     sizes = a.sizes or [len(tr)]
-    settings = dict(asdict(s), hidden_size=H, mode=mode, epochs=epochs, patience=patience,
+    # the EM settings of the runs (the samples' own settings are in their metadata)
+    settings = dict(hidden_size=H, mode=mode, epochs=epochs, patience=patience,
                     init=a.init or "cluster", token_dropout=a.token_dropout,
                     prior_strength=a.prior_strength if a.prior_strength is not None
-                    else s.prior_strength, batch_size=a.batch_size)
+                    else s.prior_strength, batch_size=a.batch_size,
+                    heldout_frac=s.heldout_frac, seed=s.seed)
     out = {"command": "python experiments/hmm_recipe_subsets.py "
                       + " ".join(_shown(x) for x in (argv if argv is not None else sys.argv[1:])),
            "samples": _shown(src), "num_seqs": int(X.shape[0]), "heldout_rows": int(len(ho)),
