@@ -38,7 +38,8 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from ..errors import AutomatonTooLargeError, SchemaError, UnsupportedSchemaError
+from ..errors import (AutomatonTooLargeError, RegexSyntaxError, SchemaError,
+                      UnsupportedRegexError, UnsupportedSchemaError)
 from ..limits import current_limits, too_large
 from .fsa import (DFA, NFA, concat, determinize, difference, intersect, is_empty,
                   minimize, union)
@@ -411,7 +412,6 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
     ``pattern``: ``re.search`` semantics (JSON Schema's ``pattern``) if ``search``,
     else ``re.fullmatch``. Anchors ``^``/``$`` are honoured at the ends of the pattern
     and of each top-level alternative."""
-    from ..errors import RegexSyntaxError, UnsupportedRegexError
     pattern = ecma_to_python(pattern)
     try:
         parsed = P.parse(pattern, flags)
@@ -490,7 +490,6 @@ def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> 
     with ``X.*`` (``(?=X)``) or less ``X.*`` (``(?!X)``), exactly, where ``R`` is the
     rest of the alternative (followed by anything under search semantics unless it
     ends with ``$``). Look-behind, and look-ahead elsewhere, stay unsupported."""
-    from ..errors import UnsupportedRegexError
     parts = []
     for items in alternatives:
         anchored = bool(items) and items[0] in ((C.AT, C.AT_BEGINNING),
@@ -543,7 +542,6 @@ def ecma_to_python(pattern: str) -> str:
         if c == "\\" and pattern.startswith(("p{", "P{"), i + 1):
             end = pattern.find("}", i + 3)
             if end < 0:
-                from ..errors import RegexSyntaxError
                 raise RegexSyntaxError(f"invalid regex {pattern!r}: unterminated "
                                        f"\\{pattern[i + 1]}{{ at position {i}")
             ranges = unicode_property(pattern[i + 3:end])
@@ -641,7 +639,6 @@ def unicode_property(name: str) -> tuple:
     ``ASCII``, ``Assigned``, from the Unicode database Python ships; other properties
     (scripts, binary properties) raise :class:`~jaxcd.errors.UnsupportedRegexError`
     naming them."""
-    from ..errors import UnsupportedRegexError
     key, _, value = name.partition("=")
     if value:
         if key not in ("General_Category", "gc"):
