@@ -479,14 +479,14 @@ def run_all(setup, src, names, engines, timeout, jobs, t0):
             for e in engines}
 
 
-def _scrub(x):
-    """Results without machine paths (repository paths relative, the MaskBench data
-    ``<maskbench>``, temporary files ``<tmp>``)."""
+def _scrub(meta: dict) -> dict:
+    """A run's ``meta`` without machine paths (repository paths relative, its MaskBench
+    data outside the repository ``<maskbench>``, temporary files ``<tmp>``)."""
     from experiments.make_results import scrub_paths
-    text = json.dumps(x)
-    data = os.environ.get("JAXCD_MASKBENCH")
-    for d in filter(None, [data, "/work/.mirror/guidance-ai+jsonschemabench/repo"]):
-        text = text.replace(d.rstrip("/"), "<maskbench>")
+    text = json.dumps(meta)
+    for d in filter(None, [os.environ.get("JAXCD_MASKBENCH"), meta.get("data")]):
+        if not str(Path(d).resolve()).startswith(str(ROOT)):
+            text = text.replace(d.rstrip("/"), "<maskbench>")
     return json.loads(scrub_paths(text))
 
 

@@ -222,3 +222,15 @@ def test_bench_exclude_rows_and_combine(tmp_path):
     both = json.loads(out.with_suffix(".json").read_text())
     assert set(both["overall"]) == {"dev", "heldout"}
     assert str(tmp_path) not in out.with_suffix(".md").read_text()
+
+
+def test_combined_meta_names_no_machine_path():
+    """A run's MaskBench data outside the repository is written ``<maskbench>`` in the
+    combined results; the repository's own data stays a relative path."""
+    from experiments.bench_maskbench import ROOT, _scrub
+    out = _scrub({"data": "/srv/mirrors/jsonschemabench", "files": 3,
+                  "argv": ["--data", "/srv/mirrors/jsonschemabench", "--n", "3"]})
+    assert out["data"] == "<maskbench>" and out["argv"][1] == "<maskbench>"
+    assert "/srv" not in json.dumps(out)
+    inside = _scrub({"data": str(ROOT / "tests" / "data" / "maskbench")})
+    assert inside["data"] == "tests/data/maskbench"
