@@ -149,6 +149,9 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     tightened to 256 and a lower bound above it is refused). Decoding with a budget above
     ``max_tokens`` can break such a bound.
     """
+    if property_order not in _sb.PROPERTY_ORDERS:
+        raise ValueError(f"property_order must be one of {_sb.PROPERTY_ORDERS}, got "
+                         f"{property_order!r}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
     count_budget = None if max_tokens is None else max_tokens * _longest_token(vocab)
@@ -201,6 +204,14 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 return finish(b, depth, "auto", text, make)
             except AutomatonTooLargeError:
                 pass
+            if _sb.AUTO_LOOSE:
+                # the schema's order, objects without required properties in the loose
+                # form (no larger); past a limit, the schema's order everywhere
+                _, _, text, make = build(_sb.LOOSE_ORDER, depth)
+                try:
+                    return finish(b, depth, _sb.LOOSE_ORDER, text, make)
+                except AutomatonTooLargeError:
+                    pass
             _, _, text, make = build("schema", depth)
             return finish(b, depth, "schema", text, make)
 

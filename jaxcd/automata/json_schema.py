@@ -30,7 +30,7 @@ from ..errors import SchemaError
 from .fsa import NFA
 from . import schema_builder as _sb
 from .schema_builder import (AUTO_DFA_CAP, DEFAULT_MAX_DEPTH, FORMATS, NOT_ENFORCED,
-                             PROPERTY_ORDERS, STRUCTURAL, Node,
+                             LOOSE_ORDER, PROPERTY_ORDERS, STRUCTURAL, Node,
                              UNSUPPORTED_FORMATS, SchemaBuilder, is_annotation, to_nfa,
                              to_regex)
 
@@ -62,7 +62,7 @@ def load_schema(schema: Any) -> tuple[Any, str]:
 def _builder(obj, whitespace_pattern, strict, max_depth, closed_objects=False,
              property_order="auto") -> SchemaBuilder:
     ws = "[ ]?" if whitespace_pattern is None else whitespace_pattern
-    if property_order not in PROPERTY_ORDERS:
+    if property_order not in PROPERTY_ORDERS and property_order != LOOSE_ORDER:
         raise ValueError(f"property_order must be one of {PROPERTY_ORDERS}, got "
                          f"{property_order!r}")
     return SchemaBuilder(obj, whitespace=ws, strict=strict, max_depth=max_depth,

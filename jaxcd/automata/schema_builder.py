@@ -226,6 +226,11 @@ MAX_NEG_ENUM_KEYS = 4
 # (the disjunctive normal form of the test; past it, an automaton product as for others)
 MAX_PRESENCE_CASES = 16
 PROPERTY_ORDERS = ("auto", "schema", "any")
+# internal order of compile_json_schema's fallback when "auto" passes a compile limit:
+# the schema's order, except that objects without required properties take the loose
+# form (SchemaBuilder._loose_object), whose automaton is no larger than the schema
+# order's (one copy of each member, in a loop instead of a chain)
+LOOSE_ORDER = "loose"
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
 MAX_ANY_ORDER_PROPERTIES = 10
@@ -238,6 +243,12 @@ MAX_ANY_ORDER_PROPERTIES = 10
 AUTO_ORDER_STATES = 8_000
 AUTO_ORDER_TOTAL = 80_000
 AUTO_ORDER_ROOT = 1.0
+# ... and past every exact form, an object outside automaton products takes its declared
+# properties in any order with the optional ones allowed to repeat (each occurrence a
+# valid value: the object is valid whichever value a parser keeps) and the required ones
+# tracked (each exactly once), when its 2^required copies fit the same budget
+# (SchemaBuilder._loose_object); False: the forms below it (the schema's order)
+AUTO_LOOSE = True
 # compile_json_schema: the DFA of a schema with order-free objects is built with at most
 # this many states (before minimisation); past it, the schema's order is compiled instead
 AUTO_DFA_CAP = 20_000
@@ -799,6 +810,7 @@ class SchemaBuilder:
     auto_states: int = field(default_factory=lambda: AUTO_ORDER_STATES)
     auto_total: int = field(default_factory=lambda: AUTO_ORDER_TOTAL)
     auto_root: float = field(default_factory=lambda: AUTO_ORDER_ROOT)
+    auto_loose: bool = field(default_factory=lambda: AUTO_LOOSE)
     # set by build(): True if the tree has an order-free object (property_order="auto")
     auto_used: bool = False
     # True if count_budget decided a counting keyword
@@ -1379,7 +1391,7 @@ class SchemaBuilder:
             self._absolute_refs()
             self._scope_unevaluated()
         requested, order, free = self.max_depth, self.property_order, self.max_free_depth
-        orders = ("auto", "schema") if order == "auto" else (order,)
+        orders = (order, "schema") if order in ("auto", LOOSE_ORDER) else (order,)
         # last resort (no max_free_depth given): free-form values one container deep
         # (the extra properties of hundreds of open objects, each a free-form value)
         frees = (free,) if free is not None else (None, 1)
@@ -2966,8 +2978,14 @@ class SchemaBuilder:
                     f"{MAX_ANY_ORDER_PROPERTIES} properties and max_nfa_states="
                     f"{self.max_nfa_states} (use property_order='schema')")
             return Node("objany", (tuple(members), extra, lo, hi, False), size * (1 << n) + 8)
+        if self.property_order == LOOSE_ORDER and (len(members) > 1 or (members and extra)):
+            node = self._loose_object(members, extra, lo, hi, size, grow=False)
+            if node is not None:
+                return node
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
             node = self._auto_object(members, extra, lo, hi, path)
+            if node is None:
+                node = self._loose_object(members, extra, lo, hi, size)
             if node is not None:
                 return node
             other = _required_order(members, required)
@@ -3018,6 +3036,32 @@ class SchemaBuilder:
                 return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere),
                             size)
         return None
+
+    def _loose_object(self, members, extra, lo, hi, size: int,
+                      grow: bool = True) -> Node | None:
+        """``property_order="auto"`` past the exact forms: an ``objany`` node whose
+        declared properties come in any order, any number of times, the required ones
+        at least once (a subset mask: ``2^r`` copies), extra members anywhere; or None. Sound only where every text is judged by itself:
+        each occurrence of a key has a valid value, so the object is valid whichever
+        occurrence a parser keeps, and no other value shares the text. So never inside
+        an automaton product (``oneOf``/``not``/``if``/merged ``allOf``/``uniqueItems``:
+        a subtracted operand need not contain a text whose parse it matches) nor in a
+        subtracted operand, and not under a ``minProperties`` above the required count
+        (repeats would count twice); ``maxProperties`` counts occurrences (at least the
+        number of keys). ``grow=False`` (the ``LOOSE_ORDER`` fallback): only objects
+        without required properties, whose loop is no larger than the schema order's
+        chain."""
+        if not self.auto_loose or self._product_level or self._neg:
+            return None
+        r = sum(m.required for m in members)
+        if lo > r or r > MAX_ANY_ORDER_PROPERTIES or (r and not grow):
+            return None
+        full = size * (1 << r) + 8
+        est = max(full - size - 8, 1)
+        if est > self.auto_states or self.auto_spent + est > self.auto_total:
+            return None
+        self.auto_spent += est
+        return Node("objany", (tuple(members), extra, 0, hi, True), full)
 
     def _pattern_regions(self, pats: list, path: str) -> list:
         """``patternProperties`` as disjoint key sets: ``(DFA of key contents, the
@@ -3676,6 +3720,8 @@ class _NFAEmitter:
         """Members in any order: one state per (subset of declared members emitted,
         property count level, whether a member was emitted); extra members anywhere."""
         members, extra, lo, hi, loose = node.args
+        if loose:
+            return self._obj_loose(node, src)
         nfa = self.nfa
         ws, comma, colon, start, close_in, end = self._obj_frame(src)
         n = len(members)
@@ -3717,6 +3763,64 @@ class _NFAEmitter:
             ok = (not counted) or (c >= lo and (hi is None or c <= hi))
             if mask & need == need and ok:
                 nfa.add_epsilon(q, close_in)
+        return end
+
+    def _obj_loose(self, node: Node, src: int) -> int:
+        """Members in any order, any number of times, the required ones tracked (a
+        subset mask), extra members anywhere. The state after a member is ``(mask,
+        count level)``; a join state per ``(mask, count level)``, reached by the first
+        member's whitespace or a later member's comma, emits each member once (one copy
+        of the members per mask and level, not one per "started" flag: nested objects
+        would double at each level)."""
+        members, extra, lo, hi, _ = node.args
+        nfa = self.nfa
+        ws, comma, colon, start, close_in, end = self._obj_frame(src)
+        counted = bool(lo) or hi is not None
+        K = (max(lo, hi if hi is not None else 0) if counted else 0)
+        need = 0
+        bits = []
+        for m in members:
+            bits.append((1 << len([x for x in bits if x])) if m.required else 0)
+        need = sum(bits)
+
+        def ok_count(c):
+            return (not counted) or (c >= lo and (hi is None or c <= hi))
+
+        def can_add(c):
+            return not counted or hi is None or c < hi
+
+        after: dict = {}
+        joins: dict = {}
+        work = []
+
+        def join(mask, c):
+            if (mask, c) not in joins:
+                joins[mask, c] = nfa.add_state()
+                work.append((mask, c))
+            return joins[mask, c]
+
+        def state(mask, c):
+            if (mask, c) not in after:
+                q = after[mask, c] = nfa.add_state()
+                if can_add(c):
+                    nfa.add_epsilon(self.emit(comma, q), join(mask, c))
+                if mask & need == need and ok_count(c):
+                    nfa.add_epsilon(q, close_in)
+            return after[mask, c]
+
+        if can_add(0):
+            nfa.add_epsilon(self.emit(ws, start), join(0, 0))
+        if need == 0 and ok_count(0):
+            nfa.add_epsilon(start, close_in)
+        while work:
+            mask, c = work.pop()
+            b = joins[mask, c]
+            nc = min(c + 1, K) if counted else 0
+            for m, bit in zip(members, bits):
+                a = self.emit(m.value, self.emit(seq(m.key, colon), b))
+                nfa.add_epsilon(a, state(mask | bit, nc))
+            if extra is not None:
+                nfa.add_epsilon(self.emit(extra, b), state(mask, nc))
         return end
 
     def _embed(self, frag: NFA, src: int) -> int:

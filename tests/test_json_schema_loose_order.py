@@ -1,0 +1,189 @@
+"""The last order-free form of ``property_order="auto"``: an object past every exact
+any-order budget takes its declared properties in any order, each any number of times
+(the required ones at least once), extra properties anywhere.
+
+Checked by brute force against ``jsonschema`` on every ordered selection of keys (with
+repeats) from a small pool of values: an accepted text must be valid **whichever
+occurrence of a repeated key a parser keeps** (every choice is validated), and every
+valid text without a repeated key must be accepted. Inside automaton products
+(``oneOf``, ``not``) and under ``minProperties`` the form is not used: there a repeated
+key could make an invalid instance pass (the counter-examples below).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from jaxcd.automata.fsa import determinize, minimize
+from jaxcd.automata.schema_builder import SchemaBuilder, to_nfa
+
+POOL = [1, "s", None, 7]
+TYPES = ["integer", "string", "null"]
+
+
+def _dfa(schema, **budget):
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    node = b.build()
+    return node, minimize(determinize(to_nfa(node, "")))
+
+
+def _text(pairs) -> bytes:
+    return ("{" + ",".join(json.dumps(k) + ":" + json.dumps(v) for k, v in pairs)
+            + "}").encode().replace(b": ", b":")
+
+
+def _parses(pairs):
+    """Every object a parser may make of ``pairs``: one occurrence of each key kept."""
+    by_key: dict = {}
+    for k, v in pairs:
+        by_key.setdefault(k, []).append(v)
+    keys = list(by_key)
+    for choice in itertools.product(*(by_key[k] for k in keys)):
+        yield dict(zip(keys, choice))
+
+
+def _universe(keys, max_len, rng, samples=4000):
+    """Key sequences of up to ``max_len`` members (repeats allowed) with pool values: all
+    of them when few, else a seeded sample plus every permutation without repeats."""
+    out = []
+    for r in range(len(keys) + 1):
+        for perm in itertools.permutations(keys, r):
+            for vals in itertools.product([1, "s"], repeat=r):
+                out.append(list(zip(perm, vals)))
+    for _ in range(samples):
+        n = rng.randint(1, max_len)
+        out.append([(rng.choice(keys), rng.choice(POOL)) for _ in range(n)])
+    return out
+
+
+def _wide_object(rng, n, required):
+    names = [chr(ord("a") + i) for i in range(n)]
+    s = {"type": "object", "properties": {k: {"type": rng.choice(TYPES)} for k in names}}
+    if required:
+        s["required"] = rng.sample(names, required)
+    if rng.random() < 0.5:
+        s["additionalProperties"] = rng.choice([False, {"type": "integer"}])
+    return s
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_loose_form_is_sound_and_takes_any_order(seed, monkeypatch):
+    """No exact form fits: the loose form. Sound under every parse of a
+    repeated key, complete for texts without repeats in any order (extra keys
+    anywhere), and it does accept some repeats (it is the loose form, not another)."""
+    rng = random.Random(seed)
+    schema = _wide_object(rng, 4, required=seed % 3)
+    # no exact any-order form fits (simulated: the budgets of those forms refuse)
+    monkeypatch.setattr(SchemaBuilder, "_auto_object", lambda self, *a: None)
+    node = SchemaBuilder(schema, whitespace="", property_order="auto").build()
+    assert node.kind == "objany" and node.args[4], (schema, node.kind)
+    d = minimize(determinize(to_nfa(node, "")))
+    oracle = jsonschema.Draft202012Validator(schema)
+    keys = list(schema["properties"]) + ["z"]
+    accepted_repeat = 0
+    for pairs in _universe(keys, 6, rng):
+        got = d.accepts(_text(pairs))
+        repeats = len({k for k, _ in pairs}) < len(pairs)
+        if got:
+            for obj in _parses(pairs):
+                assert oracle.is_valid(obj), (schema, pairs, obj)
+            accepted_repeat += repeats
+        elif not repeats:
+            assert not oracle.is_valid(dict(pairs)), (schema, pairs)
+    assert accepted_repeat > 0
+
+
+def test_loose_form_counts_max_properties_and_skips_min_properties():
+    """``maxProperties`` counts occurrences (never fewer than the keys: sound);
+    ``minProperties`` above the required count would count a repeated key twice, so the
+    object keeps an exact form."""
+    props = {k: {"type": "integer"} for k in "abcd"}
+    schema = {"type": "object", "properties": props, "maxProperties": 2}
+    node, d = _dfa(schema, auto_states=1, auto_root=0)
+    assert node.kind == "objany"
+    assert d.accepts(b'{"d":1,"a":2}') and d.accepts(b'{"a":1,"a":2}')
+    assert not d.accepts(b'{"a":1,"b":2,"c":3}') and not d.accepts(b'{"a":1,"a":2,"a":3}')
+    node, d = _dfa({**schema, "minProperties": 2}, auto_states=1, auto_root=0)
+    assert node.kind != "objany"
+    assert not d.accepts(b'{"a":1,"a":2}')
+
+
+def test_loose_form_not_inside_products():
+    """Under ``oneOf`` a repeated key would defeat the subtraction: with
+    ``{"a":1,"a":7}`` in the first branch's language and outside the second's, a parser
+    keeping 7 gets an object valid for both branches. Such objects keep an exact form
+    (no repeated key), so the text is refused."""
+    wide = {k: {"type": "integer"} for k in "abcde"}
+    schema = {"oneOf": [{"type": "object", "properties": wide},
+                        {"type": "object", "properties": {**wide, "a": {"const": 7}}}]}
+    _, d = _dfa(schema, auto_states=1, auto_root=0)
+    oracle = jsonschema.Draft202012Validator(schema)
+    assert not oracle.is_valid({"a": 7})
+    assert not d.accepts(b'{"a":1,"a":7}') and not d.accepts(b'{"a":7}')
+    assert d.accepts(b'{"a":1}')
+
+
+def test_loose_form_can_be_switched_off():
+    """``auto_loose=False`` (``AUTO_LOOSE``): past the exact forms, the schema's order."""
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"}}
+    node, d = _dfa(schema, auto_states=0, auto_root=0, auto_total=0, auto_loose=False)
+    assert node.kind == "obj"
+    assert d.accepts(b'{"a":1,"b":2}') and not d.accepts(b'{"b":2,"a":1}')
+
+
+def test_dfa_cap_fallback_keeps_loose_objects_without_required(monkeypatch):
+    """compile_json_schema: past AUTO_DFA_CAP the schema is compiled again in the
+    schema's order, except that objects without required properties keep the loose
+    form (no larger than their chain); an object with required ones keeps the schema's
+    order. Checked against jsonschema on every key order of both objects."""
+    import jaxcd.automata.json_schema as js
+    import jaxcd.automata.schema_builder as sb
+    from jaxcd import Vocabulary, compile_json_schema
+
+    opt = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"},
+           "additionalProperties": False}
+    req = {"type": "object", "properties": {k: {"type": "integer"} for k in "xyz"},
+           "required": ["x", "y", "z"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {"o": opt, "r": req}, "required": ["o", "r"],
+              "additionalProperties": False}
+    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
+                                        eos_id=0)
+
+    def accepts(fa, text):
+        q = int(fa.initial_state)
+        for c in text.encode():
+            q = fa.next_state(q, c - 31)
+            if q == int(fa.dead_state):
+                return False
+        return fa.next_state(q, 0) == int(fa.final_state)
+
+    monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", 10**9)
+    monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", 10**9)
+    capped = compile_json_schema(schema, vocab)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for po in itertools.permutations("abc", 2):
+        for pr in itertools.permutations("xyz"):
+            inst = {"o": {k: 1 for k in po}, "r": {k: 1 for k in pr}}
+            text = json.dumps(inst, separators=(",", ":"))
+            assert oracle.is_valid(inst)
+            assert accepts(capped, text) == (pr == tuple("xyz")), text
+    assert accepts(capped, '{"o":{"b":1,"b":2},"r":{"x":1,"y":1,"z":1}}')
+    assert not accepts(capped, '{"o":{},"r":{"x":1,"y":1,"z":1,"x":1}}')
+    assert not accepts(capped, '{"r":{"x":1,"y":1,"z":1},"o":{}}')
+    monkeypatch.setattr(sb, "AUTO_LOOSE", False)
+    fixed = compile_json_schema(schema, vocab)
+    assert not accepts(fixed, '{"o":{"b":1,"a":1},"r":{"x":1,"y":1,"z":1}}')
+    assert accepts(fixed, '{"o":{"a":1,"b":1},"r":{"x":1,"y":1,"z":1}}')
+
+
+def test_loose_order_is_not_a_public_option():
+    from jaxcd import Vocabulary, compile_json_schema
+    vocab = Vocabulary.from_token_bytes([b"<eos>", b"{", b"}"], eos_id=0)
+    with pytest.raises(ValueError, match="property_order must be one of"):
+        compile_json_schema({"type": "object"}, vocab, property_order="loose")
