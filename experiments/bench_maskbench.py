@@ -131,7 +131,10 @@ def excluded_names(paths) -> set[str]:
                     out.add(os.path.basename(json.loads(line)["file"]))
         elif p.suffix == ".json":
             d = json.loads(p.read_text())
-            out.update(os.path.basename(r["file"]) for rs in d["rows"].values() for r in rs)
+            # rows by engine, or (a --combine file) by run, then by engine
+            groups = [g for v in d["rows"].values()
+                      for g in (v.values() if isinstance(v, dict) else [v])]
+            out.update(os.path.basename(r["file"]) for rs in groups for r in rs)
         else:
             out.update(os.path.basename(x.strip()) for x in p.read_text().splitlines()
                        if x.strip())

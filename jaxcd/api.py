@@ -123,7 +123,8 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                         limits: CompileLimits | None = None, *,
                         closed_objects: bool = False,
                         property_order: str = "auto",
-                        max_tokens: int | None = None) -> TensorizedAutomaton:
+                        max_tokens: int | None = None,
+                        repeated_keys: bool = True) -> TensorizedAutomaton:
     """Compile a JSON Schema (dict or JSON text) with jaxcd's schema builder
     (keywords and deliberate differences: ``docs/json_schema.md``).
 
@@ -137,6 +138,12 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     each at most once, where that fits a budget, else in the schema's order), ``"schema"``
     or ``"any"`` (docs/json_schema.md). With ``"auto"``, a schema whose automaton passes a
     compile limit is compiled again with ``"schema"`` before the error is raised.
+    ``repeated_keys`` (``"auto"`` only): an object too wide for the exact any-order forms
+    may take its declared properties in any order with a key repeated, every occurrence
+    valid for its schema (the object is valid whichever occurrence a parser keeps), where
+    it would otherwise keep the schema's order; ``False`` never accepts a repeated
+    declared key. Generation passes ``False`` (:func:`jaxcd.generation.build_constraint`):
+    a generated object never repeats a declared key.
 
     ``max_tokens``: the automaton need only be exact for outputs of at most this many
     tokens (a GCD budget, EOS included, or any generation that stops there): such an
@@ -164,7 +171,7 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
             # schema's order wherever an order-free object made a subschema too large)
             node, ws, text, b = _auto_tree(schema, whitespace_pattern, strict, depth,
                                            closed_objects, order, memo, free, like,
-                                           count_budget)
+                                           count_budget, repeated_keys)
             return b, node.size, text, lambda: minimize(determinize(to_nfa(node, ws)))
 
         def finish(b, depth, order, text, make, free=None):
@@ -173,7 +180,8 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 return _cached("json_schema", text,
                                {"ws": whitespace_pattern, "strict": bool(strict),
                                 "depth": int(depth), "closed": bool(closed_objects),
-                                "order": order, "free": free, "builder": 6,
+                                "order": order, "free": free, "builder": 7,
+                                "repeated_keys": bool(repeated_keys),
                                 "count_budget": count_budget if b.budget_used else None},
                                vocab, make, cache)
             except EmptyLanguageError as e:
@@ -204,7 +212,7 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 return finish(b, depth, "auto", text, make)
             except AutomatonTooLargeError:
                 pass
-            if _sb.AUTO_LOOSE:
+            if _sb.AUTO_LOOSE and repeated_keys:
                 # the schema's order, objects without required properties in the loose
                 # form (no larger); past a limit, the schema's order everywhere
                 _, _, text, make = build(_sb.LOOSE_ORDER, depth)

@@ -133,7 +133,8 @@ def _on_data_axis(m: Model, *arrays):
 def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=None, tool=None,
                      automaton=None, whitespace_pattern: str | None = None, cache: bool | str = False,
                      strict: bool = True, closed_objects: bool = True,
-                     property_order: str = "auto", max_tokens: int | None = None):
+                     property_order: str = "auto", max_tokens: int | None = None,
+                     repeated_keys: bool = False):
     """Exactly one of ``schema`` (dict/JSON text), ``regex``, ``keywords`` (list of words
     or lists of forms), ``tool`` (tool JSON schema), ``automaton`` (a constraint already
     compiled over ``vocab``: a :class:`~jaxcd.automata.TensorizedAutomaton` from
@@ -143,7 +144,9 @@ def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=Non
     last three for schemas only). ``closed_objects`` defaults to True here: generation
     closes objects that declare properties (no keys beyond those, as xgrammar's strict mode
     and OpenAI's structured outputs do); ``closed_objects=False`` gives the specification's
-    open objects, :func:`~jaxcd.compile_json_schema`'s default."""
+    open objects, :func:`~jaxcd.compile_json_schema`'s default. ``repeated_keys``
+    defaults to False here (compile_json_schema's is True, for validating existing JSON):
+    a generated object never repeats a declared key."""
     given = [k for k, v in dict(schema=schema, regex=regex, keywords=keywords, tool=tool,
                                 automaton=automaton).items() if v is not None]
     if len(given) > 1:
@@ -160,7 +163,8 @@ def build_constraint(vocab: Vocabulary, *, schema=None, regex=None, keywords=Non
     if schema is not None:
         return compile_json_schema(schema, vocab, whitespace_pattern=whitespace_pattern,
                                    strict=strict, cache=cache, closed_objects=closed_objects,
-                                   property_order=property_order, max_tokens=max_tokens)
+                                   property_order=property_order, max_tokens=max_tokens,
+                                   repeated_keys=repeated_keys)
     if regex is not None:
         return compile_regex(regex, vocab, cache=cache)
     if keywords is not None:

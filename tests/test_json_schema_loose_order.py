@@ -187,3 +187,31 @@ def test_loose_order_is_not_a_public_option():
     vocab = Vocabulary.from_token_bytes([b"<eos>", b"{", b"}"], eos_id=0)
     with pytest.raises(ValueError, match="property_order must be one of"):
         compile_json_schema({"type": "object"}, vocab, property_order="loose")
+
+
+def test_generation_never_repeats_a_key(monkeypatch):
+    """``compile_json_schema`` (validation, ``repeated_keys=True``) accepts a repeated key
+    of an object past the exact forms; ``build_constraint`` (generation) and
+    ``repeated_keys=False`` keep an exact form instead: no repeated key."""
+    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd.generation import build_constraint
+
+    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
+                                        eos_id=0)
+
+    def accepts(fa, text):
+        q = int(fa.initial_state)
+        for c in text.encode():
+            q = fa.next_state(q, c - 31)
+            if q == int(fa.dead_state):
+                return False
+        return fa.next_state(q, 0) == int(fa.final_state)
+
+    monkeypatch.setattr(SchemaBuilder, "_auto_object", lambda self, *a: None)
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}}
+    loose = compile_json_schema(schema, vocab)
+    assert accepts(loose, '{"b":1,"a":2,"b":3}') and accepts(loose, '{"c":1,"a":2}')
+    for fa in (compile_json_schema(schema, vocab, repeated_keys=False),
+               build_constraint(vocab, schema=schema, closed_objects=False)):
+        assert not accepts(fa, '{"b":1,"a":2,"b":3}') and not accepts(fa, '{"a":1,"a":2}')
+        assert accepts(fa, '{"a":1,"c":2}')

@@ -222,6 +222,8 @@ def test_bench_exclude_rows_and_combine(tmp_path):
     both = json.loads(out.with_suffix(".json").read_text())
     assert set(both["overall"]) == {"dev", "heldout"}
     assert str(tmp_path) not in out.with_suffix(".md").read_text()
+    # a combined file excludes the files of all its runs
+    assert bm.excluded_names([out.with_suffix(".json")]) == fa | fb
 
 
 def test_combined_meta_names_no_machine_path():

@@ -90,17 +90,19 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
 
 def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed_objects,
                property_order, string_memo: dict, site_free_depth: int | None = None,
-               like=None, count_budget: int | None = None):
+               like=None, count_budget: int | None = None, repeated_keys: bool = True):
     """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
     its attempts share ``string_memo`` (string nodes do not depend on the order).
     ``site_free_depth``: the depths of free-form values outside products, written ones
     and open objects' extras (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an
     earlier builder of the same order and depth whose product nodes are reused
     (products keep the default depth); ``count_budget``: see
-    :attr:`SchemaBuilder.count_budget`."""
+    :attr:`SchemaBuilder.count_budget`; ``repeated_keys``: see
+    :func:`jaxcd.compile_json_schema` (``SchemaBuilder.auto_loose``)."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
     b.count_budget = count_budget
+    b.auto_loose = b.auto_loose and bool(repeated_keys)
     b._string_memo = string_memo
     b._shared_products = string_memo.setdefault("shared products", {})
     if site_free_depth is not None:
