@@ -89,12 +89,13 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
 
 
 def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed_objects,
-               property_order, string_memo: dict, site_free_depth: int | None = None,
+               property_order, string_memo: dict, site_free_depth: tuple | None = None,
                like=None, count_budget: int | None = None, repeated_keys: bool = True):
     """``(tree, whitespace, canonical text, builder)`` for :func:`jaxcd.compile_json_schema`:
     its attempts share ``string_memo`` (string nodes do not depend on the order).
     ``site_free_depth``: the depths of free-form values outside products, written ones
-    and open objects' extras (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an
+    and open objects' extras, and their tails' object levels
+    (:meth:`SchemaBuilder.adaptive_free_depth`); ``like``: an
     earlier builder of the same order and depth whose product nodes are reused
     (products keep the default depth); ``count_budget``: see
     :attr:`SchemaBuilder.count_budget`; ``repeated_keys``: see
@@ -106,7 +107,8 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
     b._string_memo = string_memo
     b._shared_products = string_memo.setdefault("shared products", {})
     if site_free_depth is not None:
-        b.site_free_depth, b.implicit_free_depth = site_free_depth
+        b.site_free_depth, b.implicit_free_depth = site_free_depth[:2]
+        b.free_tail = site_free_depth[2] if len(site_free_depth) > 2 else 0
     if like is not None:
         b._product_memo = {k: v for k, v in like._product_memo.items()
                            if not isinstance(v, Exception)}
@@ -120,8 +122,9 @@ def _auto_tree(schema: dict | str, whitespace_pattern, strict, max_depth, closed
         if site_free_depth is not None:
             cap += _sb.FREE_DEPTH_BUDGET + _sb.IMPLICIT_FREE_BUDGET
             base = b.any_value(b.free_depth).size
-            extra = (b.free_sites * (b.any_value(site_free_depth[0]).size - base)
-                     + b.implicit_sites * (b.any_value(site_free_depth[1]).size - base))
+            extra = (b.free_sites * (b.any_value(site_free_depth[0], b.free_tail).size - base)
+                     + b.implicit_sites * (b.any_value(site_free_depth[1],
+                                                       b.free_tail).size - base))
         node = Node("capped", (node, cap, extra), node.size)
     return node, b.whitespace, text, b
 

@@ -69,6 +69,15 @@ MAX_FREE_DEPTH = 7
 IMPLICIT_FREE_DEPTH = 4
 IMPLICIT_FREE_BUDGET = 2_560
 FREE_STATES_PER_LEVEL = 80
+# compile_json_schema: free-form values outside automaton products (written ones and
+# open objects' extras) continue below their depth along the path of objects from
+# their top, FREE_TAIL_DEPTH object levels more, with arrays of scalars at every level
+# and at the depth's cut on every other path (SchemaBuilder.any_value's tail): linear in
+# the levels, where each exact level doubles. Built in the adaptive attempt (with the
+# deeper free-form values) when (free-form values) x (the tree states a tail adds to
+# one) <= FREE_TAIL_BUDGET.
+FREE_TAIL_DEPTH = 4
+FREE_TAIL_BUDGET = 100_000
 FREE_DEPTH_BUDGET = 10_240
 DEFAULT_MAX_COUNT = 1000          # largest minLength/maxLength/minItems/... bound built exactly
 
@@ -775,6 +784,8 @@ class SchemaBuilder:
     site_free_depth: int | None = None
     # ... and of open objects' extra properties (IMPLICIT_FREE_DEPTH)
     implicit_free_depth: int | None = None
+    # ... and the object levels of their tails (any_value), set with them
+    free_tail: int = 0
     # set by build(): free-form values built outside automaton products, written in the
     # schema (free_sites) or the extra properties of open objects (implicit_sites)
     free_sites: int = 0
@@ -855,19 +866,22 @@ class SchemaBuilder:
             return self.any_value(self.free_depth)
         if self._implicit_free:
             self.implicit_sites += 1
-            return self.any_value(max(self.free_depth, self.implicit_free_depth or 0))
+            return self.any_value(max(self.free_depth, self.implicit_free_depth or 0),
+                                  self.free_tail)
         self.free_sites += 1
-        return self.any_value(max(self.free_depth, self.site_free_depth or 0))
+        return self.any_value(max(self.free_depth, self.site_free_depth or 0),
+                              self.free_tail)
 
     def _note_neg_free(self) -> None:
         """A subtracted operand gets (or reuses, from a memo) free-form values here."""
         r = max(self._depth_here - self._neg_root, 0)
         self._neg_least = r if self._neg_least is None else min(self._neg_least, r)
 
-    def adaptive_free_depth(self) -> tuple[int, int] | None:
-        """``(depth of written free-form values, depth of open objects' extras)`` that
-        the free-form values of the last build afford (``FREE_DEPTH_BUDGET``,
-        ``IMPLICIT_FREE_BUDGET``), or None if neither is deeper than ``free_depth``."""
+    def adaptive_free_depth(self) -> tuple[int, int, int] | None:
+        """``(depth of written free-form values, depth of open objects' extras, object
+        levels of their tails)`` that the free-form values of the last build afford
+        (``FREE_DEPTH_BUDGET``, ``IMPLICIT_FREE_BUDGET``, ``FREE_TAIL_BUDGET``), or None
+        if none is deeper than ``free_depth`` (and no tail)."""
         if self.max_free_depth is not None or \
                 getattr(self, "free_depth_used", self.free_depth) < self.free_depth:
             return None
@@ -880,7 +894,14 @@ class SchemaBuilder:
         if self.implicit_sites and IMPLICIT_FREE_DEPTH > imp and \
                 n * FREE_STATES_PER_LEVEL * 2 ** IMPLICIT_FREE_DEPTH <= IMPLICIT_FREE_BUDGET:
             imp = IMPLICIT_FREE_DEPTH
-        return (d, imp) if (d, imp) != (self.free_depth, self.free_depth) else None
+        tail = 0
+        if n and FREE_TAIL_DEPTH > 0:
+            grow = max(self.any_value(d, FREE_TAIL_DEPTH).size - self.any_value(d).size,
+                       self.any_value(imp, FREE_TAIL_DEPTH).size - self.any_value(imp).size)
+            if n * grow <= FREE_TAIL_BUDGET:
+                tail = FREE_TAIL_DEPTH
+        out = (d, imp, tail)
+        return out if out != (self.free_depth, self.free_depth, 0) else None
 
     # -- errors ----------------------------------------------------------------------
     def unsupported(self, msg: str, path: str) -> None:
@@ -3116,20 +3137,45 @@ class SchemaBuilder:
         container as a bracketed run of JSON tokens (``JSON_SOUP_BODY``)."""
         return self._free_node(depth, True)
 
-    def any_value(self, depth: int) -> Node:
-        """Any JSON value with at most ``depth`` containers nested."""
-        return self._free_node(depth, False)
+    def any_value(self, depth: int, tail: int = 0) -> Node:
+        """Any JSON value with at most ``depth`` containers nested; with ``tail``, also
+        the values whose containers below that depth are ``tail`` more objects (each a
+        member of the one above, along a path of objects from the top) with arrays of
+        scalars anywhere along it (:meth:`tail_value`)."""
+        return self._free_node(depth, False, tail)
 
-    def _free_node(self, depth: int, soup: bool) -> Node:
-        key = (soup, depth)
+    def tail_value(self, k: int) -> Node:
+        """A scalar, an array of scalars, or (``k >= 1``) an object whose values are
+        ``tail_value(k - 1)``: ``k`` object levels, one copy each (linear in ``k``)."""
+        key = ("tail", k)
+        if key not in self._any_cache:
+            scalar = alt(rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null"))
+            leaf = self._list([], scalar, 0, None, "[", "]", ",")
+            if k <= 0:
+                n = alt(scalar, leaf)
+            else:
+                inner = self.tail_value(k - 1)
+                obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner),
+                                   0, None), inner.size + 30)
+                n = alt(scalar, leaf, obj)
+            self._any_cache[key] = n
+        return self._any_cache[key]
+
+    def _free_node(self, depth: int, soup: bool, tail: int = 0) -> Node:
+        key = (soup, depth, tail)
         if key in self._any_cache:
             return self._any_cache[key]
         scalars = [rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null")]
         if depth <= 0:
-            n = alt(*scalars, rx(JSON_SOUP_BODY, 8)) if soup else alt(*scalars)
+            n = alt(*scalars, rx(JSON_SOUP_BODY, 8)) if soup else \
+                self.tail_value(max(tail, 0)) if tail else alt(*scalars)
         else:
-            inner = self._free_node(depth - 1, soup)
-            arr = self._list([], inner, 0, None, "[", "]", ",")
+            inner = self._free_node(depth - 1, soup, tail)
+            # the tail continues along objects only: below an array, only arrays of
+            # scalars at the cut (tail_value(0): one array automaton per cut point)
+            inner_arr = self._free_node(depth - 1, soup, -1 if tail else 0) \
+                if tail > 0 else inner
+            arr = self._list([], inner_arr, 0, None, "[", "]", ",")
             obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
                        inner.size + 30)
             n = alt(*scalars, arr, obj)
