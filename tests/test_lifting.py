@@ -336,3 +336,26 @@ def test_dfa_to_nfa_is_the_byte_table(pattern):
         assert np.array_equal(got, table[q])
     for chunk in (1, 3):
         assert dfa.to_nfa(chunk=chunk).trans == nfa.trans
+
+
+def test_dominant_successor_against_a_loop():
+    """``_dominant_successor`` (row sorts and run sums) against a plain loop over the
+    rows: the successor other than the state itself and dead with the most weight,
+    ties to the smallest, -1 if none has positive weight."""
+    from jaxcd.automata.lifting import _dominant_successor
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        Q, C = int(rng.integers(1, 30)), int(rng.integers(1, 12))
+        trans = rng.integers(-1, min(Q, 4), size=(Q, C)).astype(np.int32)
+        w = rng.integers(0, 3, size=C).astype(float)
+        want = np.full(Q, -1)
+        for q in range(Q):
+            tot: dict = {}
+            for c in range(C):
+                r = int(trans[q, c])
+                if r >= 0 and r != q:
+                    tot[r] = tot.get(r, 0) + w[c]
+            if tot and max(tot.values()) > 0:
+                best = max(tot.values())
+                want[q] = min(r for r, t in tot.items() if t == best)
+        np.testing.assert_array_equal(_dominant_successor(trans, w), want)

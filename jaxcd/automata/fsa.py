@@ -159,11 +159,12 @@ class NFA:
 
     def embed(self, other: "NFA") -> tuple[int, set[int]]:
         """Copy ``other`` into this NFA; return (its start, its accepting states)."""
-        off = self.num_states
-        self._grow(other.num_states)
-        for q in range(other.num_states):
-            self.eps.append([d + off for d in other.eps[q]])
-            self._trans.append([(lo, hi, d + off) for lo, hi, d in other.trans[q]])
+        off = len(self.eps)
+        self._grow(len(other.eps))
+        rows = other.trans                  # (writes other's pending fragments once)
+        self.eps.extend([[d + off for d in e] if e else [] for e in other.eps])
+        self._trans.extend([[(lo, hi, d + off) for lo, hi, d in r] if r else []
+                            for r in rows])
         return other.start + off, {a + off for a in other.accepting}
 
 

@@ -787,6 +787,37 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
             np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
 
 
+def _dominant_successor(trans: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per state ``q``, the successor ``r != q`` (not dead) that the most ``weight`` of
+    byte classes leads to (ties: the smallest ``r``), or -1 if none has positive weight.
+    Each row is sorted on its own (``C`` classes) and its runs of equal successors summed:
+    no sort of all ``Q * C`` entries."""
+    Q, C = trans.shape
+    o = np.argsort(trans, axis=1, kind="stable")
+    ss = np.take_along_axis(trans, o, 1).ravel()
+    cw = np.cumsum(weight[o], axis=1).ravel()
+    end = np.ones(Q * C, bool)                       # last entry of each run in its row
+    end[:-1] = ss[1:] != ss[:-1]
+    end[C - 1::C] = True
+    ends = np.flatnonzero(end)
+    rows = ends // C
+    prev = np.concatenate([[-1], ends[:-1]])
+    start_row = np.concatenate([[True], rows[1:] != rows[:-1]])
+    tot = cw[ends] - np.where(start_row, 0.0, cw[np.maximum(prev, 0)])
+    succ = ss[ends]
+    tot[(succ < 0) | (succ == rows)] = -1            # dead is no reference, nor q itself
+    # per row, the first run (smallest successor) with the row's largest total
+    seg = np.flatnonzero(start_row)
+    rowmax = np.maximum.reduceat(tot, seg)
+    best = tot == np.repeat(rowmax, np.diff(np.append(seg, len(tot))))
+    first = np.flatnonzero(best)
+    first = first[np.concatenate([[True], rows[first][1:] != rows[first][:-1]])]
+    ref = np.full(Q, -1, np.int64)
+    ok = tot[first] > 0
+    ref[rows[first][ok]] = succ[first][ok]
+    return ref
+
+
 def _delta_states(dfa: DFA, trie, max_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """States ``q`` to lift from a reference state ``r`` (``q``'s most common successor):
     where ``q`` and ``r`` go to the same state on byte ``b``, every token starting with
@@ -802,17 +833,7 @@ def _delta_states(dfa: DFA, trie, max_fraction: float) -> tuple[np.ndarray, np.n
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     # tokens per byte class (first byte), then per state: the most tokens to one successor
     cls_tok = np.bincount(dfa.byte_class, weights=trie.tokens_by_first_byte, minlength=C)
-    key = np.arange(Q)[:, None] * (Q + 1) + (trans + 1)          # [Q, C]
-    flat = key.ravel()
-    w = np.broadcast_to(cls_tok, (Q, C)).ravel()
-    uk, inv = np.unique(flat, return_inverse=True)
-    tot = np.bincount(inv.ravel(), weights=w, minlength=len(uk))
-    rows_k, succ = uk // (Q + 1), uk % (Q + 1) - 1
-    tot[succ < 0] = -1                                            # dead is no reference
-    tot[succ == rows_k] = -1                                      # nor q itself
-    o = np.lexsort((-tot, rows_k))
-    firsts = o[np.searchsorted(rows_k[o], np.arange(Q))]
-    ref = np.where(tot[firsts] > 0, succ[firsts], -1)
+    ref = _dominant_successor(trans, cls_tok)
     q = np.nonzero(ref >= 0)[0]
     r = ref[q]
     alive_tok = ((trans[q] >= 0) * cls_tok).sum(1)
