@@ -15,20 +15,10 @@ import jsonschema
 import pytest
 
 import jaxcd.automata.schema_builder as sb
-from jaxcd import CompileLimits, Vocabulary, compile_json_schema
+from ascii_vocab import VOCAB, accepts
+from jaxcd import CompileLimits, compile_json_schema
 from jaxcd.automata.json_schema import _auto_tree
 
-VOCAB = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                    eos_id=0)
-
-
-def accepts(fa, text: str) -> bool:
-    q = int(fa.initial_state)
-    for c in text.encode():
-        q = fa.next_state(q, c - 31)
-        if q == int(fa.dead_state):
-            return False
-    return fa.next_state(q, 0) == int(fa.final_state)
 
 
 def nested(k: int):

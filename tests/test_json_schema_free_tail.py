@@ -19,12 +19,11 @@ import numpy as np
 import pytest
 
 import jaxcd.automata.schema_builder as sb
-from jaxcd import Vocabulary, compile_json_schema
+from ascii_vocab import VOCAB, accepts
+from jaxcd import compile_json_schema
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.schema_builder import SchemaBuilder, to_nfa
 
-VOCAB = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                    eos_id=0)
 
 
 def _is_scalar(v) -> bool:
@@ -112,15 +111,6 @@ def test_every_accepted_text_is_json():
     assert found > 200
 
 
-def _accepts(fa, text: str) -> bool:
-    q = int(fa.initial_state)
-    for c in text.encode():
-        q = fa.next_state(q, c - 31)
-        if q == int(fa.dead_state):
-            return False
-    return fa.next_state(q, 0) == int(fa.final_state)
-
-
 def _expected(sites: int) -> tuple[int, int]:
     """(exact depth, tail levels) of ``sites`` written free-form values, recomputed from
     the budget rules (the sizes are the builder's tree estimates)."""
@@ -151,7 +141,7 @@ def test_compile_json_schema_free_values_take_tails(sites):
         v = _chain(n, leaf=["a", 1])                        # n objects, then an array
         inst = {k: ({"m": v} if k == names[-1] else {}) for k in names}
         assert oracle.is_valid(inst)
-        ok = _accepts(fa, json.dumps(inst, separators=(",", ":")))
+        ok = accepts(fa, json.dumps(inst, separators=(",", ":")))
         # the free value: n objects and the array; exact up to d containers, else the
         # tail's objects along the all-object path with the array at its end
         assert ok == (n + 1 <= d or (tail > 0 and n <= d + tail)), (sites, n, ok, d, tail)
@@ -170,6 +160,6 @@ def test_no_tail_inside_products():
         "required": ["inner"], "additionalProperties": False}
     fa = compile_json_schema(schema, VOCAB)
     d = sb.DEFAULT_FREE_DEPTH
-    assert _accepts(fa, json.dumps({"inner": {"v": _chain(d)}}, separators=(",", ":")))
-    assert not _accepts(fa, json.dumps({"inner": {"v": _chain(d + 1)}},
+    assert accepts(fa, json.dumps({"inner": {"v": _chain(d)}}, separators=(",", ":")))
+    assert not accepts(fa, json.dumps({"inner": {"v": _chain(d + 1)}},
                                        separators=(",", ":")))

@@ -19,6 +19,7 @@ import random
 import jsonschema
 import pytest
 
+from ascii_vocab import VOCAB, accepts
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.schema_builder import SchemaBuilder, to_nfa
 
@@ -143,7 +144,7 @@ def test_dfa_cap_fallback_keeps_loose_objects_without_required(monkeypatch):
     order. Checked against jsonschema on every key order of both objects."""
     import jaxcd.automata.json_schema as js
     import jaxcd.automata.schema_builder as sb
-    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd import compile_json_schema
 
     opt = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"},
            "additionalProperties": False}
@@ -151,17 +152,7 @@ def test_dfa_cap_fallback_keeps_loose_objects_without_required(monkeypatch):
            "required": ["x", "y", "z"], "additionalProperties": False}
     schema = {"type": "object", "properties": {"o": opt, "r": req}, "required": ["o", "r"],
               "additionalProperties": False}
-    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                        eos_id=0)
-
-    def accepts(fa, text):
-        q = int(fa.initial_state)
-        for c in text.encode():
-            q = fa.next_state(q, c - 31)
-            if q == int(fa.dead_state):
-                return False
-        return fa.next_state(q, 0) == int(fa.final_state)
-
+    vocab = VOCAB
     monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
     monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", 10**9)
     monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", 10**9)
@@ -183,8 +174,8 @@ def test_dfa_cap_fallback_keeps_loose_objects_without_required(monkeypatch):
 
 
 def test_loose_order_is_not_a_public_option():
-    from jaxcd import Vocabulary, compile_json_schema
-    vocab = Vocabulary.from_token_bytes([b"<eos>", b"{", b"}"], eos_id=0)
+    from jaxcd import compile_json_schema
+    vocab = VOCAB
     with pytest.raises(ValueError, match="property_order must be one of"):
         compile_json_schema({"type": "object"}, vocab, property_order="loose")
 
@@ -193,20 +184,10 @@ def test_generation_never_repeats_a_key(monkeypatch):
     """``compile_json_schema`` (validation, ``repeated_keys=True``) accepts a repeated key
     of an object past the exact forms; ``build_constraint`` (generation) and
     ``repeated_keys=False`` keep an exact form instead: no repeated key."""
-    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd import compile_json_schema
     from jaxcd.generation import build_constraint
 
-    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                        eos_id=0)
-
-    def accepts(fa, text):
-        q = int(fa.initial_state)
-        for c in text.encode():
-            q = fa.next_state(q, c - 31)
-            if q == int(fa.dead_state):
-                return False
-        return fa.next_state(q, 0) == int(fa.final_state)
-
+    vocab = VOCAB
     monkeypatch.setattr(SchemaBuilder, "_auto_object", lambda self, *a: None)
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}}
     loose = compile_json_schema(schema, vocab)

@@ -25,6 +25,7 @@ import pytest
 
 import jaxcd.automata.schema_builder as sb
 
+from ascii_vocab import VOCAB, accepts
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.json_schema import schema_to_nfa
 from jaxcd.automata.schema_builder import SchemaBuilder, to_nfa
@@ -263,22 +264,12 @@ def test_auto_dfa_cap_falls_back_to_schema_order(monkeypatch):
     states only; past it the schema's order is compiled instead (a subset of the valid
     instances), checked against jsonschema on every key order."""
     import jaxcd.automata.json_schema as js
-    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd import compile_json_schema
     from jaxcd.errors import AutomatonTooLargeError
 
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"},
               "required": list("abcd"), "additionalProperties": False}
-    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                        eos_id=0)
-
-    def accepts(fa, text):
-        q = int(fa.initial_state)
-        for c in text.encode():
-            q = fa.next_state(q, c - 31)
-            if q == int(fa.dead_state):
-                return False
-        return fa.next_state(q, 0) == int(fa.final_state)
-
+    vocab = VOCAB
     free = compile_json_schema(schema, vocab)
     monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
     # the determinisation's cap itself, not the early refusals (next test)
@@ -306,13 +297,12 @@ def test_auto_refused_before_determinising(monkeypatch, rule):
     the cap is refused before it is determinised: compile_json_schema then compiles the
     schema's order, the same automaton as when the determinisation passes the cap."""
     import jaxcd.automata.json_schema as js
-    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd import compile_json_schema
     from jaxcd.errors import AutomatonTooLargeError
 
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"},
               "required": list("abcd"), "additionalProperties": False}
-    vocab = Vocabulary.from_token_bytes([b"<eos>"] + [bytes([c]) for c in range(32, 127)],
-                                        eos_id=0)
+    vocab = VOCAB
     node, ws, _, _ = js._auto_tree(schema, None, True, 2, False, "auto", {})
     tree_size = node.args[0].size
     nfa_states = to_nfa(node, ws).num_states

@@ -3764,13 +3764,14 @@ class _NFAEmitter:
 
     def _obj_any(self, node: Node, src: int) -> int:
         """Members in any order: one state per (subset of declared members emitted,
-        property count level, whether a member was emitted); extra members anywhere."""
+        property count level, whether a member was emitted); extra members anywhere.
+        ``loose`` (repeats allowed, only the required members tracked): see
+        :meth:`_obj_loose`."""
         members, extra, lo, hi, loose = node.args
         if loose:
             return self._obj_loose(node, src)
         nfa = self.nfa
         ws, comma, colon, start, close_in, end = self._obj_frame(src)
-        n = len(members)
         counted = bool(lo) or hi is not None
         K = (max(lo, hi if hi is not None else 0) if counted else 0)
         need = sum(1 << i for i, m in enumerate(members) if m.required)
@@ -3794,16 +3795,12 @@ class _NFAEmitter:
             if can_add:
                 b = self.emit(ws if first else comma, q)
                 for i, m in enumerate(members):
-                    if mask >> i & 1 and not loose:
+                    if mask >> i & 1:
                         continue
-                    # loose (a subtracted operand): members may repeat, and only the
-                    # required ones are tracked; "seen" is kept by the -1 level
-                    bit = (1 << i) if (m.required or not loose) else 0
                     a = self.emit(m.value, self.emit(seq(m.key, colon), b))
-                    nmask = mask | bit
-                    nfa.add_epsilon(a, state(nmask, nc) if counted or nmask else
-                                    state(nmask, -1))
+                    nfa.add_epsilon(a, state(mask | 1 << i, nc))
                 if extra is not None:
+                    # an extra member first: the -1 level says "started" (mask 0)
                     nfa.add_epsilon(self.emit(extra, b), state(mask, nc) if counted else
                                     state(mask, c) if not first else state(mask, -1))
             ok = (not counted) or (c >= lo and (hi is None or c <= hi))
@@ -3823,10 +3820,9 @@ class _NFAEmitter:
         ws, comma, colon, start, close_in, end = self._obj_frame(src)
         counted = bool(lo) or hi is not None
         K = (max(lo, hi if hi is not None else 0) if counted else 0)
-        need = 0
-        bits = []
-        for m in members:
-            bits.append((1 << len([x for x in bits if x])) if m.required else 0)
+        # the i-th required member's bit is 1 << i; optional members have none
+        rank = itertools.accumulate(m.required for m in members)
+        bits = [(1 << (r - 1)) if m.required else 0 for m, r in zip(members, rank)]
         need = sum(bits)
 
         def ok_count(c):
