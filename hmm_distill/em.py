@@ -20,7 +20,6 @@ M-step: :func:`hmm_distill.hmm.m_step` (normalised counts + pseudocount ``λ``).
 
 from __future__ import annotations
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp

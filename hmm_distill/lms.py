@@ -26,7 +26,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -214,7 +214,7 @@ def test_second_level_run_shortcut_equals_brute_force(monkeypatch):
 
 def test_limits_reach_every_compile_function(smol_vocab):
     """``limits=`` is in force in every front-end; the error names the constraint."""
-    from jaxcd import (NFA, compile_automaton, compile_json_schema, compile_keywords,
+    from jaxcd import (compile_automaton, compile_json_schema, compile_keywords,
                        compile_tool_call)
     small = CompileLimits(max_dfa_states=5)
     tool = {"name": "get_weather", "parameters": {

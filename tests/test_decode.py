@@ -11,7 +11,6 @@ from scipy import stats
 
 from jaxcd import Vocabulary, compile_regex
 
-from jaxcd.decoding import gcd
 from jaxcd.decoding.decode import sample, tables_for
 from jaxcd.lm import TableLM, pad_prompts
 
@@ -125,7 +124,6 @@ def test_importance_weights_are_unbiased(temperature):
 def test_lcd_runs_out_of_budget_where_gcd_does_not():
     # the toy LM prefers long outputs; at budget 3, LCD often has no EOS in time
     n, N = 3, 4000
-    rng = np.random.default_rng(1)
     lm = TableLM.bigram(np.array([0.01, 1, 1, 1, 1, 1.0]),
                         np.tile(np.array([0.01, 1, 1, 1, 1, 0.2]), (V, 1)), eos_token_id=EOS)
     fa = compile_regex(PATTERN, VOCAB).to_device()

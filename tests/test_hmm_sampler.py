@@ -210,7 +210,6 @@ def test_shared_prefill_equals_padded_batch(tmp_path):
     assert meta["decode_row_steps"] <= 4 * 8 * T and meta["prefill_tokens"] == 4 * 8 * 3
 
     from test_lm_llama import write_tiny_gguf
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm as load_jax_lm
 
     write_tiny_gguf(tmp_path / "tiny.gguf", "llama", tied=True, seed=1)

@@ -85,7 +85,6 @@ def write_gguf(path, arch: str, seed: int = 0, V=256, H=64, F=128, L=6, nh=2, nk
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
 def test_tiny_gguf_matches_transformers(tmp_path, arch):
     from jaxcd.lm.interface import pad_prompts
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
     from jaxcd.lm.torch_adapter import load_hf_model_from_gguf
 

@@ -291,7 +291,6 @@ def test_scaling_finite_at_long_budget():
 
 
 def test_hmm_vocabulary_mismatch_is_a_clear_error():
-    rng = np.random.default_rng(0)
     hmm = HMMParams(np.ones(2) / 2, np.ones((2, 2)) / 2, np.ones((2, V + 1)) / (V + 1))
     fa = compile_regex("ab", VOCAB)
     with pytest.raises(pgcd.HMMMismatchError, match="hmm-distill"):

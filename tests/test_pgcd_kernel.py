@@ -24,7 +24,7 @@ import pytest
 
 from jaxcd import Vocabulary, compile_regex
 
-from jaxcd.decoding import gcd, pgcd
+from jaxcd.decoding import pgcd
 from jaxcd.decoding import kernels
 from jaxcd.errors import JaxcdError
 from jaxcd.hmm import HMMParams

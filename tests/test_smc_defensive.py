@@ -178,7 +178,7 @@ def test_pooled_estimate_converges_with_zeros_in_the_hmm(problem, proposal):
     mass alone puts it far outside."""
     lm, fa, hmm, post, Z = problem
     rng = np.random.default_rng(0)
-    keys, p = list(post), np.array(list(post.values()))
+    p = np.array(list(post.values()))
     floor = np.mean([0.5 * np.abs(rng.multinomial(R, p) / R - p).sum() for _ in range(200)])
     lost_mass = sum(v for k, v in post.items() if B_TOKEN in k)
     res = run(lm, fa, hmm, 8, proposal, LAM, seed=5)

@@ -406,7 +406,6 @@ def tiny_runner(tmp_path_factory):
 
     from experiments.runner import Runner
     from jaxcd.generation import Model
-    from jaxcd.lm.llama import JaxLM
     from jaxcd.lm.loading import load_lm
     from jaxcd.vocab import Vocabulary
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"

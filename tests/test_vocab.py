@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from jaxcd import Vocabulary, compile_regex
-from jaxcd.automata.tensorized import TensorizedAutomaton
 from jaxcd.errors import VocabularyError
 
 TEXTS = ["Hello, world!", "naïve café — 日本語のテキスト 😀🎉", '{"a": [1, 2.5e-3, null]}',

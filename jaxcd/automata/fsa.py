@@ -13,7 +13,6 @@ Conventions
 
 from __future__ import annotations
 
-from collections import deque
 from itertools import chain
 from dataclasses import dataclass
 from functools import lru_cache
@@ -1247,7 +1246,6 @@ def _class_dfa_direct(ranges) -> DFA:
     o1, o2, o3 = 2, 2 + n1, 2 + n1 + n2
     S = o3 + n3
     trans = np.full((S, 256), -1, np.int32)
-    cont = np.arange(0x80, 0xC0)
     # level 1 rows: pattern bits -> accept
     pat1 = u1[u1 != 0]
     bits = np.unpackbits(pat1.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little").astype(bool)

@@ -859,7 +859,6 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     ids = vocab.ordinary_ids
     fb = np.full(V, 256, np.int64)
     fb[ids[lens > 0]] = mat[lens > 0, 0]
-    bc = table.bc
     # the reference states' transitions so far (individual, then bulk), by source
     isrc = np.concatenate(out[0]) if out[0] else np.zeros(0, np.int64)
     itok = np.concatenate(out[1]) if out[1] else np.zeros(0, np.int64)

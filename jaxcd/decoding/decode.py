@@ -16,7 +16,6 @@ With GCD tables, every sampled sequence ends in ``⊥`` within the budget (docs/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 

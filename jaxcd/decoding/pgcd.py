@@ -331,7 +331,7 @@ def edge_masses(fa: TensorizedAutomaton, B: jax.Array) -> jax.Array:
     # equal labels of different pairs: one sum each (hash of the packed row, exact bytes)
     first: dict[bytes, int] = {}
     label_of_pair = np.empty(len(pair_u), np.int64)
-    sets, sizes = [], []                          # per distinct label: (chunk, row), size
+    sizes = []                                    # per distinct label: its size
     small_r, small_v = [], []
     large_bits: dict[int, np.ndarray] = {}
     per = max(1, _PLAN_BYTES // max(V, 1))

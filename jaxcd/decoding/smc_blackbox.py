@@ -53,7 +53,7 @@ resamplers.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp

@@ -38,7 +38,6 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,6 @@ SMC weight equals ``log Z`` (the zero-variance check).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 
