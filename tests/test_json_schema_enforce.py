@@ -140,6 +140,34 @@ def test_id_base_uris_against_jsonschema(schema):
     _agree(schema, _ID_UNIVERSE)
 
 
+_D4 = "http://json-schema.org/draft-04/schema#"
+D4_ID_CASES = [
+    # "$id" is no keyword in draft-04: "#/definitions/x" is the document's (SchemaStore's
+    # cryproj schemas write "$id" paths on every subschema of a draft-04 schema)
+    {"$schema": _D4, "id": "http://ex.com/root", "definitions": {"x": {"type": "integer"}},
+     "properties": {"a": {"$id": "/elsewhere", "properties": {"v": {"$ref": "#/definitions/x"}}}}},
+    {"$schema": _D4, "definitions": {"x": {"type": "string"}},
+     "items": {"$id": "/items", "properties": {"v": {"$ref": "#/definitions/x"}}}},
+    # draft-04's own "id" does change the base URI
+    {"$schema": _D4, "id": "http://ex.com/root",
+     "definitions": {"A": {"id": "node", "type": "integer"}},
+     "properties": {"v": {"$ref": "node"}}},
+    {"$schema": _D4, "id": "http://ex.com/root", "definitions": {"x": {"type": "integer"}},
+     "properties": {"a": {"id": "http://ex.com/sub", "definitions": {"x": {"type": "string"}},
+                          "properties": {"v": {"$ref": "#/definitions/x"}}}}},
+]
+
+
+@pytest.mark.parametrize("schema", D4_ID_CASES, ids=[json.dumps(s)[45:95] for s in D4_ID_CASES])
+def test_draft4_ids_against_jsonschema(schema):
+    d = _dfa(schema)
+    oracle = jsonschema.Draft4Validator(schema)
+    universe = _ID_UNIVERSE + [{"a": {"v": 1}}, {"a": {"v": "x"}}, [{"v": "x"}], [{"v": 1}]]
+    results = [d.accepts(_text(v).encode()) for v in universe]
+    assert results == [oracle.is_valid(v) for v in universe]
+    assert any(results) and not all(results)
+
+
 def test_reference_outside_the_document_still_refused():
     with pytest.raises(UnsupportedSchemaError, match=r"\$ref 'other.json'"):
         _dfa({"$id": "http://example.com/root.json", "$ref": "other.json"})

@@ -1028,9 +1028,9 @@ class SchemaBuilder:
         refs: list = []               # (schema dict, base URI)
 
         def id_of(s):
-            v = s.get("$id")
-            if v is None and draft4:
-                v = s.get("id")
+            # draft-04 (and 03) name the identifier "id"; "$id" is no keyword there and
+            # changes no base URI (jsonschema's Draft4Validator ignores it too)
+            v = s.get("id") if draft4 else s.get("$id")
             return v if isinstance(v, str) else None
 
         resources[_DEFAULT_BASE] = ""
