@@ -3126,10 +3126,22 @@ class SchemaBuilder:
 
     def exclude_keys(self, key: Node, declared: list[str]) -> Node:
         """Key strings of ``key`` that do not decode to a declared property name."""
-        bad = _declared_key_dfa(declared)
+        # the same in every attempt of one compile (and for every object declaring the
+        # same names): built once per names, and per regex key (extra properties' keys)
+        memo = self._string_memo.setdefault("declared keys", {})
+        names = tuple(declared)
+        hit = memo.get((key.kind, key.args, names)) if key.kind == "re" else None
+        if hit is not None:
+            return hit
+        bad = memo.get(names)
+        if bad is None:
+            bad = memo[names] = _declared_key_dfa(declared)
         kd = _node_dfa(key)
         dfa = _difference(kd, bad)
-        return Node("dfa", (dfa,), dfa.num_states + 1)
+        out = Node("dfa", (dfa,), dfa.num_states + 1)
+        if key.kind == "re":
+            memo[(key.kind, key.args, names)] = out
+        return out
 
     # -- free-form values --------------------------------------------------------------
     def soup_value(self, depth: int) -> Node:
