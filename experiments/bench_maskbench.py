@@ -493,7 +493,8 @@ def _scrub(meta: dict) -> dict:
     return json.loads(scrub_paths(text))
 
 
-def combine(specs: list[str], out: str, note: str | None = None) -> int:
+def combine(specs: list[str], out: str, note: str | None = None,
+            title: str | None = None) -> int:
     """One results file (``out``.json/.md) with the runs ``LABEL=RESULTS.json`` side by
     side: per engine and run the overall figures, then each run's per-split tables and
     compile errors."""
@@ -512,8 +513,8 @@ def combine(specs: list[str], out: str, note: str | None = None) -> int:
     outp = Path(out)
     outp.parent.mkdir(parents=True, exist_ok=True)
     outp.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    md = ["# MaskBench generalisation: development and held-out splits side by side "
-          "(experiments/bench_maskbench.py)", ""]
+    md = [f"# {title or 'MaskBench generalisation: development and held-out splits side by side'}"
+          " (experiments/bench_maskbench.py)", ""]
     if note:
         md += [Path(note).read_text().rstrip(), ""]
     md += ["## Runs", ""]
@@ -592,6 +593,7 @@ def main(argv=None) -> int:
     ap.add_argument("--combine", nargs="+", metavar="LABEL=RESULTS.json",
                     help="run nothing: write one results file (--out) with the runs side by "
                          "side, e.g. dev=<a>.json heldout=<b>.json (same engines)")
+    ap.add_argument("--title", help="with --combine: the results file's title")
     ap.add_argument("--note", metavar="NOTE.md",
                     help="with --combine: markdown put under the title (how the runs were "
                          "made)")
@@ -614,7 +616,7 @@ def main(argv=None) -> int:
     sources = []
     exclude: set[str] = set()
     if args.combine:
-        return combine(args.combine, args.out, args.note)
+        return combine(args.combine, args.out, args.note, args.title)
     if args.from_rows:
         rows = {}
         for f in args.from_rows:
