@@ -163,7 +163,7 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
         raise ValueError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
     count_budget = None if max_tokens is None else max_tokens * _longest_token(vocab)
     src = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True, default=str)
-    with use_limits(limits), constraint_part(_part("JSON Schema", src)):
+    with _gc_paused(), use_limits(limits), constraint_part(_part("JSON Schema", src)):
         memo: dict = {}
 
         def build(order, depth, free=None, like=None):
