@@ -218,10 +218,13 @@ class Setup:
                 kw["property_order"] = "schema"
             if engine == "jaxcd_nonstrict":
                 kw["strict"] = False
-            t, c = time.perf_counter(), time.process_time()
-            fa = compile_json_schema(schema, self.vocab, **kw)
-            dt = time.perf_counter() - t
-            self.last_cpu_s = time.process_time() - c
+            from jaxcd import compile_stats
+            with compile_stats() as stages:
+                t, c = time.perf_counter(), time.process_time()
+                fa = compile_json_schema(schema, self.vocab, **kw)
+                dt = time.perf_counter() - t
+                self.last_cpu_s = time.process_time() - c
+            self.last_stages = {k: round(v, 4) for k, v in stages.items()}
 
             def accept(text):
                 q = int(fa.initial_state)
@@ -274,9 +277,13 @@ def _child(setup: Setup, engine: str, doc: dict, w) -> None:
     res = {"status": "ok"}
     try:
         setup.last_cpu_s = None
+        setup.last_stages = None
         c = time.process_time()
         dt, accept = setup.compile(engine, doc["schema"])
         res["compile_s"] = dt
+        if setup.last_stages:
+            # jaxcd: CPU seconds per compile stage (jaxcd.compile_stats)
+            res["stages"] = setup.last_stages
         # CPU seconds of the compile (the child's own): less sensitive than the wall
         # time to other jobs on a shared machine (the peers' compile includes their
         # setup, measured the same way around the whole call)
@@ -409,6 +416,39 @@ def summarize(rows: list[dict]) -> dict:
         "compile_cpu_p50_s": float(np.percentile(cs, 50)) if len(cs) else None,
         "compile_cpu_p95_s": float(np.percentile(cs, 95)) if len(cs) else None,
     }
+
+
+STAGES = ("tree", "nfa", "determinize", "minimize", "tensorize")
+
+
+def stage_table(rows: dict) -> list[str]:
+    """Markdown: where each jaxcd engine's compile CPU time goes (``jaxcd.compile_stats``),
+    summed over all compiled files and over those at or above the CPU p90; "failed" is
+    the part of the stages spent in attempts given up (not added again to the total)."""
+    import numpy as np
+    out = []
+    for e, rs in rows.items():
+        ok = [r for r in rs if r["status"] == "ok" and r.get("stages")]
+        if not ok:
+            continue
+        cpu = np.array([r["compile_cpu_s"] for r in ok])
+        p90 = float(np.percentile(cpu, 90))
+        out += [f"### {e}: where compile CPU time goes (jaxcd.compile_stats)", "",
+                "| files | n | CPU s | " + " | ".join(STAGES) + " | other | failed attempts |",
+                "|---|---|---|" + "---|" * (len(STAGES) + 2)]
+        for label, sel in (("all compiled", ok),
+                           (f"CPU ≥ p90 ({p90:.2f} s)",
+                            [r for r in ok if r["compile_cpu_s"] >= p90])):
+            tot = sum(r["compile_cpu_s"] for r in sel)
+            per = [sum(r["stages"].get(k, 0.0) for r in sel) for k in STAGES]
+            fail = sum(r["stages"].get("failed", 0.0) for r in sel)
+            cells = [f"{100 * x / tot:.0f}%" if tot else "-" for x in per]
+            other = tot - sum(per)
+            out.append(f"| {label} | {len(sel)} | {tot:.1f} | " + " | ".join(cells) +
+                       f" | {100 * other / tot:.0f}% | {100 * fail / tot:.0f}% |"
+                       if tot else f"| {label} | {len(sel)} | 0 |")
+        out.append("")
+    return out
 
 
 def _compile_cells(s: dict) -> tuple[str, str, str, str]:
@@ -691,6 +731,7 @@ def main(argv=None) -> int:
     md.append(table(overall, "Overall"))
     for s in splits:
         md.append(table(per_split[s], s))
+    md.extend(stage_table(rows))
     # why jaxcd fails
     for e in engines:
         errs: dict[str, int] = {}

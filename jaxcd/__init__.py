@@ -14,7 +14,7 @@ persistent compile cache (:func:`enable_compile_cache`) and XLA's faster CPU com
 
 from . import errors
 from .api import (allowed_tokens, compile_automaton, compile_json_schema, compile_keywords,
-                  compile_regex, compile_tool_call, walk_prefix)
+                  compile_regex, compile_stats, compile_tool_call, walk_prefix)
 from .automata.fsa import DFA, NFA
 from .automata.tensorized import TensorizedAutomaton
 from .decoding.buckets import bucket_automaton, stack_automata
@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Vocabulary", "compile_regex", "compile_json_schema", "compile_keywords",
-    "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix",
+    "compile_tool_call", "compile_automaton", "allowed_tokens", "walk_prefix", "compile_stats",
     "TensorizedAutomaton", "NFA", "DFA", "errors", "generate", "generate_batch", "SMCConfig",
     "GenerationResult", "Particles",
     "JaxcdError", "BudgetTooSmallError", "EmptyLanguageError", "PrefixRejectedError",

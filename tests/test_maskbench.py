@@ -192,6 +192,13 @@ def test_bench_rows_log(tmp_path):
     overall = json.loads((tmp_path / "bm.json").read_text())["overall"]["jaxcd"]
     assert overall["compile_cpu_p95_s"] >= overall["compile_cpu_p50_s"] >= 0
     assert "compile CPU p50 / p95" in (tmp_path / "bm.md").read_text()
+    # jaxcd's stages (jaxcd.compile_stats) per row, within its CPU time, and their table
+    for r in rows:
+        st = r["stages"]
+        assert st["attempts"] >= 1 and {"tree", "determinize", "tensorize"} <= set(st)
+        assert sum(v for k, v in st.items() if k not in ("attempts", "failed")) <= \
+            r["compile_cpu_s"] + 1e-2
+    assert "jaxcd: where compile CPU time goes" in (tmp_path / "bm.md").read_text()
 
 
 def test_bench_exclude_rows_and_combine(tmp_path):
