@@ -586,6 +586,8 @@ def combine(specs: list[str], out: str, note: str | None = None,
     for label, d in runs.items():
         md += [f"## {label}", ""]
         md.append(table(d["overall"], f"{label}: overall"))
+        md.extend(x.replace("### ", f"### {label}, ", 1) if x.startswith("### ") else x
+                  for x in stage_table(d["rows"]))
         for sp in sorted(d["per_split"]):
             md.append(table(d["per_split"][sp], f"{label}: {sp}"))
         for e in engines:
