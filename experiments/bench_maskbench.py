@@ -643,8 +643,9 @@ def main(argv=None) -> int:
                     help="worker processes, each with its own forked child per compile "
                          "(compile times then include the contention)")
     ap.add_argument("--rows-log", metavar="PATH.jsonl",
-                    help="append each row (with its engine) to this file as soon as it is "
-                         "measured, so that a run cut short keeps what it measured")
+                    help="write each row (with its engine) to this file as soon as it is "
+                         "measured, so that a run cut short keeps what it measured (the file "
+                         "is emptied when the run starts)")
     args = ap.parse_args(argv)
     global ROWS_LOG
     ROWS_LOG = args.rows_log
@@ -682,6 +683,8 @@ def main(argv=None) -> int:
                                      exclude)
         print(f"{len(names)} files from {args.data} ({args.splits} splits, seed {args.seed})",
               file=sys.stderr)
+        if ROWS_LOG:                # this run's rows only: a reused path does not mix runs
+            Path(ROWS_LOG).write_text("")
         setup = Setup(engines)
         t0 = time.time()
         rows = run_all(setup, src, names, engines, args.timeout, max(1, args.jobs), t0)

@@ -177,6 +177,7 @@ def test_bench_rows_log(tmp_path):
     from experiments import bench_maskbench as bm
     names = ["BFCL_java_30.json", "BFCL_java_73.json"]
     log = tmp_path / "rows.jsonl"
+    log.write_text('{"engine": "jaxcd", "file": "an earlier run"}\n')   # emptied first
     try:
         assert bm.main(["--files", *names, "--engines", "jaxcd", "--out",
                         str(tmp_path / "bm"), "--rows-log", str(log)]) in (0, None)
