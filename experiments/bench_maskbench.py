@@ -418,14 +418,12 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-STAGES = ("tree", "nfa", "determinize", "minimize", "tensorize")
-
-
 def stage_table(rows: dict) -> list[str]:
     """Markdown: where each jaxcd engine's compile CPU time goes (``jaxcd.compile_stats``),
     summed over all compiled files and over those at or above the CPU p90; "failed" is
     the part of the stages spent in attempts given up (not added again to the total)."""
     import numpy as np
+    from jaxcd.api import STAGES
     out = []
     for e, rs in rows.items():
         ok = [r for r in rs if r["status"] == "ok" and r.get("stages")]

@@ -33,6 +33,7 @@ __all__ = ["compile_regex", "compile_json_schema", "compile_keywords", "compile_
 
 #: CPU seconds per compile stage while a :func:`compile_stats` block is open (else None)
 _STATS: ContextVar[dict | None] = ContextVar("jaxcd_compile_stats", default=None)
+#: the stages :func:`compile_stats` times, in pipeline order
 STAGES = ("tree", "nfa", "determinize", "minimize", "tensorize")
 
 

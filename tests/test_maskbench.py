@@ -244,3 +244,21 @@ def test_combined_meta_names_no_machine_path():
     assert "/srv" not in json.dumps(out)
     inside = _scrub({"data": str(ROOT / "tests" / "data" / "maskbench")})
     assert inside["data"] == "tests/data/maskbench"
+
+
+def test_compile_ab_compare_and_refs(tmp_path, capsys):
+    """experiments.compile_ab: the ratio of the sums of each file's best time, and $ref
+    expansions counted against a schema written here (one reference used three times)."""
+    from experiments import compile_ab
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"x": [2.0, 1.0], "y": [3.0, 3.0]}))
+    b.write_text(json.dumps({"x": [0.5, 0.9], "y": [1.5, 2.0]}))
+    compile_ab.compare(str(a), str(b))
+    assert "ratio 0.500" in capsys.readouterr().out           # (0.5 + 1.5) / (1 + 3)
+    d = tmp_path / "maskbench" / "data"
+    d.mkdir(parents=True)
+    schema = {"$defs": {"n": {"type": "integer"}}, "type": "object",
+              "properties": {k: {"$ref": "#/$defs/n"} for k in "abc"}}
+    (d / "T---s.json").write_text(json.dumps({"schema": schema, "tests": []}))
+    compile_ab.refs(["T---s.json"], str(tmp_path))
+    assert "3 $ref expansions of 1 distinct references" in capsys.readouterr().out
