@@ -515,14 +515,68 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     return DFA(trans, accepting, byte_class)
 
 
+def _union_runs(runs: list, interned: dict) -> list:
+    """Disjoint runs ``(lo, hi, T)`` (class ranges, ascending) from runs sorted by
+    ``lo`` that may overlap: on each stretch of classes, the union of the subsets of the
+    runs covering it (interned, so equal unions are the same object)."""
+    cuts = sorted({r[0] for r in runs} | {r[1] + 1 for r in runs})
+    out: list = []
+    active: list = []
+    k, R = 0, len(runs)
+    for a, b in zip(cuts, cuts[1:]):
+        while k < R and runs[k][0] <= a:
+            active.append(runs[k])
+            k += 1
+        active = [r for r in active if r[1] >= a]
+        if not active:
+            continue
+        U = active[0][2]
+        for r in active[1:]:
+            T = r[2]
+            if T is not U and not T <= U:
+                U = U | T
+        if len(active) > 1:
+            U = interned.setdefault(U, U)
+        if out and out[-1][1] == a - 1 and out[-1][2] is U:
+            out[-1] = (out[-1][0], b - 1, U)
+        else:
+            out.append((a, b - 1, U))
+    return out
+
+
+def _disjoint_runs(runs: list, interned: dict) -> list:
+    """``runs`` (class ranges with their subsets) sorted, overlaps merged by union,
+    adjacent runs to the same subset joined."""
+    if len(runs) < 2:
+        return runs
+    runs.sort(key=_first)
+    prev = runs[0]
+    out = [prev]
+    for r in runs[1:]:
+        if r[0] <= prev[1]:
+            return _union_runs(runs, interned)
+        if r[0] == prev[1] + 1 and r[2] is prev[2]:
+            prev = out[-1] = (prev[0], r[1], prev[2])
+        else:
+            out.append(r)
+            prev = r
+    return out
+
+
+def _first(r):
+    return r[0]
+
+
 def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     """:func:`determinize` state by state in plain Python (small NFAs, and the
     epsilon-heavy NFAs of JSON Schemas).
 
-    Per NFA state, its successor row (class -> epsilon-closed set of important states)
-    is built once; a closure is built once per NFA state and shared by every row that
-    reaches it, so a subset's row is the union of its members' rows, where identical
-    sets (the same object) are merged without a set operation."""
+    Rows are runs ``(first class, last class, successor subset)``, not one entry per
+    class: a string's inner state has a few runs over a hundred classes. Per NFA state
+    its runs (epsilon-closed sets of important states) are built once; a closure is
+    built once per NFA state and shared by every run that reaches it. A subset's row is
+    its members' runs, sorted; where they overlap, each stretch of classes takes the
+    union of the runs covering it. The table is written from the runs at the end."""
     n = nfa.num_states
     byte_class, _ = _byte_classes(nfa)
     C = int(byte_class.max()) + 1
@@ -551,67 +605,47 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         c = closure[q] = frozenset([x for x in seen if important[x]])
         return c
 
-    # per NFA state: class -> closed successor subset, non-empty (built on first use)
+    # per NFA state: its runs, disjoint and ascending, subsets non-empty (on first use)
     succ: list = [None] * n
     interned: dict[frozenset[int], frozenset[int]] = {}
     bc = byte_class.tolist()
 
-    def successors(q: int) -> dict:
-        m: dict = {}
+    def successors(q: int) -> list:
+        runs = []
         for lo, hi, d in trans[q]:
             T = closure[d]
             if T is None:
                 T = close(d)
-            if not T:
-                continue                                  # no important state: dead
-            for ci in range(bc[lo], bc[hi] + 1):
-                t = m.get(ci)
-                if t is None:
-                    m[ci] = T
-                elif t is not T and not T <= t:
-                    u = t | T
-                    m[ci] = interned.setdefault(u, u)
-        succ[q] = m
-        return m
+            if T:                                         # else no important state: dead
+                runs.append((bc[lo], bc[hi], T))
+        runs = succ[q] = _disjoint_runs(runs, interned)
+        return runs
 
     start = close(nfa.start)
     ids = {start: 0}
     order = [start]
     entries = len(start)
-    pos: list[int] = []                                  # flat positions q * C + class
-    val: list[int] = []
+    src_l: list[int] = []                                # the table's runs
+    lo_l: list[int] = []
+    hi_l: list[int] = []
+    dst_l: list[int] = []
     i = 0
     while i < len(order):
         S = order[i]
-        base = i * C
-        i += 1
         if len(S) == 1:
             for q in S:
-                targets = succ[q]
-                if targets is None:
-                    targets = successors(q)
+                runs = succ[q]
+                if runs is None:
+                    runs = successors(q)
         else:
-            targets = {}
+            runs = []
             for q in S:
-                m = succ[q]
-                if m is None:
-                    m = successors(q)
-                for ci, T in m.items():
-                    t = targets.get(ci)
-                    if t is None:
-                        targets[ci] = T
-                    elif t is T:
-                        continue
-                    elif type(t) is frozenset:
-                        if not T <= t:
-                            u = set(t)
-                            u |= T
-                            targets[ci] = u
-                    else:
-                        t |= T
-        for ci, T in targets.items():
-            if type(T) is not frozenset:
-                T = frozenset(T)
+                r = succ[q]
+                if r is None:
+                    r = successors(q)
+                runs += r
+            runs = _disjoint_runs(runs, interned)
+        for lo, hi, T in runs:
             j = ids.get(T)
             if j is None:
                 j = len(order)
@@ -624,11 +658,18 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                                     "determinise", at_least=True)
                 ids[T] = j
                 order.append(T)
-            pos.append(base + ci)
-            val.append(j)
+            src_l.append(i)
+            lo_l.append(lo)
+            hi_l.append(hi)
+            dst_l.append(j)
+        i += 1
     trans_out = np.full(len(order) * C, -1, np.int32)
-    if pos:
-        trans_out[np.array(pos, np.int64)] = np.array(val, np.int32)
+    if src_l:
+        lo_a = np.array(lo_l, np.int64)
+        lens = np.array(hi_l, np.int64) - lo_a + 1
+        first = np.array(src_l, np.int64) * C + lo_a - (np.cumsum(lens) - lens)
+        pos = np.repeat(first, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+        trans_out[pos] = np.repeat(np.array(dst_l, np.int32), lens)
     accepting = np.array([not S.isdisjoint(accepting_nfa) for S in order], bool)
     return DFA(trans_out.reshape(len(order), C), accepting, byte_class)
 
