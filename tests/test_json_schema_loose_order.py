@@ -173,53 +173,6 @@ def test_dfa_cap_fallback_keeps_loose_objects_without_required(monkeypatch):
     assert accepts(fixed, '{"o":{"a":1,"b":1},"r":{"x":1,"y":1,"z":1}}')
 
 
-@pytest.mark.parametrize("root_required", [[], ["c"]])
-def test_dfa_cap_fallback_root_with_one_required_property(monkeypatch, root_required):
-    """Past AUTO_DFA_CAP, the document's own object with at most one required property
-    keeps the loose form (2 copies of its members at most: the automaton at most
-    doubles); an inner object with a required property keeps the schema's order.
-    Every key order and repeat of the root's members, against jsonschema under every
-    parse (a repeated key: each occurrence is checked)."""
-    import jaxcd.automata.json_schema as js
-    import jaxcd.automata.schema_builder as sb
-    from jaxcd import compile_json_schema
-
-    inner = {"type": "object", "properties": {k: {"type": "integer"} for k in "xy"},
-             "required": ["x"], "additionalProperties": False}
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": inner,
-                                               "c": {"type": "string"}},
-              "additionalProperties": False}
-    if root_required:
-        schema["required"] = root_required
-    monkeypatch.setattr(js, "AUTO_DFA_CAP", 5)
-    monkeypatch.setattr(sb, "AUTO_REFUSE_TREE", 10**9)
-    monkeypatch.setattr(sb, "AUTO_REFUSE_NFA", 10**9)
-    fa = compile_json_schema(schema, VOCAB)
-    oracle = jsonschema.Draft202012Validator(schema)
-    values = {"a": [1, "s"], "b": [{"x": 1}, {"x": 1, "y": 2}, {"y": 2, "x": 1}],
-              "c": ["s", 1]}
-    seen_repeat = False
-    for n in range(5):
-        for keys in itertools.product("abc", repeat=n):
-            for vals in itertools.product(*(values[k] for k in keys)):
-                pairs = list(zip(keys, vals))
-                text = "{" + ",".join(json.dumps(k) + ":" + json.dumps(v, separators=(
-                    ",", ":")) for k, v in pairs) + "}"
-                ok = all(oracle.is_valid(p) for p in _parses(pairs))
-                repeated = len(set(keys)) < len(keys)
-                if accepts(fa, text):
-                    assert ok, text
-                    seen_repeat |= repeated
-                elif ok and not repeated:
-                    # a valid text without repeats is refused only for the inner
-                    # object's order (the schema's: x before y)
-                    assert '{"y":2,"x":1}' in text, text
-    assert seen_repeat
-    assert accepts(fa, '{"c":"s","a":1}') and accepts(fa, '{"b":{"x":1},"a":1,"c":"s"}')
-    if root_required:
-        assert not accepts(fa, '{"a":1}') and not accepts(fa, '{"a":1,"a":2}')
-
-
 def test_loose_order_is_not_a_public_option():
     from jaxcd import compile_json_schema
     vocab = VOCAB

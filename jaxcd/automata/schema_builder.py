@@ -238,8 +238,7 @@ PROPERTY_ORDERS = ("auto", "schema", "any")
 # internal order of compile_json_schema's fallback when "auto" passes a compile limit:
 # the schema's order, except that objects without required properties take the loose
 # form (SchemaBuilder._loose_object), whose automaton is no larger than the schema
-# order's (one copy of each member, in a loop instead of a chain), and so does the
-# document's own object with one required property (two copies: at most doubles)
+# order's (one copy of each member, in a loop instead of a chain)
 LOOSE_ORDER = "loose"
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
@@ -3001,8 +3000,7 @@ class SchemaBuilder:
                     f"{self.max_nfa_states} (use property_order='schema')")
             return Node("objany", (tuple(members), extra, lo, hi, False), size * (1 << n) + 8)
         if self.property_order == LOOSE_ORDER and (len(members) > 1 or (members and extra)):
-            root = not any(x in path for x in _VALUE_PATHS)
-            node = self._loose_object(members, extra, lo, hi, size, grow=False, root=root)
+            node = self._loose_object(members, extra, lo, hi, size, grow=False)
             if node is not None:
                 return node
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
@@ -3061,7 +3059,7 @@ class SchemaBuilder:
         return None
 
     def _loose_object(self, members, extra, lo, hi, size: int,
-                      grow: bool = True, root: bool = False) -> Node | None:
+                      grow: bool = True) -> Node | None:
         """``property_order="auto"`` past the exact forms: an ``objany`` node whose
         declared properties come in any order, any number of times, the required ones
         at least once (a subset mask: ``2^r`` copies), extra members anywhere; or None. Sound only where every text is judged by itself:
@@ -3073,17 +3071,15 @@ class SchemaBuilder:
         (repeats would count twice); ``maxProperties`` counts occurrences (at least the
         number of keys). ``grow=False`` (the ``LOOSE_ORDER`` fallback): only objects
         without required properties, whose loop is no larger than the schema order's
-        chain, and the document's own object (``root``) with one, outside the budget
-        (two copies of its members)."""
+        chain."""
         if not self.auto_loose or self._product_level or self._neg:
             return None
         r = sum(m.required for m in members)
-        if lo > r or r > MAX_ANY_ORDER_PROPERTIES or (r > (1 if root else 0) and not grow):
+        if lo > r or r > MAX_ANY_ORDER_PROPERTIES or (r and not grow):
             return None
         full = size * (1 << r) + 8
         est = max(full - size - 8, 1)
-        if (est > self.auto_states or self.auto_spent + est > self.auto_total) and \
-                not (root and not grow):
+        if est > self.auto_states or self.auto_spent + est > self.auto_total:
             return None
         self.auto_spent += est
         return Node("objany", (tuple(members), extra, 0, hi, True), full)
