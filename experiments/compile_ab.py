@@ -14,6 +14,10 @@ per file, ratio of the sums)::
 ``refs``: per schema, how many ``$ref`` expansions the expression tree makes (schema
 order, ``max_depth`` 3) against how many distinct references there are.
 
+``sizes``: per schema (slowest first), its compile CPU time, the sizes of what it
+compiles to (states, edges, distinct mask rows and their bytes), its ``$ref``
+expansions and the whole-constraint attempts; a markdown table (``--out``: also JSON).
+
 ``LIST``: one MaskBench file name per line (``Github_hard---o12337.json``); ``--data``: the
 MaskBench data (``experiments.bench_maskbench.Source``).
 """
@@ -92,6 +96,67 @@ def refs(names: list[str], data: str) -> None:
         sb.SchemaBuilder.node = orig
 
 
+def _ref_counts(schema) -> tuple[int, int]:
+    from jaxcd.automata import schema_builder as sb
+    from jaxcd.automata.json_schema import _auto_tree
+    orig = sb.SchemaBuilder.node
+    seen: list = []
+
+    def node(self, sub, path):
+        if isinstance(sub, dict) and isinstance(sub.get("$ref"), str):
+            seen.append(sub["$ref"])
+        return orig(self, sub, path)
+
+    sb.SchemaBuilder.node = node
+    try:
+        _auto_tree(schema, "[ ]?", True, 3, False, "schema", {})
+    except Exception:                           # counted up to the failure
+        pass
+    finally:
+        sb.SchemaBuilder.node = orig
+    return len(seen), len(set(seen))
+
+
+def sizes(names: list[str], data: str, out: str | None = None) -> list[dict]:
+    import numpy as np
+    from experiments.bench_maskbench import Source
+    from jaxcd import Vocabulary, compile_json_schema, compile_stats
+    from jaxcd.tokenizer import load_tokenizer
+    src = Source(Path(data))
+    vocab = Vocabulary.from_tokenizer(load_tokenizer())
+    compile_json_schema({"type": "object"}, vocab)                    # warm-up
+    rows = []
+    for n in names:
+        schema = src.read("maskbench/data/" + n)["schema"]
+        expansions, distinct = _ref_counts(schema)
+        row = {"file": n, "ref_expansions": expansions, "distinct_refs": distinct}
+        with compile_stats() as st:
+            t = time.process_time()
+            try:
+                fa = compile_json_schema(schema, vocab)
+            except Exception as e:
+                row["error"] = type(e).__name__
+                fa = None
+            row["cpu_s"] = round(time.process_time() - t, 3)
+        row["attempts"] = st.get("attempts")
+        if fa is not None:
+            masks = np.asarray(fa.cum_masks)
+            row.update(states=fa.num_states, edges=int(len(np.asarray(fa.edge_src))),
+                       mask_rows=int(masks.shape[0]), mask_mib=round(masks.nbytes / 2**20, 1))
+        rows.append(row)
+    rows.sort(key=lambda r: -r["cpu_s"])
+    cols = ["file", "cpu_s", "states", "edges", "mask_rows", "mask_mib", "ref_expansions",
+            "distinct_refs", "attempts"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(str(r.get(c, r.get("error", "-") if c == "states" else "-"))
+                                for c in cols) + " |")
+    if out:
+        Path(out).write_text(json.dumps(rows, indent=1))
+    return rows
+
+
 def main(argv=None) -> int:
     from experiments.bench_maskbench import DEFAULT_DATA
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -108,13 +173,19 @@ def main(argv=None) -> int:
     p = sub.add_parser("refs")
     p.add_argument("list")
     p.add_argument("--data", default=str(DEFAULT_DATA))
+    p = sub.add_parser("sizes")
+    p.add_argument("list")
+    p.add_argument("--data", default=str(DEFAULT_DATA))
+    p.add_argument("--out")
     args = ap.parse_args(argv)
     if args.cmd == "ab":
         ab(args.root, _names(args.list), args.reps, args.data, args.out)
     elif args.cmd == "compare":
         compare(args.a, args.b)
-    else:
+    elif args.cmd == "refs":
         refs(_names(args.list), args.data)
+    else:
+        sizes(_names(args.list), args.data, args.out)
     return 0
 
 

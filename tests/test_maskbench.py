@@ -262,3 +262,18 @@ def test_compile_ab_compare_and_refs(tmp_path, capsys):
     (d / "T---s.json").write_text(json.dumps({"schema": schema, "tests": []}))
     compile_ab.refs(["T---s.json"], str(tmp_path))
     assert "3 $ref expansions of 1 distinct references" in capsys.readouterr().out
+    # sizes: the compiled automaton's table sizes (against a compile here), the $ref
+    # counts, and a refused schema named by its error
+    (d / "T---bad.json").write_text(json.dumps({"schema": {"type": "object", "properties": {
+        "x": {"type": "string", "format": "regex"}}, "required": ["x"]}, "tests": []}))
+    rows = {r["file"]: r for r in compile_ab.sizes(["T---s.json", "T---bad.json"],
+                                                   str(tmp_path), str(tmp_path / "s.json"))}
+    from jaxcd import Vocabulary, compile_json_schema
+    from jaxcd.tokenizer import load_tokenizer
+    fa = compile_json_schema(schema, Vocabulary.from_tokenizer(load_tokenizer()))
+    r = rows["T---s.json"]
+    assert (r["states"], r["edges"], r["ref_expansions"], r["distinct_refs"]) == (
+        fa.num_states, len(fa.edge_src), 3, 1)
+    assert r["mask_rows"] == fa.cum_masks.shape[0] and r["attempts"] >= 1
+    assert rows["T---bad.json"]["error"] == "UnsupportedSchemaError"
+    assert json.loads((tmp_path / "s.json").read_text())[0]["file"] in rows
