@@ -16,7 +16,8 @@ order, ``max_depth`` 3) against how many distinct references there are.
 
 ``sizes``: per schema (slowest first), its compile CPU time, the sizes of what it
 compiles to (states, edges, distinct mask rows and their bytes), its ``$ref``
-expansions and the whole-constraint attempts; a markdown table (``--out``: also JSON).
+expansions and the whole-constraint attempts; a markdown table (``--out``: also JSON;
+``--property-order``: that option of ``compile_json_schema``, default ``auto``).
 
 ``LIST``: one MaskBench file name per line (``Github_hard---o12337.json``); ``--data``: the
 MaskBench data (``experiments.bench_maskbench.Source``).
@@ -117,7 +118,8 @@ def _ref_counts(schema) -> tuple[int, int]:
     return len(seen), len(set(seen))
 
 
-def sizes(names: list[str], data: str, out: str | None = None) -> list[dict]:
+def sizes(names: list[str], data: str, out: str | None = None,
+          property_order: str = "auto") -> list[dict]:
     import numpy as np
     from experiments.bench_maskbench import Source
     from jaxcd import Vocabulary, compile_json_schema, compile_stats
@@ -133,7 +135,7 @@ def sizes(names: list[str], data: str, out: str | None = None) -> list[dict]:
         with compile_stats() as st:
             t = time.process_time()
             try:
-                fa = compile_json_schema(schema, vocab)
+                fa = compile_json_schema(schema, vocab, property_order=property_order)
             except Exception as e:
                 row["error"] = type(e).__name__
                 fa = None
@@ -177,6 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("list")
     p.add_argument("--data", default=str(DEFAULT_DATA))
     p.add_argument("--out")
+    p.add_argument("--property-order", default="auto")
     args = ap.parse_args(argv)
     if args.cmd == "ab":
         ab(args.root, _names(args.list), args.reps, args.data, args.out)
@@ -185,7 +188,7 @@ def main(argv=None) -> int:
     elif args.cmd == "refs":
         refs(_names(args.list), args.data)
     else:
-        sizes(_names(args.list), args.data, args.out)
+        sizes(_names(args.list), args.data, args.out, args.property_order)
     return 0
 
 
