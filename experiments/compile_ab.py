@@ -69,39 +69,15 @@ def compare(a: str, b: str) -> None:
           f"{tb.sum() / ta.sum():.3f}; per file median {np.median(r):.3f}")
 
 
-def refs(names: list[str], data: str) -> None:
-    from experiments.bench_maskbench import Source
-    from jaxcd.automata import schema_builder as sb
-    from jaxcd.automata.json_schema import _auto_tree
-    src = Source(Path(data))
-    orig = sb.SchemaBuilder.node
-    seen: list = []
-
-    def node(self, schema, path):
-        if isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
-            seen.append(schema["$ref"])
-        return orig(self, schema, path)
-
-    sb.SchemaBuilder.node = node
-    try:
-        for n in names:
-            seen.clear()
-            try:
-                _auto_tree(src.read("maskbench/data/" + n)["schema"], "[ ]?", True, 3, False,
-                           "schema", {})
-            except Exception as e:
-                print(n, type(e).__name__)
-                continue
-            print(f"{n}: {len(seen)} $ref expansions of {len(set(seen))} distinct references")
-    finally:
-        sb.SchemaBuilder.node = orig
-
-
-def _ref_counts(schema) -> tuple[int, int]:
+def _ref_counts(schema) -> tuple[int, int, str | None]:
+    """``$ref`` expansions of the schema's expression tree (schema order, ``max_depth``
+    3), distinct references, and the error's name where the tree fails (counted up to
+    it)."""
     from jaxcd.automata import schema_builder as sb
     from jaxcd.automata.json_schema import _auto_tree
     orig = sb.SchemaBuilder.node
     seen: list = []
+    error = None
 
     def node(self, sub, path):
         if isinstance(sub, dict) and isinstance(sub.get("$ref"), str):
@@ -111,11 +87,22 @@ def _ref_counts(schema) -> tuple[int, int]:
     sb.SchemaBuilder.node = node
     try:
         _auto_tree(schema, "[ ]?", True, 3, False, "schema", {})
-    except Exception:                           # counted up to the failure
-        pass
+    except Exception as e:
+        error = type(e).__name__
     finally:
         sb.SchemaBuilder.node = orig
-    return len(seen), len(set(seen))
+    return len(seen), len(set(seen)), error
+
+
+def refs(names: list[str], data: str) -> None:
+    from experiments.bench_maskbench import Source
+    src = Source(Path(data))
+    for n in names:
+        expansions, distinct, error = _ref_counts(src.read("maskbench/data/" + n)["schema"])
+        if error:
+            print(n, error)
+        else:
+            print(f"{n}: {expansions} $ref expansions of {distinct} distinct references")
 
 
 def sizes(names: list[str], data: str, out: str | None = None,
@@ -130,7 +117,7 @@ def sizes(names: list[str], data: str, out: str | None = None,
     rows = []
     for n in names:
         schema = src.read("maskbench/data/" + n)["schema"]
-        expansions, distinct = _ref_counts(schema)
+        expansions, distinct, _ = _ref_counts(schema)
         row = {"file": n, "ref_expansions": expansions, "distinct_refs": distinct}
         with compile_stats() as st:
             t = time.process_time()
@@ -154,6 +141,14 @@ def sizes(names: list[str], data: str, out: str | None = None,
     for r in rows:
         print("| " + " | ".join(str(r.get(c, r.get("error", "-") if c == "states" else "-"))
                                 for c in cols) + " |")
+    ok = [r for r in rows if "states" in r]
+    if len(ok) > 1:
+        t, q, e, m = (np.array([r[k] for r in ok], float)
+                      for k in ("cpu_s", "states", "edges", "mask_mib"))
+        print(f"\n{len(ok)} compiled: correlation of CPU time with states "
+              f"{np.corrcoef(t, q)[0, 1]:.2f}, with edges {np.corrcoef(t, e)[0, 1]:.2f}; "
+              f"states median {np.median(q):,.0f}, largest {q.max():,.0f}; mask MiB median "
+              f"{np.median(m):.1f}, largest {m.max():.1f}; CPU s in all {t.sum():.1f}")
     if out:
         Path(out).write_text(json.dumps(rows, indent=1))
     return rows

@@ -14,6 +14,7 @@ Conventions
 from __future__ import annotations
 
 from itertools import chain
+from operator import itemgetter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Sequence
@@ -549,7 +550,7 @@ def _disjoint_runs(runs: list, interned: dict) -> list:
     adjacent runs to the same subset joined."""
     if len(runs) < 2:
         return runs
-    runs.sort(key=_first)
+    runs.sort(key=itemgetter(0))
     prev = runs[0]
     out = [prev]
     for r in runs[1:]:
@@ -561,10 +562,6 @@ def _disjoint_runs(runs: list, interned: dict) -> list:
             out.append(r)
             prev = r
     return out
-
-
-def _first(r):
-    return r[0]
 
 
 def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
