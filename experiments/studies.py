@@ -289,7 +289,9 @@ def smoke_model(H: int = 64, F: int = 128, L: int = 2, nh: int = 4, nkv: int = 2
     prompts, constraints and HMMs are those of the real model while every compile and
     decode step is cheap. Written once into ``<jaxcd cache>/models/`` (then reused)."""
     import gguf
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFValueType
+
+    from jaxcd.lm.gguf_weights import _reader_class
 
     from jaxcd.model_files import cache_dir, resolve_gguf
 
@@ -297,7 +299,7 @@ def smoke_model(H: int = 64, F: int = 128, L: int = 2, nh: int = 4, nkv: int = 2
     path = cache_dir() / "models" / f"smoke-{src.stem}-L{L}H{H}-s{seed}-v{SMOKE_MODEL_VERSION}.gguf"
     if path.exists():
         return str(path)
-    r = GGUFReader(str(src))
+    r = _reader_class()(str(src), "r")
     V = len(r.fields["tokenizer.ggml.tokens"].contents())
     arch = r.fields["general.architecture"].contents()
     ctx = int(r.fields[f"{arch}.context_length"].contents())
@@ -1347,11 +1349,10 @@ def model_record(model: str | None, mode: str = "default") -> dict:
 @functools.lru_cache(maxsize=16)
 def _model_record(model: str | None, mode: str) -> dict:
     try:
-        from gguf import GGUFReader
-
+        from jaxcd.lm.gguf_weights import _reader_class
         from jaxcd.model_files import resolve_gguf
         p = resolve_gguf(model)
-        r = GGUFReader(str(p))
+        r = _reader_class()(str(p), "r")
         return {"file": p.name, "parameters": int(sum(int(t.n_elements) for t in r.tensors)),
                 "architecture": str(r.fields["general.architecture"].contents()),
                 "smoke": mode == "smoke" and p.name.startswith("smoke-")}

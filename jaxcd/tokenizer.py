@@ -142,13 +142,13 @@ def read_gguf_tokenizer_metadata(gguf_path: str | os.PathLike) -> dict[str, Any]
     """
     path = Path(gguf_path)
     try:
-        from gguf import GGUFReader
+        from .lm.gguf_weights import _reader_class
     except ImportError as exc:  # pragma: no cover - gguf is a dependency
         raise ModelFileError(f"reading {path} needs the 'gguf' package: {exc}") from exc
     if not path.is_file():
         raise ModelFileError(f"model file not found: {path}")
     try:
-        reader = GGUFReader(str(path), "r")
+        reader = _reader_class()(str(path), "r")
     except Exception as exc:  # truncated or garbled header: struct/numpy/ValueError
         raise ModelFileError(
             f"{path} is not a readable GGUF file (corrupt or truncated metadata): "

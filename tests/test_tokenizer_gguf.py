@@ -476,3 +476,44 @@ def test_bpe_without_merges_or_scores(tmp_path, monkeypatch):
     _finish(w)
     with pytest.raises(VocabularyError, match="nomerges.gguf.*neither tokenizer.ggml.merges"):
         load_tokenizer(path)
+
+
+def test_plain_reader_reads_what_gguf_reads(tmp_path):
+    """jaxcd's reader (a ``gguf.GGUFReader`` over a plain view of the mapping) gives the
+    same fields and tensors as ``gguf.GGUFReader`` itself: metadata of every kind
+    (strings, string and number arrays, scalars) and quantised and float tensors."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+
+    from jaxcd.lm.gguf_weights import _open_reader, _reader_class
+
+    assert _reader_class() is not gguf.GGUFReader     # this gguf version takes the fast path
+    path = make_byte_level_gguf(tmp_path / "bpe.gguf")
+    rng = np.random.default_rng(0)
+    w = _writer(tmp_path / "t.gguf")
+    w.add_token_list([f"t{i}" for i in range(300)] + ["é", "日本"])
+    w.add_token_scores([float(-i) for i in range(302)])
+    w.add_tensor("a", rng.normal(size=(4, 64)).astype(np.float32))
+    w.add_tensor("b", quantize(rng.normal(size=(3, 64)).astype(np.float32), Q.Q8_0),
+                 raw_dtype=Q.Q8_0)
+    w.add_tensor("c", quantize(rng.normal(size=(2, 64)).astype(np.float32), Q.Q4_1),
+                 raw_dtype=Q.Q4_1)
+    _finish(w)
+    for p in (path, tmp_path / "t.gguf"):
+        ref, got = gguf.GGUFReader(str(p), "r"), _open_reader(p)
+        assert list(ref.fields) == list(got.fields)
+        for name, f in ref.fields.items():
+            g = got.fields[name]
+            assert (f.offset, f.types, f.data) == (g.offset, g.types, g.data), name
+            assert [bytes(x.tobytes()) for x in f.parts] == [bytes(x.tobytes()) for x in g.parts]
+            assert [x.dtype for x in f.parts] == [x.dtype for x in g.parts], name
+            assert repr(f.contents()) == repr(g.contents()), name
+        assert [t.name for t in ref.tensors] == [t.name for t in got.tensors]
+        for t, u in zip(ref.tensors, got.tensors):
+            assert (t.tensor_type, t.data_offset, t.n_elements) == \
+                (u.tensor_type, u.data_offset, u.n_elements)
+            assert t.shape.tolist() == u.shape.tolist()
+            assert t.data.dtype == u.data.dtype and t.data.shape == u.data.shape
+            assert np.array_equal(np.asarray(t.data), np.asarray(u.data))
+        assert len(got.tensors) == (3 if p.name == "t.gguf" else len(ref.tensors))

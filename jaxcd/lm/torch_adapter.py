@@ -98,6 +98,8 @@ def _reuse_gguf_reader():
     lookup tables). Restores both ``gguf`` attributes afterwards."""
     import gguf
 
+    from .gguf_weights import _reader_class
+
     original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
     readers: dict = {}
     maps: dict = {}
@@ -105,7 +107,7 @@ def _reuse_gguf_reader():
     def reader(path, *args, **kwargs):
         key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
         if key not in readers:
-            readers[key] = original_reader(path, *args, **kwargs)
+            readers[key] = _reader_class()(path, *args, **kwargs)
         return readers[key]
 
     def name_map(arch, n_blocks):
