@@ -160,6 +160,79 @@ _URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSO
         rf"|{_PCHAR}+(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
 _RELATIVE_REF = (rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
                  rf"|{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
+# RFC 3987 (iri, iri-reference): RFC 3986's grammar with ``ucschar`` among the unreserved
+# characters and ``iprivate`` in the query (IPv6 literals: below)
+_UCSCHAR = ("\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef" + "".join(
+    f"{chr(p << 16)}-{chr((p << 16) | 0xFFFD)}" for p in range(1, 14))
+    + "\U000e1000-\U000efffd")
+_IPRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
+# IPv6 literals in the full eight-group form only: jsonschema's iri checker
+# (rfc3987_syntax) refuses most "::" forms
+_IIP_LITERAL = rf"\[(?:(?:{_H16}:){{7}}{_H16}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]"
+_IUNRES_SUB = _UNRES_SUB + _UCSCHAR
+_IPCHAR = rf"(?:[{_IUNRES_SUB}:@]|{_PCT})"
+_IAUTHORITY = (rf"(?:(?:[{_IUNRES_SUB}:]|{_PCT})*@)?"
+               rf"(?:{_IIP_LITERAL}|(?:[{_IUNRES_SUB}]|{_PCT})*)(?::[0-9]*)?")
+_IPATH_ABEMPTY = rf"(?:/{_IPCHAR}*)*"
+_IPATH_ABSOLUTE = rf"/(?:{_IPCHAR}+(?:/{_IPCHAR}*)*)?"
+_IQUERY_FRAGMENT = (rf"(?:\?(?:{_IPCHAR}|[/?{_IPRIVATE}])*)?"
+                    rf"(?:#(?:{_IPCHAR}|[/?])*)?")
+_IRI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}"
+        rf"|{_IPCHAR}+(?:/{_IPCHAR}*)*|){_IQUERY_FRAGMENT}")
+_IRELATIVE_REF = (rf"(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}"
+                  rf"|(?:[{_IUNRES_SUB}@]|{_PCT})+(?:/{_IPCHAR}*)*|){_IQUERY_FRAGMENT}")
+# RFC 6570 (uri-template), level 4, where jsonschema's checker (the uri_template package)
+# agrees: a variable name starts with a letter, digit or "_" (not "%XX"), a prefix is at
+# most 999, no reserved operator ("=,!@|")
+_UT_LITERAL = (rf"(?:[\x21\x23\x24\x26\x28-\x3b\x3d\x3f-\x5b\x5d\x5f\x61-\x7a\x7e"
+               rf"{_UCSCHAR}{_IPRIVATE}]|{_PCT})")
+_UT_VARCHAR = rf"(?:[A-Za-z0-9_]|{_PCT})"
+_UT_VARSPEC = rf"[A-Za-z0-9_](?:\.?{_UT_VARCHAR})*(?::[1-9][0-9]{{0,2}}|\*)?"
+_URI_TEMPLATE = (rf"(?:{_UT_LITERAL}|\{{[+#./;?&]?{_UT_VARSPEC}"
+                 rf"(?:,{_UT_VARSPEC})*\}})*")
+# RFC 6901 (json-pointer); relative-json-pointer: a non-negative integer, then "#" or a
+# JSON pointer (draft-handrews-relative-json-pointer-01), the integer without a 0 before
+# another digit: jsonschema's checker refuses "100" (it reads every 0 before a digit as a
+# leading zero), so the integers both accept
+_JSON_POINTER = r"(?:/(?:[^/~]|~[01])*)*"
+_RELATIVE_JSON_POINTER = rf"(?:0|[1-9]+0?)(?:#|{_JSON_POINTER})"
+
+
+def _regex_format(depth: int = 3) -> str:
+    """``format: regex``: a regular subset of the regexes that both Python's ``re``
+    (jsonschema's checker: ``re.compile``) and ECMA-262 compile: literal characters
+    (``\\ ^ $ . | ? * + ( ) [ ] { }`` escaped; an escape is ``\\`` and one of those,
+    ``/`` or ``d D w W s S n r t f v``), ``.``, classes ``[...]``/``[^...]`` (those
+    escapes, ``\\-``, ``\\b``, ranges within ``0-9``, ``a-z`` or ``A-Z`` in order, a
+    final ``-``; no ``[ & ~ |`` inside), groups ``(...)`` and ``(?:...)`` nested at most
+    ``depth`` deep, alternation, anchors ``^ $ \\b \\B`` (not quantified), and one
+    quantifier per atom (``* + ? {n} {n,} {n,m}`` with ``n <= m`` below 100, optionally
+    lazy). Every string it accepts compiles (``tests/test_json_schema_formats.py``);
+    the rest of the regex language (back-references, named groups, look-arounds,
+    flags, ...) is not accepted."""
+    syntax = r"\\\^$.|?*+()[\]{}"
+    esc = rf"\\[{syntax}/dDwWsSnrtfv]"
+    char = rf"[^{syntax}]"
+    ranges = "|".join(f"{a}-[{a}-{hi}]" for lo, hi in (("0", "9"), ("a", "z"), ("A", "Z"))
+                      for a in map(chr, range(ord(lo), ord(hi) + 1)))
+    cls_char = r"[^\\\]\[&~|\-^]"
+    cls_esc = rf"\\[{syntax}/\-dDwWsSnrtfvb]"
+    item = f"(?:{ranges}|{cls_char}|{cls_esc})"
+    cls = rf"\[\^?{item}(?:{item}|\^)*-?\]"
+    two = "|".join(f"{a}[0-9],{b}[0-9]" for a in range(1, 10) for b in range(a + 1, 10))
+    two += "|" + "|".join(f"{a}{c},{a}[{c}-9]" for a in range(1, 10) for c in range(10))
+    one = "|".join(f"{a},[{a}-9]" for a in range(10))
+    counts = rf"[0-9]{{1,4}}|[0-9]{{1,4}},|{one}|[0-9],[1-9][0-9]|{two}"
+    quant = rf"(?:[*+?]|\{{(?:{counts})\}})\??"
+    atom = f"{char}|{esc}|\\.|{cls}"
+    alt = None
+    for _ in range(depth + 1):
+        group = "" if alt is None else rf"|\((?:\?:)?{alt}\)"
+        # empty alternatives ("a|", "||") are valid in both languages
+        alt = rf"(?:(?:{atom}{group})(?:{quant})?|\^|\$|\\[bB]|\|)*"
+    return alt
+
+
 _HEX = "[0-9a-fA-F]"
 FORMATS = {
     "date": _DATE,
@@ -175,13 +248,22 @@ FORMATS = {
     "byte": r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
     "duration": (r"P(?:[0-9]+W|(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+D)?"
                  r"(?:T(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+S)?)?)"),
+    "iri": _IRI,
+    "iri-reference": f"(?:{_IRI})|(?:{_IRELATIVE_REF})",
+    "uri-template": _URI_TEMPLATE,
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": _RELATIVE_JSON_POINTER,
+    "regex": _regex_format(),
 }
+# formats whose regexes take characters a JSON string escapes ('"', '\\', control
+# characters): always read through the string's escapes (json_string_content_nfa); the
+# other formats' regexes are their JSON text as written
+DECODED_FORMATS = {"json-pointer", "relative-json-pointer", "regex"}
 # formats of other types / vendor formats with no constraint on a string
 ANNOTATION_FORMATS = {"int32", "int64", "float", "double", "password", "binary", "textarea",
                       "color", "markdown", "html", "data-url", "multiline", "string", "text"}
 # formats defined by the JSON Schema spec that are not enforced
-UNSUPPORTED_FORMATS = {"idn-email", "idn-hostname", "iri", "iri-reference", "uri-template",
-                       "json-pointer", "relative-json-pointer", "regex"}
+UNSUPPORTED_FORMATS = {"idn-email", "idn-hostname"}
 INT_FORMAT_BOUNDS = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1),
                      "uint32": (0, (1 << 32) - 1), "uint64": (0, (1 << 64) - 1)}
 
@@ -2604,8 +2686,8 @@ class SchemaBuilder:
                 return rx(STRING, 8)
             q = f"{{{lo},{'' if hi is None else hi}}}" if (lo, hi) != (lo, lo) else f"{{{lo}}}"
             return rx(f'"{STRING_CHAR}{q}"', 8 * (hi if hi is not None else lo) + 8)
-        if pat is None and lo == 0 and hi is None:
-            return rx(f'"(?:{fmt_re})"', 8 + len(fmt_re))
+        if pat is None and lo == 0 and hi is None and fmt not in DECODED_FORMATS:
+            return rx(f'"(?:{fmt_re})"', 8 + len(fmt_re))     # its text is the JSON text
         if fmt_re is not None:
             parts.append(json_string_content_nfa(fmt_re, search=False))
         if pat is not None:
