@@ -324,3 +324,24 @@ def test_dynamic_ref_with_a_dynamic_scope_refused_by_name():
                                      "type": "array", "items": {"$dynamicRef": "#node"}}}}}}
     with pytest.raises(UnsupportedSchemaError, match=r"'\$dynamicRef'.*dynamic scope"):
         _dfa(schema)
+
+
+_STRINGS = ["".join(t) for n in range(5) for t in itertools.product("ab1", repeat=n)]
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]},
+    {"type": "string", "pattern": "^a", "allOf": [{"pattern": "1"}, {"pattern": "^a"},
+                                                  {"pattern": "b$", "maxLength": 3}]},
+    {"allOf": [{"properties": {"a": {"pattern": "^1"}}},
+               {"properties": {"a": {"type": "string", "pattern": "b"}}}]},
+    {"type": "object", "propertyNames": {"allOf": [{"pattern": "^[ab]+$"},
+                                                   {"pattern": "^.{1,2}$"}]}},
+    {"anyOf": [{"allOf": [{"pattern": "^a"}, {"pattern": "^ab"}]}, {"pattern": "^b$"}]},
+    {"not": {"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}},
+], ids=json.dumps)
+def test_patterns_under_all_of_all_hold(schema):
+    """Two different ``pattern``s under one ``allOf``: a string matches both (their
+    automata intersected), for values, property values and property names."""
+    objects = [{k: v} for k in _STRINGS[:13] for v in ("1b", "ab", 1)] + _OBJECTS
+    _agree(schema, _STRINGS + _SCALARS + objects)

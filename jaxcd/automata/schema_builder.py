@@ -287,7 +287,7 @@ STRUCTURAL = {
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
     "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains",
-    "minContains", "maxContains", "__and",
+    "minContains", "maxContains", "__and", "__patterns",
 }
 # keywords whose values are JSON data, not subschemas
 _DATA_KEYWORDS = {"enum", "const", "default", "examples", "example"}
@@ -383,7 +383,8 @@ MAX_DISJOINT_PAIRS = 50_000
 # without giving them structure)
 _MEET_DROPPED = {"required", "minProperties", "maxProperties", "minItems", "maxItems",
                  "contains",
-                 "uniqueItems", "minLength", "maxLength", "pattern", "format", "not",
+                 "uniqueItems", "minLength", "maxLength", "pattern", "__patterns", "format",
+                 "not",
                  "multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
                  "dependentRequired", "minContains", "maxContains"}
 # keywords enforced by automaton products (see _node)
@@ -2241,6 +2242,13 @@ class SchemaBuilder:
                 if k == "__and":
                     out["__and"] = list(out.get("__and", [])) + list(v)
                     continue
+                if k == "__patterns" or (k == "pattern" and k in out and out[k] != v):
+                    # internal: more patterns a string must match (all of them)
+                    more = [x for x in (v if k == "__patterns" else [v])
+                            if x != out.get("pattern") and x not in out.get("__patterns", ())]
+                    if more:
+                        out["__patterns"] = list(out.get("__patterns", [])) + more
+                    continue
                 if k in out and k in ("oneOf", "if", "then", "else") and not _json_eq(out[k], v):
                     out.setdefault("__and", []).append({k: v})
                     continue
@@ -2651,11 +2659,12 @@ class SchemaBuilder:
                              f"{', '.join(sorted(FORMATS))})", f"{path}/format")
 
     def string(self, schema: dict, path: str) -> Node:
-        if not any(k in schema for k in ("pattern", "format")):
+        if not any(k in schema for k in ("pattern", "format", "__patterns")):
             return self._string(schema, path)
         try:
             key = (json.dumps({k: schema.get(k) for k in ("minLength", "maxLength",
-                                                              "pattern", "format")},
+                                                              "pattern", "format",
+                                                              "__patterns")},
                               sort_keys=True), self._neg)
         except (TypeError, ValueError):
             return self._string(schema, path)
@@ -2681,6 +2690,9 @@ class SchemaBuilder:
         pat = schema.get("pattern")
         if pat is not None and not isinstance(pat, str):
             raise SchemaError(f"{path}/pattern must be a string")
+        pats = ([pat] if pat is not None else []) + [
+            x for x in schema.get("__patterns", ()) if isinstance(x, str)]
+        pat = pats[0] if pats else None
         if pat is None and fmt_re is None:
             if lo == 0 and hi is None:
                 return rx(STRING, 8)
@@ -2690,7 +2702,7 @@ class SchemaBuilder:
             return rx(f'"(?:{fmt_re})"', 8 + len(fmt_re))     # its text is the JSON text
         if fmt_re is not None:
             parts.append(json_string_content_nfa(fmt_re, search=False))
-        if pat is not None:
+        for pat in pats:                   # allOf's patterns: a string matches every one
             try:
                 parts.append(json_string_content_nfa(pat, search=True))
             except ValueError as e:
