@@ -41,7 +41,7 @@ VALIDITY = R + "validity.json"
 BIAS = R + "bias_real/bias_real.json"
 BIAS_QWEN = R + "bias_real/bias_real_qwen2.5-coder-0.5b.json"
 MASKBENCH = R + "bench_maskbench.json"
-MASKBENCH_HELDOUT = R + "maskbench_heldout_stages.json"
+MASKBENCH_HELDOUT = R + "maskbench_heldout_formats.json"
 RUNTIME = R + "bench_runtime.json"
 HMM = R + "bench_hmm.json"
 SATISFACTION = R + "satisfaction/satisfaction.json"
@@ -88,12 +88,12 @@ ROWS = [
      "python -m experiments.bench_maskbench --n 1000"),
     ("MaskBench held-out splits (1,949 schemas: Kubernetes, SchemaStore, Snowplow, ...; "
      "outside the development splits): schemas passing (jaxcd / llguidance)",
-     [("jaxcd", MASKBENCH_HELDOUT, "overall/heldout/jaxcd/passing", "{:.0f}"),
-      ("llguidance", MASKBENCH_HELDOUT, "overall/heldout/llguidance/passing", "{:.0f}")],
+     [("jaxcd", MASKBENCH_HELDOUT, "overall/jaxcd/passing", "{:.0f}"),
+      ("llguidance", MASKBENCH_HELDOUT, "overall/llguidance/passing", "{:.0f}")],
      "python -m experiments.bench_maskbench --splits heldout --full"),
     ("MaskBench held-out splits: jaxcd compile time p50 / p95 (s)",
-     [("p50", MASKBENCH_HELDOUT, "overall/heldout/jaxcd/compile_p50_s", "{:.2f}"),
-      ("p95", MASKBENCH_HELDOUT, "overall/heldout/jaxcd/compile_p95_s", "{:.2f}")],
+     [("p50", MASKBENCH_HELDOUT, "overall/jaxcd/compile_p50_s", "{:.2f}"),
+      ("p95", MASKBENCH_HELDOUT, "overall/jaxcd/compile_p95_s", "{:.2f}")],
      "python -m experiments.bench_maskbench --splits heldout --full"),
     ("time per step, GCD / unconstrained (prefill included), batch 16, SmolLM2 on CPU",
      [("ratio", RUNTIME, "batches/16/methods/gcd/slowdown/0", "{:.2f}")],
