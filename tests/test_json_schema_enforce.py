@@ -326,7 +326,7 @@ def test_dynamic_ref_with_a_dynamic_scope_refused_by_name():
         _dfa(schema)
 
 
-_STRINGS = ["".join(t) for n in range(5) for t in itertools.product("ab1", repeat=n)]
+_AB1_STRINGS = ["".join(t) for n in range(5) for t in itertools.product("ab1", repeat=n)]
 
 
 @pytest.mark.parametrize("schema", [
@@ -343,5 +343,46 @@ _STRINGS = ["".join(t) for n in range(5) for t in itertools.product("ab1", repea
 def test_patterns_under_all_of_all_hold(schema):
     """Two different ``pattern``s under one ``allOf``: a string matches both (their
     automata intersected), for values, property values and property names."""
-    objects = [{k: v} for k in _STRINGS[:13] for v in ("1b", "ab", 1)] + _OBJECTS
-    _agree(schema, _STRINGS + _SCALARS + objects)
+    objects = [{k: v} for k in _AB1_STRINGS[:13] for v in ("1b", "ab", 1)] + _OBJECTS
+    _agree(schema, _AB1_STRINGS + _SCALARS + objects)
+
+
+def _trees(depth):
+    """Nested ``{"v": ..., "c": [...]}`` values up to ``depth`` levels, some invalid."""
+    if depth == 0:
+        return []
+    inner = _trees(depth - 1)
+    out = [{"v": "x", "c": []}, {"v": 1, "c": []}, {"v": "x"}]
+    out += [{"v": "x", "c": [t]} for t in inner[:6]]
+    out += [{"v": "x", "c": [inner[0], t]} for t in inner[:3]] if inner else []
+    return out
+
+
+@pytest.mark.parametrize("wrap", ["allOf", "allOf+sibling", "nested allOf"])
+def test_recursion_through_all_of_is_cut_like_a_ref(wrap):
+    """A recursive reference reached only through ``allOf`` (``"items": {"allOf":
+    [{"$ref": ...}]}``) is expanded ``max_depth`` times like a plain ``$ref`` (it used
+    to recurse until Python's stack ran out): every accepted value is valid, and every
+    value accepted with ``"items": {"$ref": ...}`` is accepted (the document's own
+    ``$ref`` counts as a plain expansion, the ``allOf`` ones apart, so one level more
+    here)."""
+    ref = {"$ref": "#/$defs/node"}
+    item = {"allOf": [ref]} if wrap == "allOf" else \
+        {"allOf": [ref], "description": "a child"} if wrap == "allOf+sibling" else \
+        {"allOf": [{"allOf": [ref]}]}
+
+    def schema(it):
+        return {"$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "string"}, "c": {"type": "array", "items": it}},
+            "required": ["v"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+
+    d, plain = _dfa(schema(item)), _dfa(schema(ref))
+    oracle = jsonschema.Draft202012Validator(schema(item))
+    accepted = 0
+    for v in _trees(4):
+        ok = d.accepts(_text(v).encode())
+        assert ok or not plain.accepts(_text(v).encode()), v
+        if ok:
+            assert oracle.is_valid(v), v
+            accepted += 1
+    assert accepted >= 4

@@ -287,7 +287,7 @@ STRUCTURAL = {
     "minProperties", "maxProperties", "patternProperties", "propertyNames", "nullable",
     "uniqueItems", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
     "dependencies", "unevaluatedProperties", "unevaluatedItems", "contains",
-    "minContains", "maxContains", "__and", "__patterns",
+    "minContains", "maxContains", "__and", "__patterns", "__refs",
 }
 # keywords whose values are JSON data, not subschemas
 _DATA_KEYWORDS = {"enum", "const", "default", "examples", "example"}
@@ -916,6 +916,9 @@ class SchemaBuilder:
     # product keyword)
     _nfa_memo: dict = field(default_factory=dict)
     _ref_stack: list = field(default_factory=list)
+    # references merged into an allOf (schema key "__refs") whose merged schema is being
+    # built: a recursion through allOf alone is cut when one is here max_depth times
+    _merge_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
     # nodes (or size errors) of subschemas with automaton products, by context (see
     # _memo_product)
@@ -1510,6 +1513,7 @@ class SchemaBuilder:
                 self.max_depth, self.property_order = depth, o
                 self._any_cache.clear()
                 self._ref_stack.clear()
+                self._merge_stack.clear()
                 self.auto_spent = 0
                 self.free_sites = self.implicit_sites = self.ref_cuts = 0
                 try:
@@ -1572,6 +1576,15 @@ class SchemaBuilder:
                                      "here", f"{path}/{key}")
             else:
                 self.unsupported(f"unsupported JSON Schema keyword {key!r}", f"{path}/{key}")
+        if "__refs" in schema:
+            keys = list(schema["__refs"])
+            rest = {k: v for k, v in schema.items() if k != "__refs"}
+            self._merge_stack.extend(keys)
+            try:
+                return self.node(rest, path)
+            finally:
+                if keys:
+                    del self._merge_stack[-len(keys):]
         if "$ref" in schema:
             rest = {k: v for k, v in schema.items() if k != "$ref" and not is_annotation(k)
                     and k not in ("$defs", "definitions")}
@@ -1623,6 +1636,8 @@ class SchemaBuilder:
                    # operand's top
                    self._depth_here - self._neg_root if self._neg_free_depth else None,
                    frozenset((k, c) for k, c in Counter(self._ref_stack).items()
+                             if k in reach),
+                   frozenset((k, c) for k, c in Counter(self._merge_stack).items()
                              if k in reach),
                    any(x in path for x in _VALUE_PATHS))
         except (TypeError, ValueError, SchemaError):
@@ -1849,7 +1864,7 @@ class SchemaBuilder:
                 key = (json.dumps(met, sort_keys=True), self._neg, self._soup_neg,
                        self.property_order, self.max_depth, self.free_depth,
                        self._neg_free_depth,
-                       tuple(self._ref_stack))
+                       tuple(self._ref_stack), tuple(self._merge_stack))
             except (TypeError, ValueError):
                 n = self.negated(met, path)
                 self._last_least = None
@@ -2198,7 +2213,8 @@ class SchemaBuilder:
                 raise SchemaError(f"schema at {where} must be an object or boolean")
             if "$ref" in sub:
                 target, key = self.resolve(sub["$ref"], f"{where}/$ref")
-                if self._ref_stack.count(key) >= self.max_depth:
+                if max(self._ref_stack.count(key),
+                       self._merge_stack.count(key)) >= self.max_depth:
                     if self._neg:
                         continue
                     self.ref_cuts += 1
@@ -2209,6 +2225,11 @@ class SchemaBuilder:
                     sub = self.merge([target, rest], where)
                 finally:
                     self._ref_stack.pop()
+                # internal: the references merged in, on _merge_stack while the merged
+                # schema is built (_node), so that a recursion through allOf alone is cut
+                # at max_depth like one through $ref (a recursion that also passes a
+                # plain $ref is cut there, as before)
+                sub = {**sub, "__refs": list(sub.get("__refs", ())) + [key]}
             if "allOf" in sub:
                 rest = {k: v for k, v in sub.items() if k != "allOf"}
                 parts = ([rest] + list(sub["allOf"]) if _before(sub, "properties", "allOf")
@@ -2241,6 +2262,9 @@ class SchemaBuilder:
                     continue               # then/else without if: no effect
                 if k == "__and":
                     out["__and"] = list(out.get("__and", [])) + list(v)
+                    continue
+                if k == "__refs":
+                    out["__refs"] = list(out.get("__refs", [])) + list(v)
                     continue
                 if k == "__patterns" or (k == "pattern" and k in out and out[k] != v):
                     # internal: more patterns a string must match (all of them)
