@@ -364,8 +364,8 @@ def test_recursion_through_all_of_is_cut_like_a_ref(wrap):
     [{"$ref": ...}]}``) is expanded ``max_depth`` times like a plain ``$ref`` (it used
     to recurse until Python's stack ran out): every accepted value is valid, and every
     value accepted with ``"items": {"$ref": ...}`` is accepted (the document's own
-    ``$ref`` counts as a plain expansion, the ``allOf`` ones apart, so one level more
-    here)."""
+    ``$ref`` counts as a plain expansion, the ``allOf`` ones apart and one more of
+    them is allowed, so deeper here)."""
     ref = {"$ref": "#/$defs/node"}
     item = {"allOf": [ref]} if wrap == "allOf" else \
         {"allOf": [ref], "description": "a child"} if wrap == "allOf+sibling" else \

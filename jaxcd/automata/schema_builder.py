@@ -917,7 +917,7 @@ class SchemaBuilder:
     _nfa_memo: dict = field(default_factory=dict)
     _ref_stack: list = field(default_factory=list)
     # references merged into an allOf (schema key "__refs") whose merged schema is being
-    # built: a recursion through allOf alone is cut when one is here max_depth times
+    # built: a recursion through allOf alone is cut when one is here max_depth + 1 times
     _merge_stack: list = field(default_factory=list)
     _any_cache: dict = field(default_factory=dict)
     # nodes (or size errors) of subschemas with automaton products, by context (see
@@ -2213,8 +2213,8 @@ class SchemaBuilder:
                 raise SchemaError(f"schema at {where} must be an object or boolean")
             if "$ref" in sub:
                 target, key = self.resolve(sub["$ref"], f"{where}/$ref")
-                if max(self._ref_stack.count(key),
-                       self._merge_stack.count(key)) >= self.max_depth:
+                if self._ref_stack.count(key) >= self.max_depth or \
+                        self._merge_stack.count(key) > self.max_depth:
                     if self._neg:
                         continue
                     self.ref_cuts += 1
@@ -2227,8 +2227,8 @@ class SchemaBuilder:
                     self._ref_stack.pop()
                 # internal: the references merged in, on _merge_stack while the merged
                 # schema is built (_node), so that a recursion through allOf alone is cut
-                # at max_depth like one through $ref (a recursion that also passes a
-                # plain $ref is cut there, as before)
+                # (after max_depth + 1 merges: a recursion that also passes a plain $ref
+                # reaches that $ref's cut first, as before)
                 sub = {**sub, "__refs": list(sub.get("__refs", ())) + [key]}
             if "allOf" in sub:
                 rest = {k: v for k, v in sub.items() if k != "allOf"}
