@@ -248,6 +248,11 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                                vocab, make, cache)
             except EmptyLanguageError as e:
                 if not b.budget_used:
+                    if b.ref_cuts:
+                        raise EmptyLanguageError(
+                            f"{e}: recursive $refs were expanded at most max_depth={depth} "
+                            "times inside themselves and no value of the schema stops "
+                            "within that depth (a larger max_depth may admit one)") from None
                     raise
                 raise EmptyLanguageError(
                     f"{e}: no value of the schema fits in max_tokens={max_tokens} tokens (at "

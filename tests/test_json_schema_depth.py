@@ -322,3 +322,19 @@ def test_recursive_refs_deeper_only_within_the_growth():
         max_dfa_states=plain.num_states + 1))
     assert got.num_states <= plain.num_states
     assert accepts(got, json.dumps(chain(1), separators=(",", ":")))
+
+
+def test_empty_language_at_the_recursion_cut_names_max_depth():
+    """A schema whose values all nest deeper than the recursion is expanded (here: none
+    stops, every node requires a child) is an empty language, and the error says that
+    the cut did it and which max_depth it was."""
+    from jaxcd.errors import EmptyLanguageError
+    schema = {"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
+                              "required": ["c"]}}, "$ref": "#/$defs/n"}
+    with pytest.raises(EmptyLanguageError, match=r"recursive \$refs were expanded at most "
+                                                  r"max_depth=\d+ times"):
+        compile_json_schema(schema, VOCAB)
+    with pytest.raises(EmptyLanguageError) as e:          # no recursion: the plain message
+        compile_json_schema({"type": "string", "minLength": 3, "maxLength": 2,
+                             "allOf": [{"minLength": 3}]}, VOCAB)
+    assert "max_depth" not in str(e.value)
