@@ -226,3 +226,65 @@ def test_regex_format_accepts_only_compiling_regexes():
     for s in [r"(a)\1", "(?P<n>a)", "(?=a)", "(?i)a", "[z-a]", "a**", "a{3,2}", "(", "a)",
               "[a", "*", "{", "]"]:
         assert not d.accepts(_json_text(s)), s
+
+
+def test_idn_hostname_only_what_idna_encodes():
+    """``idn-hostname``: a subset (ASCII labels, at most 4 of at most 62 characters) of
+    what jsonschema's checker, ``idna.encode``, takes: every accepted name encodes."""
+    idna = pytest.importorskip("idna")
+
+    def ref(s):
+        try:
+            idna.encode(s)
+            return True
+        except (idna.IDNAError, UnicodeError, ValueError):
+            return False
+
+    d = _dfa("idn-hostname")
+    texts = _corpus("a1-.Z", 6, 20000, 24) + [
+        "example.com", "xn--nxasmq6b", "ab--cd", "a" * 62, "a" * 63, ".".join(["b" * 62] * 4),
+        "münchen.de", "-a", "a-", "a..b"]
+    accepted = 0
+    for s in texts:
+        if d.accepts(_json_text(s)):
+            assert ref(s), s
+            accepted += 1
+    assert accepted > 3000
+    for s in ["example.com", "a-b.c1", "A.b", "abc-d", "a" * 62]:
+        assert d.accepts(_json_text(s)), s
+    for s in ["ab--cd", "xn--nxasmq6b", "-a", "a..b", "a" * 63]:
+        assert not d.accepts(_json_text(s)), s
+
+
+_ATEXT = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+/=?^_`{|}~-")
+
+
+def _rfc6531_dot_atom_ascii_domain(s: str) -> bool:
+    """RFC 6531's ``Dot-string`` local part (``atext`` or any non-ASCII character), "@",
+    an ASCII domain of LDH labels with an alphabetic top label of 2-63 letters."""
+    if s.count("@") != 1:
+        return False
+    local, domain = s.split("@")
+    atoms = local.split(".")
+    if not all(a and all(c in _ATEXT or ord(c) >= 0xA0 for c in a) for a in atoms):
+        return False
+    labels = domain.split(".")
+    if len(labels) < 2 or not re.fullmatch(r"[A-Za-z]{2,63}", labels[-1]):
+        return False
+    return all(re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x)
+               for x in labels[:-1])
+
+
+def test_idn_email_is_rfc6531_dot_atoms():
+    """``idn-email``: exactly RFC 6531 dot-atom local parts (non-ASCII allowed) at an
+    ASCII domain, by hand above; each also passes jsonschema's checker ("@" in it)."""
+    from jsonschema._format import is_email
+    texts = _corpus("aé.@-c", 5, 20000, 14) + [
+        "用户@例子.广告", "ü.ö@example.org", "a@b.co", "a..b@x.com", ".a@x.com", "a@x.c",
+        "a b@x.com", "x@ex--ample.com", "θ@x.io"]
+    texts += [lo + "@" + dom for lo in _corpus("aé.-", 3, 0, 0)
+              for dom in ["ex.com", "a-b.io", "x.c", "e..com", "-e.com", "e1.e2.org"]]
+    n = _compare("idn-email", texts, _rfc6531_dot_atom_ascii_domain)
+    assert n > 100
+    d = _dfa("idn-email")
+    assert all(is_email(s) for s in texts if d.accepts(_json_text(s)))

@@ -190,6 +190,19 @@ _UT_VARCHAR = rf"(?:[A-Za-z0-9_]|{_PCT})"
 _UT_VARSPEC = rf"[A-Za-z0-9_](?:\.?{_UT_VARCHAR})*(?::[1-9][0-9]{{0,2}}|\*)?"
 _URI_TEMPLATE = (rf"(?:{_UT_LITERAL}|\{{[+#./;?&]?{_UT_VARSPEC}"
                  rf"(?:,{_UT_VARSPEC})*\}})*")
+# idn-hostname: ASCII labels that idna.encode (jsonschema's checker) takes: 1-62 letters,
+# digits and inner "-", not "-" in both the 3rd and 4th place, at most 4 labels (at most
+# 251 characters: idna refuses a name over 253); U-labels are not generated
+_IDN_LDH = "[A-Za-z0-9-]"
+_IDN_LABEL = (rf"[A-Za-z0-9](?:{_IDN_LDH}{{0,2}}[A-Za-z0-9])?"
+              rf"|[A-Za-z0-9]{_IDN_LDH}(?:[A-Za-z0-9]{_IDN_LDH}|-[A-Za-z0-9])"
+              rf"{_IDN_LDH}{{0,57}}[A-Za-z0-9]")
+_IDN_HOSTNAME = rf"(?:{_IDN_LABEL})(?:\.(?:{_IDN_LABEL})){{0,3}}"
+# idn-email (RFC 6531): a dot-atom local part whose characters may also be non-ASCII,
+# "@", an ASCII domain as for email
+_IDN_EMAIL = (r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u00a0-\ud7ff\ue000-\U0010ffff]+"
+              r"(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u00a0-\ud7ff\ue000-\U0010ffff]+)*"
+              rf"@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}")
 # RFC 6901 (json-pointer); relative-json-pointer: a non-negative integer, then "#" or a
 # JSON pointer (draft-handrews-relative-json-pointer-01), the integer without a 0 before
 # another digit: jsonschema's checker refuses "100" (it reads every 0 before a digit as a
@@ -254,6 +267,8 @@ FORMATS = {
     "json-pointer": _JSON_POINTER,
     "relative-json-pointer": _RELATIVE_JSON_POINTER,
     "regex": _regex_format(),
+    "idn-hostname": _IDN_HOSTNAME,
+    "idn-email": _IDN_EMAIL,
 }
 # formats whose regexes take characters a JSON string escapes ('"', '\\', control
 # characters): always read through the string's escapes (json_string_content_nfa); the
@@ -263,7 +278,7 @@ DECODED_FORMATS = {"json-pointer", "relative-json-pointer", "regex"}
 ANNOTATION_FORMATS = {"int32", "int64", "float", "double", "password", "binary", "textarea",
                       "color", "markdown", "html", "data-url", "multiline", "string", "text"}
 # formats defined by the JSON Schema spec that are not enforced
-UNSUPPORTED_FORMATS = {"idn-email", "idn-hostname"}
+UNSUPPORTED_FORMATS: set = set()          # every format of draft 2020-12 is enforced
 INT_FORMAT_BOUNDS = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1),
                      "uint32": (0, (1 << 32) - 1), "uint64": (0, (1 << 64) - 1)}
 
