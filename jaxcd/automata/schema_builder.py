@@ -148,39 +148,39 @@ _EMAIL = (r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)
 # rfc3986-validator), exactly: appendix A's grammar as a regex
 _PCT = r"%[0-9A-Fa-f]{2}"
 _UNRES_SUB = r"A-Za-z0-9\-._~!$&'()*+,;="                 # unreserved and sub-delims
-_PCHAR = rf"(?:[{_UNRES_SUB}:@]|{_PCT})"
-_SEGMENT_NZ_NC = rf"(?:[{_UNRES_SUB}@]|{_PCT})+"
 _IP_LITERAL = rf"\[(?:{_IPV6}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]"
-_AUTHORITY = (rf"(?:(?:[{_UNRES_SUB}:]|{_PCT})*@)?"
-              rf"(?:{_IP_LITERAL}|(?:[{_UNRES_SUB}]|{_PCT})*)(?::[0-9]*)?")
-_PATH_ABEMPTY = rf"(?:/{_PCHAR}*)*"
-_PATH_ABSOLUTE = rf"/(?:{_PCHAR}+(?:/{_PCHAR}*)*)?"
-_QUERY_FRAGMENT = rf"(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
-_URI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
-        rf"|{_PCHAR}+(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
-_RELATIVE_REF = (rf"(?://{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}"
-                 rf"|{_SEGMENT_NZ_NC}(?:/{_PCHAR}*)*|){_QUERY_FRAGMENT}")
+
+
+def _uri_grammar(unres_sub: str, ip_literal: str, query_extra: str = "") -> tuple[str, str]:
+    """``(URI, relative-ref)`` regexes of RFC 3986's appendix A grammar, with
+    ``unres_sub`` as the unreserved and sub-delims characters, ``ip_literal`` for IP
+    literals and ``query_extra`` more characters in the query: RFC 3986 itself, or RFC
+    3987's IRI grammar (``ucschar`` unreserved, ``iprivate`` in the query)."""
+    pchar = rf"(?:[{unres_sub}:@]|{_PCT})"
+    authority = (rf"(?:(?:[{unres_sub}:]|{_PCT})*@)?"
+                 rf"(?:{ip_literal}|(?:[{unres_sub}]|{_PCT})*)(?::[0-9]*)?")
+    path_abempty = rf"(?:/{pchar}*)*"
+    path_absolute = rf"/(?:{pchar}+(?:/{pchar}*)*)?"
+    query_fragment = (rf"(?:\?(?:{pchar}|[/?{query_extra}])*)?"
+                      rf"(?:#(?:{pchar}|[/?])*)?")
+    uri = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{authority}{path_abempty}|{path_absolute}"
+           rf"|{pchar}+(?:/{pchar}*)*|){query_fragment}")
+    relative = (rf"(?://{authority}{path_abempty}|{path_absolute}"
+                rf"|(?:[{unres_sub}@]|{_PCT})+(?:/{pchar}*)*|){query_fragment}")
+    return uri, relative
+
+
+_URI, _RELATIVE_REF = _uri_grammar(_UNRES_SUB, _IP_LITERAL)
 # RFC 3987 (iri, iri-reference): RFC 3986's grammar with ``ucschar`` among the unreserved
-# characters and ``iprivate`` in the query (IPv6 literals: below)
+# characters and ``iprivate`` in the query; IPv6 literals in the full eight-group form
+# only (jsonschema's iri checker, rfc3987_syntax, refuses most "::" forms)
 _UCSCHAR = ("\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef" + "".join(
     f"{chr(p << 16)}-{chr((p << 16) | 0xFFFD)}" for p in range(1, 14))
     + "\U000e1000-\U000efffd")
 _IPRIVATE = "\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd"
-# IPv6 literals in the full eight-group form only: jsonschema's iri checker
-# (rfc3987_syntax) refuses most "::" forms
-_IIP_LITERAL = rf"\[(?:(?:{_H16}:){{7}}{_H16}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]"
-_IUNRES_SUB = _UNRES_SUB + _UCSCHAR
-_IPCHAR = rf"(?:[{_IUNRES_SUB}:@]|{_PCT})"
-_IAUTHORITY = (rf"(?:(?:[{_IUNRES_SUB}:]|{_PCT})*@)?"
-               rf"(?:{_IIP_LITERAL}|(?:[{_IUNRES_SUB}]|{_PCT})*)(?::[0-9]*)?")
-_IPATH_ABEMPTY = rf"(?:/{_IPCHAR}*)*"
-_IPATH_ABSOLUTE = rf"/(?:{_IPCHAR}+(?:/{_IPCHAR}*)*)?"
-_IQUERY_FRAGMENT = (rf"(?:\?(?:{_IPCHAR}|[/?{_IPRIVATE}])*)?"
-                    rf"(?:#(?:{_IPCHAR}|[/?])*)?")
-_IRI = (rf"[A-Za-z][A-Za-z0-9+.\-]*:(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}"
-        rf"|{_IPCHAR}+(?:/{_IPCHAR}*)*|){_IQUERY_FRAGMENT}")
-_IRELATIVE_REF = (rf"(?://{_IAUTHORITY}{_IPATH_ABEMPTY}|{_IPATH_ABSOLUTE}"
-                  rf"|(?:[{_IUNRES_SUB}@]|{_PCT})+(?:/{_IPCHAR}*)*|){_IQUERY_FRAGMENT}")
+_IRI, _IRELATIVE_REF = _uri_grammar(
+    _UNRES_SUB + _UCSCHAR,
+    rf"\[(?:(?:{_H16}:){{7}}{_H16}|v[0-9A-Fa-f]+\.[{_UNRES_SUB}:]+)\]", _IPRIVATE)
 # RFC 6570 (uri-template), level 4, where jsonschema's checker (the uri_template package)
 # agrees: a variable name starts with a letter, digit or "_" (not "%XX"), a prefix is at
 # most 999, no reserved operator ("=,!@|")
