@@ -386,3 +386,51 @@ def test_recursion_through_all_of_is_cut_like_a_ref(wrap):
             assert oracle.is_valid(v), v
             accepted += 1
     assert accepted >= 4
+
+
+# every spelling of a few numbers: plain, trailing zeros, exponents, signs of zero
+_NUMBER_TEXTS = sorted({t for i in range(-3, 4) for t in (
+    str(i), f"{i}.0", f"{i}.00", f"{i}e0", f"{i}E+0", f"{i * 10}e-1")} | {
+    "-0", "-0.0", "0.5", "0.50", "5e-1", "2.5", "2.50", "25e-1", "1e+20", "1e20", "1E20",
+    "100000000000000000000", "100000000000000000000.0", "1e-05", "0.00001", "1e-5"})
+
+
+@pytest.mark.parametrize("schema, must", [
+    ({"enum": [2.0]}, ["2", "2.0"]),
+    ({"const": 2}, ["2"]),
+    ({"const": -0.0}, ["0", "-0.0"]),
+    ({"enum": [0.5, 2.5, "a"]}, ["0.5", "2.5"]),
+    ({"enum": [1e20, 1e-05]}, ["1e+20", "100000000000000000000", "1e-05", "0.00001"]),
+    ({"type": "integer", "enum": [2.0, 2.5, 3]}, ["2", "3"]),
+    ({"type": "number", "enum": [2.0]}, ["2", "2.0"]),
+    ({"enum": [1, 2.0, 3.0], "minimum": 2}, ["2", "3", "2.0", "3.0"]),
+    ({"not": {"const": 2}, "type": "number", "maximum": 3}, ["3", "1.0"]),
+    ({"oneOf": [{"const": 2}, {"const": 2.0}, {"const": 3.0}]}, ["3", "3.0"]),
+], ids=lambda x: json.dumps(x)[:60])
+def test_enum_numbers_in_their_plain_spelling_too(schema, must):
+    """An enum/const number is its value (``2`` equals ``2.0``): a number written with
+    an exponent or a fraction of zeros is accepted in its plain spelling too, and
+    nothing that jsonschema finds invalid is."""
+    d = _dfa(schema)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for t in _NUMBER_TEXTS:
+        if d.accepts(t.encode()):
+            assert oracle.is_valid(json.loads(t)), (schema, t)
+    for t in must:
+        assert d.accepts(t.encode()), (schema, t)
+
+
+def test_unique_items_over_enum_numbers_counts_values_not_spellings():
+    schema = {"type": "array", "items": {"enum": [1.0, 2.0, 3]}, "uniqueItems": True}
+    d = _dfa(schema)
+    oracle = jsonschema.Draft202012Validator(schema)
+    texts = ["1", "1.0", "2", "2.0", "3"]                   # every spelling it accepts
+    n = 0
+    for k in range(4):
+        for items in itertools.product(texts, repeat=k):
+            t = "[" + ",".join(items) + "]"
+            ok = d.accepts(t.encode())
+            assert ok == oracle.is_valid(json.loads(t)), t
+            n += ok
+    assert n > 20
+    assert not d.accepts(b"[3.0]")           # an integer written as one keeps its spelling

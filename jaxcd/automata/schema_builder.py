@@ -2507,7 +2507,11 @@ class SchemaBuilder:
             if types is not None and _json_type(v) not in types and not (
                     _json_type(v) == "integer" and "number" in types):
                 continue
-            opts.append((json.dumps(v, ensure_ascii=False, separators=(",", ":")), v))
+            for text in _value_spellings(v):
+                if types is not None and "number" not in types and _json_type(v) == "integer" \
+                        and not _INTEGER_TEXT.fullmatch(text):
+                    continue                   # "2.0" is an integer only from draft 6 on
+                opts.append((text, v))
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "type")
                 and not is_annotation(k) and k not in ("$defs", "definitions")}
         if rest and opts:
@@ -2524,7 +2528,8 @@ class SchemaBuilder:
             # a subtracted operand holds every spelling of its values (1.0 and 1e0 equal
             # 1, "\/" is "/", object keys in any order, whitespace), else the difference
             # keeps an invalid spelling
-            return alt(*(self._spellings(v, path) for _, v in opts))
+            vals = {id(v): v for _, v in opts}.values()       # each value once
+            return alt(*(self._spellings(v, path) for v in vals))
         return alt(*(lit(t) for t, _ in opts))
 
     def _spellings(self, v: Any, path: str) -> Node:
@@ -3524,6 +3529,39 @@ def _canon(v):
     if isinstance(v, list):
         return ("list", tuple(_canon(x) for x in v))
     return ("obj", tuple(sorted((k, _canon(x)) for k, x in v.items())))
+
+
+_INTEGER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_MAX_PLAIN_NUMBER = 40          # characters of a plain (exponent-free) enum number spelling
+
+
+def _number_spellings(v) -> list[str]:
+    """The spellings of the JSON number ``v`` that an ``enum``/``const`` accepts: its
+    compact JSON text (Python's: ``2.0``, ``1e+20``), and where that is not already
+    plain, its value without an exponent or a fraction of zeros: ``2`` for ``2.0``
+    (JSON Schema compares numbers by value: ``2`` equals ``2.0``),
+    ``100000000000000000000`` for ``1e+20``, ``0.00001`` for ``1e-05``. An integer
+    written as one (``2``) keeps its one spelling, so integer enums stay as small as
+    their texts. Finite (an array of them can be kept apart: ``uniqueItems``)."""
+    x = to_decimal(v)
+    out = [json.dumps(v)]
+    if not x.is_finite() or isinstance(v, int):
+        return out
+    if x == x.to_integral_value():
+        out.append(str(int(x)))
+    else:
+        out.append(format(x.normalize(), "f"))
+    # (the plain form of a huge or tiny value, such as 1e308's 309 digits, is left out)
+    return list(dict.fromkeys(t for i, t in enumerate(out)
+                              if i == 0 or (len(t) <= _MAX_PLAIN_NUMBER and Decimal(t) == x)))
+
+
+def _value_spellings(v) -> list[str]:
+    """The texts an ``enum``/``const`` value is accepted as: numbers in each of their
+    :func:`_number_spellings`, every other value printed compactly."""
+    if isinstance(v, (int, float, Decimal)) and not isinstance(v, bool):
+        return _number_spellings(v)
+    return [json.dumps(v, ensure_ascii=False, separators=(",", ":"))]
 
 
 def _json_type(v) -> str:
