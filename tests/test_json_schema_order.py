@@ -10,6 +10,10 @@ brute force against independent references:
 - no text that repeats a declared key is ever accepted (generation must not write
   ``{"a":1,"a":2}``).
 
+These are the exact forms, built with ``repeated_keys=False`` (what generation passes);
+the loose form that ``repeated_keys=True`` builds first is checked in
+``test_json_schema_loose_order.py``.
+
 Seeded random schemas; the whole file takes a few seconds.
 """
 
@@ -36,6 +40,7 @@ POOL = [1, "s", None]
 
 def _dfa(schema, **kw):
     kw.setdefault("property_order", "auto")        # compile_json_schema's default
+    kw.setdefault("repeated_keys", False)          # the exact forms (generation's)
     return minimize(determinize(schema_to_nfa(schema, "", **kw)[0]))
 
 
@@ -82,7 +87,7 @@ def _random_object(rng, n):
 def _form(schema, **budget):
     """(tracked property names, extra keys anywhere?) of the top object as built, or
     (set(), False) for the schema's order."""
-    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False, **budget)
     node = b.build()
     names = list(schema.get("properties", {}))
     if node.kind != "objmix":
@@ -146,7 +151,7 @@ def test_auto_order_past_budget_keeps_optional_in_schema_order(seed):
                   if _form(schema, auto_states=n, auto_root=0)[0])
     tracked, anywhere = _form(schema, **budget)
     assert tracked == {"a", "c"} and not anywhere
-    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False, **budget)
     d = minimize(determinize(to_nfa(b.build(), "")))
     oracle = jsonschema.Draft202012Validator(schema)
     for pairs, dup in _instances(schema["properties"], rng=rng):
@@ -162,7 +167,7 @@ def test_auto_order_budget_zero_is_schema_order():
     in the total): the schema's order."""
     rng = random.Random(7)
     schema = _random_object(rng, 3)
-    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_states=0,
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False, auto_states=0,
                       auto_root=0, auto_total=0)
     d = minimize(determinize(to_nfa(b.build(), "")))
     fixed = _dfa(schema, property_order="schema")
@@ -177,15 +182,15 @@ def test_auto_order_total_budget_falls_back_per_object():
              "required": ["x", "y"], "additionalProperties": False}
     schema = {"type": "object", "properties": {"p": inner, "q": {"type": "integer"}},
               "required": ["p", "q"], "additionalProperties": False}
-    b = SchemaBuilder(schema, whitespace="", property_order="auto")
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False)
     node = b.build()
     assert node.kind == "objmix"
     d = minimize(determinize(to_nfa(node, "")))
     assert d.accepts(b'{"q":1,"p":{"y":2,"x":1}}')
     assert not d.accepts(b'{"q":1,"p":{"y":2,"x":1},"q":1}')
-    inner_cost = SchemaBuilder(inner, whitespace="", property_order="auto")
+    inner_cost = SchemaBuilder(inner, whitespace="", property_order="auto", auto_loose=False)
     inner_cost.build()
-    b2 = SchemaBuilder(schema, whitespace="", property_order="auto",
+    b2 = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False,
                        auto_total=inner_cost.auto_spent, auto_root=0)
     node2 = b2.build()
     assert node2.kind == "obj"                # the outer object: schema order
@@ -205,7 +210,7 @@ def test_auto_order_root_object_may_double():
     assert _form(schema, **small)[0] == {"p", "q"}
     assert _form(schema, auto_root=0, **small)[0] == set()
     b = SchemaBuilder({"type": "object", "properties": {"w": schema}}, whitespace="",
-                      property_order="auto", **small)
+                      property_order="auto", auto_loose=False, **small)
     assert b.build().args[0][0].value.kind == "obj"
     d = _dfa(schema)
     assert d.accepts(b'{"q":1,"p":{"k5":"x","k0":"y"}}')
@@ -248,7 +253,7 @@ def test_auto_order_one_of_falls_back_when_products_are_too_large(monkeypatch):
     monkeypatch.setattr(SchemaBuilder, "disjoint", lambda self, a, b: False)
     # (closed objects whose shared keys agree are split by key presence, no product)
     monkeypatch.setattr(SchemaBuilder, "_closed_object_cases", lambda self, b, p: None)
-    builder = SchemaBuilder(schema, whitespace="", property_order="auto")
+    builder = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False)
     d = minimize(determinize(to_nfa(builder.build(), "")))
     assert builder.property_order == "auto"
     assert d.accepts(b'{"x":1,"y":2}') and d.accepts(b'{"x":1}')
@@ -354,7 +359,7 @@ def test_auto_order_past_budget_takes_the_required_ones_first(seed):
         schema["additionalProperties"] = False
     budget = {"auto_states": 0, "auto_root": 0}
     assert _form(schema, **budget)[0] == set()
-    b = SchemaBuilder(schema, whitespace="", property_order="auto", **budget)
+    b = SchemaBuilder(schema, whitespace="", property_order="auto", auto_loose=False, **budget)
     node = b.build()
     assert node.kind == "alt"
     d = minimize(determinize(to_nfa(node, "")))

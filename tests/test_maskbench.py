@@ -155,13 +155,18 @@ def test_closed_objects_and_property_order_options():
     s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
          "required": ["a"]}
     spec = minimize(determinize(schema_to_nfa(s, "", property_order="schema")[0]))
-    auto = minimize(determinize(schema_to_nfa(s, "", property_order="auto")[0]))
+    auto = minimize(determinize(schema_to_nfa(s, "", property_order="auto",
+                                              repeated_keys=False)[0]))
+    loose = minimize(determinize(schema_to_nfa(s, "", property_order="auto")[0]))
     closed = minimize(determinize(schema_to_nfa(s, "", closed_objects=True)[0]))
     anyord = minimize(determinize(schema_to_nfa(s, "", property_order="any")[0]))
     assert spec.accepts(b'{"a":1,"c":[]}') and not closed.accepts(b'{"a":1,"c":[]}')
     assert not spec.accepts(b'{"b":"x","a":1}') and anyord.accepts(b'{"b":"x","a":1}')
     assert auto.accepts(b'{"b":"x","a":1}') and auto.accepts(b'{"b":"x","a":1,"c":[]}')
     assert not auto.accepts(b'{"a":1,"b":"x","a":1}') and not auto.accepts(b'{"b":"x"}')
+    # repeated keys (the default): every occurrence valid, whichever a parser keeps
+    assert loose.accepts(b'{"b":"x","a":1}') and loose.accepts(b'{"a":1,"b":"x","a":2}')
+    assert not loose.accepts(b'{"a":1,"b":"x","a":"y"}') and not loose.accepts(b'{"b":"x"}')
     assert anyord.accepts(b'{"c":0,"b":"x","a":1}') and not anyord.accepts(b'{"b":"x"}')
     assert not anyord.accepts(b'{"a":1,"a":2}')
     with pytest.raises(ValueError, match="property_order"):

@@ -72,7 +72,8 @@ def _builder(obj, whitespace_pattern, strict, max_depth, closed_objects=False,
 def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
                   strict: bool = True, max_depth: int = DEFAULT_MAX_DEPTH, *,
                   closed_objects: bool = False,
-                  property_order: str = "schema") -> tuple[NFA, str]:
+                  property_order: str = "schema",
+                  repeated_keys: bool = True) -> tuple[NFA, str]:
     """``(byte NFA, canonical schema JSON)`` for a JSON Schema. ``closed_objects``:
     objects that declare properties accept no other key (the default follows the
     specification: extra keys are allowed unless ``additionalProperties: false``).
@@ -80,10 +81,12 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
     experiments/bfcl.py relies on: declared properties in the schema's order, extra ones
     after them), ``"auto"`` (:func:`jaxcd.compile_json_schema`'s default: declared
     properties in any order, each at most once, for objects within a budget, else the
-    schema's order) or ``"any"`` (any order; an error past its limits). See
+    schema's order) or ``"any"`` (any order; an error past its limits).
+    ``repeated_keys`` (``"auto"`` only): as for :func:`jaxcd.compile_json_schema`. See
     docs/json_schema.md."""
     obj, text = load_schema(schema)
     b = _builder(obj, whitespace_pattern, strict, max_depth, closed_objects, property_order)
+    b.auto_loose = b.auto_loose and bool(repeated_keys)
     node = b.build()
     return to_nfa(node, b.whitespace), text
 

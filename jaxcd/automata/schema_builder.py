@@ -355,6 +355,12 @@ AUTO_ORDER_ROOT = 1.0
 # tracked (each exactly once), when its 2^required copies fit the same budget
 # (SchemaBuilder._loose_object); False: the forms below it (the schema's order)
 AUTO_LOOSE = True
+# ... and where the loose form is allowed (repeated keys on: compile_json_schema's
+# default; outside products; no minProperties above the required count) it comes first:
+# its language contains every exact form's (any order, each key once, extra keys
+# anywhere), at 2^required copies of the members where an exact form needs one per
+# subset of its tracked members
+AUTO_LOOSE_FIRST = True
 # compile_json_schema: the DFA of a schema with order-free objects is built with at most
 # this many states (before minimisation); past it, the schema's order is compiled instead
 AUTO_DFA_CAP = 20_000
@@ -3142,8 +3148,11 @@ class SchemaBuilder:
             if node is not None:
                 return node
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
-            node = self._auto_object(members, extra, lo, hi, path)
+            node = self._loose_object(members, extra, lo, hi, size) if AUTO_LOOSE_FIRST \
+                else None
             if node is None:
+                node = self._auto_object(members, extra, lo, hi, path)
+            if node is None and not AUTO_LOOSE_FIRST:
                 node = self._loose_object(members, extra, lo, hi, size)
             if node is not None:
                 return node
@@ -3166,11 +3175,11 @@ class SchemaBuilder:
         cap = (max(lo, hi if hi is not None else 0) + 1) if (lo or hi is not None) else 1
         xs = extra.size if extra is not None else 0
         req = tuple(m.required for m in members)
-        every = tuple(True for _ in members)
+        all_ = tuple(True for _ in members)
         # (tracked members, extra members anywhere?): the closest form to the
         # specification first; extra members after the declared ones is one copy of
         # them instead of one per state
-        options = [(every, True), (every, False)] if extra is not None else [(every, False)]
+        options = [(all_, True), (all_, False)] if extra is not None else [(all_, False)]
         if not all(req) and any(req):
             options.append((req, False))
         for tracked, anywhere in options:
