@@ -196,16 +196,18 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
     many times a recursive ``$ref`` is expanded inside itself, and the nesting depth
     of free-form values (``{}``, objects without ``properties``). ``closed_objects``:
     objects that declare properties take no other key (default: the specification's
-    open objects). ``property_order``: ``"auto"`` (the default: properties in any order,
-    each at most once, where that fits a budget, else in the schema's order), ``"schema"``
+    open objects). ``property_order``: ``"auto"`` (the default: properties in any order
+    where that fits a budget, else in the schema's order; see ``repeated_keys``), ``"schema"``
     or ``"any"`` (docs/json_schema.md). With ``"auto"``, a schema whose automaton passes a
     compile limit is compiled again with ``"schema"`` before the error is raised.
-    ``repeated_keys`` (``"auto"`` only): an object too wide for the exact any-order forms
-    may take its declared properties in any order with a key repeated, every occurrence
-    valid for its schema (the object is valid whichever occurrence a parser keeps), where
-    it would otherwise keep the schema's order; ``False`` never accepts a repeated
-    declared key. Generation passes ``False`` (:func:`jaxcd.generation.build_constraint`):
-    a generated object never repeats a declared key.
+    ``repeated_keys`` (``"auto"`` only): an object outside automaton products takes its
+    declared properties in any order with a key allowed to repeat, every occurrence valid
+    for its schema (the object is valid whichever occurrence a parser keeps); this form is
+    tried first, within the budget, as its language contains the exact any-order forms'
+    at no more copies of the members. ``False`` never accepts a repeated declared key
+    (the exact forms only). Generation passes ``False``
+    (:func:`jaxcd.generation.build_constraint`): a generated object never repeats a
+    declared key.
 
     ``max_tokens``: the automaton need only be exact for outputs of at most this many
     tokens (a GCD budget, EOS included, or any generation that stops there): such an
