@@ -196,3 +196,50 @@ def test_generation_never_repeats_a_key():
                build_constraint(vocab, schema=schema, closed_objects=False)):
         assert not accepts(fa, '{"b":1,"a":2,"b":3}') and not accepts(fa, '{"a":1,"a":2}')
         assert accepts(fa, '{"a":1,"c":2}') and accepts(fa, '{"c":1,"a":2}')
+
+
+_KEYWORD_CASES = [
+    {"dependentRequired": {"a": ["b"]}, "properties": {"c": {}}},
+    {"dependentSchemas": {"a": {"required": ["c"]}}},
+    {"propertyNames": {"maxLength": 1}, "maxProperties": 2},
+    {"patternProperties": {"^[ab]$": {"type": ["integer", "string"]}},
+     "additionalProperties": False},
+    {"unevaluatedProperties": False},
+    {"required": ["a"], "if": {"required": ["b"]}, "then": {"properties": {"a": {"const": 1}}}},
+    {"allOf": [{"properties": {"a": {"type": "integer"}}},
+               {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+    {"minProperties": 1, "required": ["a"]},
+    {"not": {"required": ["a", "b"]}},
+    {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+]
+
+
+@pytest.mark.parametrize("extra", _KEYWORD_CASES, ids=lambda s: ",".join(s))
+def test_default_build_sound_beside_object_keywords(extra):
+    """compile_json_schema's default build (the loose form first) beside the object
+    keywords that count, name or test keys: every accepted text of up to 4 members (keys
+    a, b, c with repeats, values from a pool) is valid under every parse of its repeated
+    keys, and every valid text without a repeat is accepted."""
+    from jaxcd.automata.json_schema import schema_to_nfa
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"},
+                                               "b": {"type": "string"}}}
+    for k, v in extra.items():
+        schema[k] = {**schema[k], **v} if k == "properties" else v
+    d = minimize(determinize(schema_to_nfa(schema, "", property_order="auto")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    accepted = repeats = 0
+    for n in range(5):
+        for keys in itertools.product("abc", repeat=n):
+            for vals in itertools.product([1, "s", None], repeat=n):
+                pairs = list(zip(keys, vals))
+                rep = len(set(keys)) < n
+                if d.accepts(_text(pairs)):
+                    accepted += 1
+                    repeats += rep
+                    for obj in _parses(pairs):
+                        assert oracle.is_valid(obj), (schema, pairs, obj)
+                elif not rep:
+                    assert not oracle.is_valid(dict(pairs)), (schema, pairs)
+    assert accepted > 0
