@@ -349,18 +349,12 @@ MAX_ANY_ORDER_PROPERTIES = 10
 AUTO_ORDER_STATES = 8_000
 AUTO_ORDER_TOTAL = 80_000
 AUTO_ORDER_ROOT = 1.0
-# ... and past every exact form, an object outside automaton products takes its declared
-# properties in any order with the optional ones allowed to repeat (each occurrence a
-# valid value: the object is valid whichever value a parser keeps) and the required ones
-# tracked (each exactly once), when its 2^required copies fit the same budget
-# (SchemaBuilder._loose_object); False: the forms below it (the schema's order)
+# ... and before those exact forms, an object outside automaton products takes its
+# declared properties in any order with a key allowed to repeat (each occurrence a valid
+# value: the object is valid whichever value a parser keeps) and the required ones
+# tracked, when its 2^required copies fit the same budget (SchemaBuilder._loose_object;
+# repeated_keys=False turns it off); False: the exact forms only
 AUTO_LOOSE = True
-# ... and where the loose form is allowed (repeated keys on: compile_json_schema's
-# default; outside products; no minProperties above the required count) it comes first:
-# its language contains every exact form's (any order, each key once, extra keys
-# anywhere), at 2^required copies of the members where an exact form needs one per
-# subset of its tracked members
-AUTO_LOOSE_FIRST = True
 # compile_json_schema: the DFA of a schema with order-free objects is built with at most
 # this many states (before minimisation); past it, the schema's order is compiled instead
 AUTO_DFA_CAP = 20_000
@@ -3148,12 +3142,13 @@ class SchemaBuilder:
             if node is not None:
                 return node
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
-            node = self._loose_object(members, extra, lo, hi, size) if AUTO_LOOSE_FIRST \
-                else None
+            # the loose form first where it is allowed (repeated keys on, outside
+            # products, no minProperties above the required count): its language
+            # contains every exact form's, at 2^required copies of the members where an
+            # exact form needs one per subset of its tracked members
+            node = self._loose_object(members, extra, lo, hi, size)
             if node is None:
                 node = self._auto_object(members, extra, lo, hi, path)
-            if node is None and not AUTO_LOOSE_FIRST:
-                node = self._loose_object(members, extra, lo, hi, size)
             if node is not None:
                 return node
             other = _required_order(members, required)
@@ -3175,11 +3170,11 @@ class SchemaBuilder:
         cap = (max(lo, hi if hi is not None else 0) + 1) if (lo or hi is not None) else 1
         xs = extra.size if extra is not None else 0
         req = tuple(m.required for m in members)
-        all_ = tuple(True for _ in members)
+        every = tuple(True for _ in members)
         # (tracked members, extra members anywhere?): the closest form to the
         # specification first; extra members after the declared ones is one copy of
         # them instead of one per state
-        options = [(all_, True), (all_, False)] if extra is not None else [(all_, False)]
+        options = [(every, True), (every, False)] if extra is not None else [(every, False)]
         if not all(req) and any(req):
             options.append((req, False))
         for tracked, anywhere in options:
@@ -3207,7 +3202,7 @@ class SchemaBuilder:
 
     def _loose_object(self, members, extra, lo, hi, size: int,
                       grow: bool = True) -> Node | None:
-        """``property_order="auto"`` past the exact forms: an ``objany`` node whose
+        """``property_order="auto"``, tried before the exact forms: an ``objany`` node whose
         declared properties come in any order, any number of times, the required ones
         at least once (a subset mask: ``2^r`` copies), extra members anywhere; or None. Sound only where every text is judged by itself:
         each occurrence of a key has a valid value, so the object is valid whichever
