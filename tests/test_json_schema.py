@@ -794,3 +794,59 @@ def test_fuzz_combinator_schemas(schema):
         for v in UNIVERSE:
             if d.accepts(_texts(v).encode()):
                 assert oracle.is_valid(v), (schema, v)
+
+
+_NON_JSON = (float("nan"), float("inf"), float("-inf"))
+
+
+def test_nan_and_infinity_are_refused_by_pointer():
+    # Python's json reads and writes NaN/Infinity; JSON has neither: an enum of NaN would
+    # otherwise accept the text `NaN` (not JSON), a bound of Infinity crashed the builder
+    for x in _NON_JSON:
+        for schema, where in [({"enum": [1, x]}, "/enum/1"), ({"const": x}, "/const"),
+                              ({"type": "number", "minimum": x}, "/minimum"),
+                              ({"maximum": x}, "/maximum"),
+                              ({"exclusiveMinimum": x}, "/exclusiveMinimum"),
+                              ({"multipleOf": x}, "/multipleOf"),
+                              ({"maxLength": x}, "/maxLength"),
+                              ({"properties": {"a": {"items": {"const": [x]}}}},
+                               "/properties/a/items/const/0"),
+                              ({"$defs": {"d": {"default": x}}, "$ref": "#/$defs/d"},
+                               "/$defs/d/default")]:
+            with pytest.raises(SchemaError, match=f"{re.escape(where)} is .*not a JSON number"):
+                schema_to_nfa(schema)
+    for text in ('{"enum": [NaN, 2]}', '{"const": Infinity}', '{"minimum": -Infinity}'):
+        with pytest.raises(SchemaError, match="not a JSON number"):
+            schema_to_nfa(text)
+    with pytest.raises(SchemaError, match="not a JSON number"):
+        compile_json_schema({"enum": [float("nan")]}, None)     # before the vocabulary
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=3),
+                       st.floats(allow_nan=True, allow_infinity=True),
+                       st.sampled_from(_NON_JSON))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(_json_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=8), st.sampled_from(["enum", "const", "default"]))
+def test_non_json_numbers_refused_exactly_when_json_refuses_them(value, keyword):
+    # reference: the standard library's JSON compliance check (allow_nan=False)
+    schema = {keyword: [value] if keyword == "enum" else value}
+    try:
+        json.dumps(schema, allow_nan=False)
+        compliant = True
+    except ValueError:
+        compliant = False
+    try:
+        nfa, _ = schema_to_nfa(schema)
+    except SchemaError as e:
+        assert not compliant and "not a JSON number" in str(e)
+        return
+    assert compliant
+    if keyword != "default":
+        # and the automaton accepts the value's own JSON text (enum/const values are
+        # spelled compactly)
+        d = minimize(determinize(nfa))
+        assert d.accepts(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any
 
 from ..errors import SchemaError
@@ -56,7 +57,28 @@ def load_schema(schema: Any) -> tuple[Any, str]:
         obj = schema
     if not isinstance(obj, (dict, bool)):
         raise SchemaError(f"a JSON Schema must be an object or boolean, got {type(obj).__name__}")
+    bad = _non_json_number(obj)
+    if bad is not None:
+        raise SchemaError(f"{bad[0] or '/'} is {bad[1]}, which is not a JSON number (JSON has "
+                          "no NaN or Infinity): the schema is not JSON")
     return obj, json.dumps(obj, sort_keys=False)
+
+
+def _non_json_number(obj: Any) -> tuple[str, float] | None:
+    """``(JSON pointer, value)`` of the first NaN or infinite float in ``obj`` (Python's
+    ``json`` reads and writes them, JSON has none: an ``enum`` of ``NaN`` would make the
+    automaton accept the text ``NaN``, a ``minimum`` of ``Infinity`` has no bound), or
+    None."""
+    stack = [("", obj)]
+    while stack:
+        path, x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return path, x
+        if isinstance(x, dict):
+            stack.extend((f"{path}/{k}", v) for k, v in x.items())
+        elif isinstance(x, (list, tuple)):
+            stack.extend((f"{path}/{i}", v) for i, v in enumerate(x))
+    return None
 
 
 def _builder(obj, whitespace_pattern, strict, max_depth, closed_objects=False,
