@@ -285,3 +285,59 @@ def test_idn_email_is_rfc6531_dot_atoms():
     n = _compare("idn-email", texts, _rfc6531_dot_atom_ascii_domain)
     assert n > 100
     _sound(_dfa("idn-email"), texts, is_email)
+
+
+# strings of each format that jsonschema's checker takes (the reference: the checkers of
+# tests/test_json_schema.py's FORMAT_CHECKER) and the format's own regex may not
+_CHECKER_TAKES = {
+    "email": ["x b@c", "@", "a@b", "é@😀", '"q"@x'],
+    "idn-email": ["x b@c", "@", "é@😀"],
+    "uuid": ["12345678-1234-1234-1234-1234-5678-9abc", "12345678-1234-1234-1234-123456789ABC"],
+    "time": ["00:00:00+01:60", "23:59:59Z", "12:00:00.5-23:59"],
+    "date-time": ["2024-01-01T00:00:00+01:60", "2024-02-29T23:59:59.1Z"],
+    "date": ["2024-02-29", "0001-01-01", "9999-12-31"],
+    "ipv4": ["1.2.3.4", "255.0.0.255"],
+    "ipv6": ["::ffff:1.2.3.4", "fe80::1%eth0", "::", "1::"],
+    "uri": ["x:", "a:b", "http://a/b?c#d", "urn:isbn:123"],
+    "iri": ["x:é", "http://é/"],
+    "hostname": ["a", "a-b.c", "x" * 63],
+    "regex": ["(?i)a", "a{2}", "[a-z]+", "\\d"],
+    "duration": ["P1D", "PT1H", "P1W"],
+    "json-pointer": ["", "/a~0b", "/~1"],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_negated_format_refuses_what_the_checker_takes(fmt):
+    """Under ``not`` (and every subtracted operand: oneOf's other branches, the count of
+    ``contains``) a format stands for a superset of its checker's strings
+    (``NEG_FORMATS``), so no string the checker calls of that format is ever accepted
+    there, even where the format's own regex is stricter (email's checker only wants an
+    "@"). Checked on the strings above and a seeded sample of short strings over their
+    characters, against the checker."""
+    from test_json_schema import FORMAT_CHECKER
+    import json as _json
+
+    neg = minimize(determinize(schema_to_nfa({"not": {"type": "string", "format": fmt}},
+                                             "")[0]))
+    count = minimize(determinize(schema_to_nfa(
+        {"type": "array", "contains": {"type": "string", "format": fmt}, "maxContains": 1,
+         "items": {"type": "string"}}, "")[0]))
+    texts = list(_CHECKER_TAKES.get(fmt, []))
+    alphabet = sorted(set("".join(texts)) | set("aZ09:-.@/ "))
+    rng = random.Random(fmt)
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+              for _ in range(3000)]
+    taken = 0
+    for s in texts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ok = FORMAT_CHECKER.conforms(s, fmt)
+        if not ok:
+            continue
+        taken += 1
+        t = _json.dumps(s, ensure_ascii=False, separators=(",", ":"))
+        assert not neg.accepts(t.encode()), (fmt, s)
+        # two strings of the format in an array with maxContains 1: never accepted
+        assert not count.accepts(f"[{t},{t}]".encode()), (fmt, s)
+    assert taken > 0

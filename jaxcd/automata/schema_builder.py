@@ -120,11 +120,17 @@ _ESCAPES = {0x22: '"', 0x5C: "\\", 0x2F: "/", 0x08: "b", 0x0C: "f", 0x0A: "n",
 # ---------------------------------------------------------------------------------------
 # formats: regexes over the decoded string (ASCII)
 # ---------------------------------------------------------------------------------------
-_DATE = (r"[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
+# years 0001-9999 (Python's datetime, jsonschema's checker, has no year 0)
+_DATE = (r"(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+         r"-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
          r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
          r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"
-         r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29")
+         r"|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+         r"-02-29")
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+# a scheme, ":", anything: every URI and IRI (the checkers want a scheme)
+_NEG_URI = r"[A-Za-z][A-Za-z0-9+.\-]*:[\s\S]*"
+_NEG_TIME = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
 _H16 = r"[0-9a-fA-F]{1,4}"
@@ -269,6 +275,25 @@ FORMATS = {
     "regex": _regex_format(),
     "idn-hostname": _IDN_HOSTNAME,
     "idn-email": _IDN_EMAIL,
+}
+# a format inside a subtracted operand (SchemaBuilder._neg: oneOf's other branches, not,
+# the count of contains, ...) must take every string the reference checker (jsonschema's)
+# takes, or the difference would keep a string the checker says is of that format:
+# these regexes (over the decoded string) are supersets of the checker's language; a
+# format not listed is any string there (email's checker only looks for an "@"; uuid's
+# takes extra "-" after the fourth group; date-time's and time's take offset minutes
+# above 59 and "t"/"z"/" "; a uri or iri has a scheme; date's and ipv4's are the
+# formats' own, exact)
+NEG_FORMATS = {
+    "uri": _NEG_URI,
+    "iri": _NEG_URI,
+    "email": r"[\s\S]*@[\s\S]*",
+    "idn-email": r"[\s\S]*@[\s\S]*",
+    "uuid": r"[\s\S]{8}-[\s\S]{4}-[\s\S]{4}-[\s\S]{4}[\s\S]*",
+    "date": _DATE,
+    "ipv4": _IPV4,
+    "time": _NEG_TIME,
+    "date-time": rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}[Tt ]{_NEG_TIME}",
 }
 # formats whose regexes take characters a JSON string escapes ('"', '\\', control
 # characters): always read through the string's escapes (json_string_content_nfa); the
@@ -2726,7 +2751,8 @@ class SchemaBuilder:
         fmt_re = None
         if fmt is not None:
             if fmt in FORMATS:
-                fmt_re = FORMATS[fmt]
+                # subtracted: a superset of the reference checker's strings (NEG_FORMATS)
+                fmt_re = NEG_FORMATS.get(fmt) if self._neg else FORMATS[fmt]
             elif fmt in UNSUPPORTED_FORMATS:
                 self.unsupported(f"string format {fmt!r} (enforced formats: "
                                  f"{', '.join(sorted(FORMATS))})", f"{path}/format")
@@ -2742,7 +2768,8 @@ class SchemaBuilder:
                 return rx(STRING, 8)
             q = f"{{{lo},{'' if hi is None else hi}}}" if (lo, hi) != (lo, lo) else f"{{{lo}}}"
             return rx(f'"{STRING_CHAR}{q}"', 8 * (hi if hi is not None else lo) + 8)
-        if pat is None and lo == 0 and hi is None and fmt not in DECODED_FORMATS:
+        if pat is None and lo == 0 and hi is None and fmt not in DECODED_FORMATS \
+                and not self._neg:
             return rx(f'"(?:{fmt_re})"', 8 + len(fmt_re))     # its text is the JSON text
         if fmt_re is not None:
             parts.append(json_string_content_nfa(fmt_re, search=False))
