@@ -135,3 +135,35 @@ def test_lookahead_elsewhere_is_refused(pattern, what):
     from jaxcd.errors import UnsupportedSchemaError
     with pytest.raises((UnsupportedSchemaError, ValueError), match=what):
         schema_to_nfa({"type": "string", "pattern": pattern}, "")
+
+
+_CLASS_CHARS = ["1", "٣", "a", "é", "ǅ", "_", "-", " ", "\u00a0", "\u2003", "K", "\t"]
+
+
+@pytest.mark.parametrize("pat", [r"^\d+$", r"^\w+$", r"^\s$", r"^\D$", r"^[\w-]+$", r"^\W+$",
+                                 r"\d", r"^[^\d]$", r"^\S\s?$", r"^[a-z\d]+$"])
+def test_pattern_under_not_refuses_what_python_re_matches(pat):
+    """``\\d \\w \\s`` are ASCII (ECMA-262) in a pattern, while jsonschema matches with
+    Python's ``re`` (Unicode). Inside a subtracted operand (``not``, ``oneOf``'s other
+    branches) the pattern takes a string either reading matches, so no string that
+    jsonschema matches is accepted under ``not`` (brute force over one and two
+    characters against jsonschema); strings both readings agree on are exact."""
+    import itertools as _it
+    import json as _json
+
+    from test_json_schema import dfa_of, validates
+
+    for schema in ({"not": {"type": "string", "pattern": pat}},
+                   {"oneOf": [{"type": "string"}, {"type": "string", "pattern": pat}]}):
+        d = dfa_of(schema)
+        agree = 0
+        for n in (1, 2):
+            for chars in _it.product(_CLASS_CHARS, repeat=n):
+                s = "".join(chars)
+                text = _json.dumps(s, ensure_ascii=False)
+                got, want = d.accepts(text.encode()), validates(schema, text)
+                assert want or not got, (schema, s)
+                if s.isascii():
+                    agree += 1
+                    assert got == want, (schema, s)
+        assert agree > 0

@@ -2775,7 +2775,12 @@ class SchemaBuilder:
             parts.append(json_string_content_nfa(fmt_re, search=False))
         for pat in pats:                   # allOf's patterns: a string matches every one
             try:
-                parts.append(json_string_content_nfa(pat, search=True))
+                p_nfa = json_string_content_nfa(pat, search=True)
+                if self._neg:
+                    # subtracted: ECMA-262's ASCII \d \w \s or Python re's Unicode ones
+                    # (jsonschema's): a string either reads as matching is taken
+                    p_nfa = union(p_nfa, json_string_content_nfa(pat, search=True, flags=0))
+                parts.append(p_nfa)
             except ValueError as e:
                 if self.strict:
                     raise UnsupportedSchemaError(f"pattern at {path}/pattern: {e}") from None
