@@ -283,3 +283,26 @@ def test_compile_ab_compare_and_refs(tmp_path, capsys):
     assert r["mask_rows"] == fa.cum_masks.shape[0] and r["attempts"] >= 1
     assert rows["T---bad.json"]["error"] == "UnsupportedSchemaError"
     assert json.loads((tmp_path / "s.json").read_text())[0]["file"] in rows
+
+
+def test_soundness_sweep(monkeypatch, tmp_path):
+    """experiments/sweep_soundness.py: strings drawn from the compiled automata of a few
+    MaskBench files all validate, and an automaton that accepts an invalid string (a
+    stand-in for an unsound build) is reported with that string."""
+    from experiments import sweep_soundness as sw
+    from experiments.bench_maskbench import Source
+    from jaxcd.automata.regex import regex_to_nfa
+
+    src = Source(Path(__file__).parent / "data" / "maskbench")
+    names = [n for n in src.names if n.startswith(("Github_easy", "Glaiveai2K"))][:4]
+    rows = sw.sweep(src, names, samples=6)
+    done = [r for r in rows if "error" not in r]
+    assert done and all(r["samples"] == 6 and not r["invalid"] for r in done)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "required": ["a"]}
+    (tmp_path / "x.json").write_text(json.dumps({"schema": schema, "tests": [
+        {"data": {"a": 1}, "valid": True}]}))
+    wrong = minimize(determinize(regex_to_nfa(r'\{"a":"[a-z]"\}')))
+    monkeypatch.setattr(sw, "_compiled_dfa", lambda s: wrong)
+    [row] = sw.sweep(Source(tmp_path), ["x.json"], samples=3)
+    assert len(row["invalid"]) == 3 and row["invalid"][0].startswith('{"a":"')
