@@ -148,9 +148,6 @@ def test_pattern_under_not_refuses_what_python_re_matches(pat):
     branches) the pattern takes a string either reading matches, so no string that
     jsonschema matches is accepted under ``not`` (brute force over one and two
     characters against jsonschema); strings both readings agree on are exact."""
-    import itertools as _it
-    import json as _json
-
     from test_json_schema import dfa_of, validates
 
     for schema in ({"not": {"type": "string", "pattern": pat}},
@@ -158,9 +155,9 @@ def test_pattern_under_not_refuses_what_python_re_matches(pat):
         d = dfa_of(schema)
         agree = 0
         for n in (1, 2):
-            for chars in _it.product(_CLASS_CHARS, repeat=n):
+            for chars in itertools.product(_CLASS_CHARS, repeat=n):
                 s = "".join(chars)
-                text = _json.dumps(s, ensure_ascii=False)
+                text = json.dumps(s, ensure_ascii=False)
                 got, want = d.accepts(text.encode()), validates(schema, text)
                 assert want or not got, (schema, s)
                 if s.isascii():

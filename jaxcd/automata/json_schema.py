@@ -102,7 +102,8 @@ def schema_to_nfa(schema: dict | str, whitespace_pattern: str | None = None,
     ``property_order``: ``"schema"`` (this low-level function's default, which
     experiments/bfcl.py relies on: declared properties in the schema's order, extra ones
     after them), ``"auto"`` (:func:`jaxcd.compile_json_schema`'s default: declared
-    properties in any order for objects within a budget, else the schema's order) or ``"any"`` (any order; an error past its limits).
+    properties in any order for objects within a budget, else the schema's order) or
+    ``"any"`` (any order; an error past its limits).
     ``repeated_keys`` (``"auto"`` only): as for :func:`jaxcd.compile_json_schema`. See
     docs/json_schema.md."""
     obj, text = load_schema(schema)

@@ -130,6 +130,8 @@ _DATE = (r"(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 # a scheme, ":", anything: every URI and IRI (the checkers want a scheme)
 _NEG_URI = r"[A-Za-z][A-Za-z0-9+.\-]*:[\s\S]*"
+# any string with an "@": email's and idn-email's checker
+_NEG_EMAIL = r"[\s\S]*@[\s\S]*"
 _NEG_TIME = r"[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 _IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
@@ -287,8 +289,8 @@ FORMATS = {
 NEG_FORMATS = {
     "uri": _NEG_URI,
     "iri": _NEG_URI,
-    "email": r"[\s\S]*@[\s\S]*",
-    "idn-email": r"[\s\S]*@[\s\S]*",
+    "email": _NEG_EMAIL,
+    "idn-email": _NEG_EMAIL,
     "uuid": r"[\s\S]{8}-[\s\S]{4}-[\s\S]{4}-[\s\S]{4}[\s\S]*",
     "date": _DATE,
     "ipv4": _IPV4,
