@@ -174,12 +174,13 @@ _LINE_ANCHORS = {C.AT_BEGINNING: "^", C.AT_BEGINNING_STRING: "^",
                  C.AT_END: "$", C.AT_END_STRING: "$"}
 
 
-def anchor_product(nfa: NFA, anchor_edges: list) -> NFA:
+def anchor_product(nfa: NFA, anchor_edges: list, loose_end: bool = False) -> NFA:
     """Resolve anchors anywhere in a pattern (``(^a|b)c``, ``x(y$|z)``) exactly: each
     state is paired with two bits, "a byte was read" and "the end was asserted".
     A ``^`` edge needs no byte read yet; a ``$`` edge asserts the end (no byte may
     follow); a byte sets the first bit. ``$`` is the end of the text (ECMA-262
-    semantics, as ``\\Z``). Four copies of the NFA (within ``max_nfa_states``)."""
+    semantics, as ``\\Z``). Four copies of the NFA (within ``max_nfa_states``).
+    ``loose_end``: a ``$`` asserts nothing (a superset of any reading of ``$``)."""
     trans, eps = nfa.trans, nfa.eps
     N = nfa.num_states
     out = NFA()
@@ -199,7 +200,7 @@ def anchor_product(nfa: NFA, anchor_edges: list) -> NFA:
             if kind == "^" and not bits & 1:
                 out.add_epsilon(4 * src + bits, 4 * dst + bits)
             elif kind == "$":
-                out.add_epsilon(4 * src + bits, 4 * dst + (bits | 2))
+                out.add_epsilon(4 * src + bits, 4 * dst + (bits if loose_end else bits | 2))
     out.start = 4 * nfa.start
     out.accepting = {4 * a + bits for a in nfa.accepting for bits in range(4)}
     return out

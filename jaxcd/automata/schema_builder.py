@@ -552,11 +552,17 @@ def _intersect_ranges(a, b):
     return normalize_ranges(out)
 
 
-def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -> NFA:
+def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII,
+                            dollar: str = "ecma") -> NFA:
     """NFA of the JSON string contents (between the quotes) whose decoded text matches
     ``pattern``: ``re.search`` semantics (JSON Schema's ``pattern``) if ``search``,
     else ``re.fullmatch``. Anchors ``^``/``$`` are honoured at the ends of the pattern
-    and of each top-level alternative."""
+    and of each top-level alternative. ``dollar="ecma"``: ``$`` is the end of the text
+    (ECMA-262). Python ``re``'s ``$`` also matches before a final newline: with
+    ``dollar="py-sup"`` (a superset of Python's matches) or ``"py-sub"`` (a subset), a
+    ``$`` ending an alternative reads exactly so; one elsewhere asserts nothing (sup) or
+    the end (sub), and inside ``(?!X)`` the other way round. ``flags``: ``re.ASCII``
+    for ECMA-262's ASCII ``\\d``/``\\w``, 0 for Python's Unicode classes."""
     pattern = ecma_to_python(pattern)
     try:
         parsed = P.parse(pattern, flags)
@@ -571,7 +577,7 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
                                     f"(in {pattern!r})")
     alternatives = _split_anchored(list(parsed))
     if any(op in (C.ASSERT, C.ASSERT_NOT) for items in alternatives for op, _ in items):
-        return _lookahead_content_nfa(alternatives, search, sflags, pattern)
+        return _lookahead_content_nfa(alternatives, search, sflags, pattern, dollar)
     nfa = _JsonCharNFA()
     start = nfa.add_state()
     nfa.start = start
@@ -592,6 +598,8 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
             nfa.add_codepoints(loop, loop, anychar)
             s = loop
         e = b.seq(alt_items, s, sflags, top=True)
+        if anchored_end and dollar != "ecma" and alt_items[-1][1] is C.AT_END:
+            e = _optional_newline(nfa, e)
         if search and not anchored_end:
             loop = nfa.add_state()
             nfa.add_epsilon(e, loop)
@@ -600,14 +608,55 @@ def json_string_content_nfa(pattern: str, search: bool, flags: int = re.ASCII) -
         nfa.add_epsilon(e, end)
     nfa.accepting = {end}
     if b.anchor_edges:
-        return anchor_product(nfa, b.anchor_edges)
+        return anchor_product(nfa, b.anchor_edges, dollar == "py-sup")
     return nfa
 
 
-def _items_content_nfa(items, sflags, pattern: str, any_tail: bool) -> NFA:
+def _optional_newline(nfa: NFA, e: int) -> int:
+    """Python's ``$`` ending a match at ``e``: the text may go on with one newline.
+    The state after it (``e``, then an optional ``\\n``)."""
+    out = nfa.add_state()
+    nfa.add_epsilon(e, out)
+    nfa.add_codepoints(e, out, [(0x0A, 0x0A)])
+    return out
+
+
+# A pattern has two readings that a schema's user may mean: ECMA-262's (JSON Schema's:
+# ASCII \d \w \s, $ only at the end) and Python re's (the reference validator's:
+# Unicode classes, $ also before a final newline). An accepted string must match in
+# both readings where a pattern constrains it, and a subtracted pattern (or one that
+# routes a key to a schema) takes what either reading matches.
+_CLASS_ESCAPE = re.compile(r"\\[dDwWsS]")
+_NEGATED_CLASS = re.compile(r"\\[DWS]|\[\^(?:\\.|[^\]\\])*\\[dws]")
+
+
+def pattern_content_dfa(pattern: str, reading: str) -> DFA:
+    """The minimal DFA of :func:`json_string_content_nfa` (search semantics) in
+    ``reading``: ``"both"``, texts that both readings match (a subset of each), or
+    ``"either"``, texts that either reading matches (a superset of each)."""
+    if reading not in ("both", "either"):
+        raise ValueError(f"reading must be 'both' or 'either', got {reading!r}")
+    nfa = json_string_content_nfa(pattern, search=True)
+    if reading == "both":
+        # ECMA-262's $ matches less than Python's, and ASCII \d \w \s less than
+        # Unicode ones, except under negation (\D, [^\d], (?!...))
+        d = minimize(determinize(nfa))
+        if _NEGATED_CLASS.search(pattern) or "(?!" in pattern:
+            d = minimize(intersect(d, minimize(determinize(json_string_content_nfa(
+                pattern, search=True, flags=0, dollar="py-sub")))))
+        return d
+    if "$" in pattern or _CLASS_ESCAPE.search(pattern):
+        nfa = union(nfa, json_string_content_nfa(pattern, search=True, flags=0,
+                                                 dollar="py-sup"))
+    return minimize(determinize(nfa))
+
+
+def _items_content_nfa(items, sflags, pattern: str, any_tail: bool,
+                       dollar: str = "ecma") -> NFA:
     """JSON string contents whose decoded text starts with a match of the parsed
     ``items`` (anchored at its start), then anything if ``any_tail``, else ends there;
-    anchors inside (``$``) resolved by :func:`anchor_product`."""
+    anchors inside (``$``) resolved by :func:`anchor_product` (``dollar``: as in
+    :func:`json_string_content_nfa`)."""
     items = list(items)
     if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
         any_tail = False                     # (a top-level $ ends the text)
@@ -617,6 +666,8 @@ def _items_content_nfa(items, sflags, pattern: str, any_tail: bool) -> NFA:
     b = _Builder(nfa, pattern)
     b.anchor_edges = []
     e = b.seq(items, start, sflags, top=True)
+    if dollar != "ecma" and items and items[-1] == (C.AT, C.AT_END):
+        e = _optional_newline(nfa, e)
     if any_tail:
         loop = nfa.add_state()
         nfa.add_epsilon(e, loop)
@@ -624,17 +675,23 @@ def _items_content_nfa(items, sflags, pattern: str, any_tail: bool) -> NFA:
         e = loop
     nfa.accepting = {e}
     if b.anchor_edges:
-        return anchor_product(nfa, b.anchor_edges)
+        return anchor_product(nfa, b.anchor_edges, dollar == "py-sup")
     return nfa
 
 
-def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> NFA:
+_OPPOSITE_DOLLAR = {"ecma": "ecma", "py-sup": "py-sub", "py-sub": "py-sup"}
+
+
+def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str,
+                           dollar: str = "ecma") -> NFA:
     """:func:`json_string_content_nfa` for a pattern with look-ahead assertions at the
     start of top-level alternatives anchored with ``^`` (``^(?!a-)[a-z-]+$``): a look-ahead
     at the start constrains the whole text, so the alternative is ``R`` intersected
     with ``X.*`` (``(?=X)``) or less ``X.*`` (``(?!X)``), exactly, where ``R`` is the
     rest of the alternative (followed by anything under search semantics unless it
-    ends with ``$``). Look-behind, and look-ahead elsewhere, stay unsupported."""
+    ends with ``$``). Look-behind, and look-ahead elsewhere, stay unsupported.
+    ``dollar``: as in :func:`json_string_content_nfa` (``X`` of a ``(?!X)`` is read in
+    the opposite direction: a subset of ``X`` leaves a superset)."""
     parts = []
     for items in alternatives:
         anchored = bool(items) and items[0] in ((C.AT, C.AT_BEGINNING),
@@ -658,7 +715,8 @@ def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> 
                 f"top-level alternative), after ^ (in {pattern!r})")
         anchored_end = bool(body) and body[-1][0] is C.AT and \
             body[-1][1] in (C.AT_END, C.AT_END_STRING)
-        rest = _items_content_nfa(body, sflags, pattern, search and not anchored_end)
+        rest = _items_content_nfa(body, sflags, pattern, search and not anchored_end,
+                                  dollar)
         if not asserts:
             if search and not anchored:
                 pre = _items_content_nfa([], sflags, pattern, True)
@@ -667,7 +725,9 @@ def _lookahead_content_nfa(alternatives, search: bool, sflags, pattern: str) -> 
             continue
         d = minimize(determinize(rest))
         for positive, sub in asserts:
-            x = minimize(determinize(_items_content_nfa(list(sub), sflags, pattern, True)))
+            x_dollar = dollar if positive else _OPPOSITE_DOLLAR[dollar]
+            x = minimize(determinize(_items_content_nfa(list(sub), sflags, pattern, True,
+                                                        x_dollar)))
             d = minimize(intersect(d, x) if positive else difference(d, x))
         parts.append(d)
     return union(*parts)
@@ -1376,7 +1436,8 @@ class SchemaBuilder:
                 continue
             content = json.dumps(n, ensure_ascii=False)[1:-1].encode()
             try:
-                covered = any(self._pattern_dfa(p).accepts(content) for p in st["patterns"])
+                covered = any(self._pattern_dfa(p, "either" if self._neg else "both")
+                              .accepts(content) for p in st["patterns"])
             except ValueError:
                 covered = False
             if not covered:
@@ -2362,8 +2423,9 @@ class SchemaBuilder:
                         continue
                     content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
                     try:
-                        matched = any(self._pattern_dfa(pt).accepts(content)
-                                      for pt in own_pats)
+                        matched = any(self._pattern_dfa(
+                            pt, "either" if self._neg else "both").accepts(content)
+                            for pt in own_pats)
                     except ValueError as e:
                         raise UnsupportedSchemaError(
                             f"allOf at {path or '/'}: patternProperties: {e}") from None
@@ -2391,14 +2453,17 @@ class SchemaBuilder:
             out["patternProperties"] = pats
         return out
 
-    def _pattern_dfa(self, pat: str) -> DFA:
-        """The DFA of the key contents that a ``patternProperties`` regex matches
-        (search semantics), once per compile; ``ValueError`` for a pattern it cannot
-        build."""
+    def _pattern_dfa(self, pat: str, reading: str = "both") -> DFA:
+        """The DFA of the string contents that a ``pattern`` or ``patternProperties``
+        regex matches (search semantics) in ``reading`` (:func:`pattern_content_dfa`: ``"both"`` for
+        "the pattern surely matches", ``"either"`` for "it may"), once per compile;
+        ``ValueError`` for a pattern it cannot build."""
         memo = self._string_memo.setdefault("pattern dfas", {})
-        hit = memo.get(pat)
+        if reading == "either" and "$" not in pat and not _CLASS_ESCAPE.search(pat):
+            reading = "both"                   # (the readings agree)
+        hit = memo.get((pat, reading))
         if hit is None:
-            hit = memo[pat] = minimize(determinize(json_string_content_nfa(pat, search=True)))
+            hit = memo[(pat, reading)] = pattern_content_dfa(pat, reading)
         return hit
 
     def _merge_kw(self, k, a, b, path):
@@ -2748,7 +2813,7 @@ class SchemaBuilder:
         lo, hi = self.count_bounds(schema, "minLength", "maxLength", path)
         if hi is not None and lo > hi:
             return EMPTY
-        parts: list[NFA] = []
+        parts: list[NFA | DFA] = []
         fmt = schema.get("format")
         fmt_re = None
         if fmt is not None:
@@ -2777,12 +2842,8 @@ class SchemaBuilder:
             parts.append(json_string_content_nfa(fmt_re, search=False))
         for pat in pats:                   # allOf's patterns: a string matches every one
             try:
-                p_nfa = json_string_content_nfa(pat, search=True)
-                if self._neg:
-                    # subtracted: ECMA-262's ASCII \d \w \s or Python re's Unicode ones
-                    # (jsonschema's): a string either reads as matching is taken
-                    p_nfa = union(p_nfa, json_string_content_nfa(pat, search=True, flags=0))
-                parts.append(p_nfa)
+                # subtracted: a string that either reading matches is taken
+                parts.append(self._pattern_dfa(pat, "either" if self._neg else "both"))
             except ValueError as e:
                 if self.strict:
                     raise UnsupportedSchemaError(f"pattern at {path}/pattern: {e}") from None
@@ -2790,9 +2851,10 @@ class SchemaBuilder:
             parts.append(_any_char_content_nfa(lo, hi))
         if not parts:
             return rx(STRING, 8)
-        dfa = minimize(determinize(parts[0]))
-        for p in parts[1:]:
-            dfa = intersect(dfa, minimize(determinize(p)))
+        dfas = [p if isinstance(p, DFA) else minimize(determinize(p)) for p in parts]
+        dfa = dfas[0]
+        for d in dfas[1:]:
+            dfa = intersect(dfa, d)
         return seq(lit('"'), Node("dfa", (dfa,), dfa.num_states + 1), lit('"'))
 
     # -- arrays ----------------------------------------------------------------------
@@ -3033,23 +3095,28 @@ class SchemaBuilder:
         lo, hi = self.count_bounds(schema, "minProperties", "maxProperties", path)
         if hi is not None and lo > hi:
             return EMPTY
-        # patternProperties: (pattern, DFA of the key contents it matches, subschema)
+        # patternProperties: (pattern, kd, ke, subschema) with the readings of
+        # _pattern_dfa: kd, the keys the pattern surely matches (both readings), ke,
+        # those it may match (either); in a subtracted operand, where a superset is
+        # needed, the other way round. A key of kd goes to the pattern's schema, a key
+        # outside ke to additionalProperties
         pats = []
+        sure, unsure_r = ("either", "both") if self._neg else ("both", "either")
         for pat, sub in pprops.items():
             try:
-                kd = self._pattern_dfa(pat)
+                kd, ke = self._pattern_dfa(pat, sure), self._pattern_dfa(pat, unsure_r)
             except ValueError as e:
                 if self.strict:
                     raise UnsupportedSchemaError(
                         f"patternProperties at {path}/patternProperties: {e}") from None
                 continue            # strict=False: keys of this pattern are not generated
-            pats.append((pat, kd, sub))
+            pats.append((pat, kd, ke, sub))
 
         def with_patterns(name: str, sub):
             # a key's value satisfies every patternProperties schema whose pattern its
-            # name matches, besides its properties schema (JSON Schema: all apply)
+            # name may match, besides its properties schema (JSON Schema: all apply)
             content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
-            more = [ps for _, kd, ps in pats if kd.accepts(content)]
+            more = [ps for _, _, ke, ps in pats if ke.accepts(content)]
             if not more:
                 return sub
             return {"allOf": ([] if sub is None else [sub]) + more}
@@ -3078,11 +3145,13 @@ class SchemaBuilder:
                                        True))
             elif name not in props:
                 # additionalProperties (or unevaluatedProperties) applies to it unless a
-                # pattern matches it (a false one too)
+                # pattern surely matches it (a false one too)
                 sub = with_patterns(name, None)
-                if sub is None:
-                    sub = addl if addl is not None else \
+                content = json.dumps(name, ensure_ascii=False)[1:-1].encode()
+                if not any(kd.accepts(content) for _, kd, _, _ in pats):
+                    rest = addl if addl is not None else \
                         schema.get("unevaluatedProperties", True)
+                    sub = rest if sub is None else {"allOf": [sub, rest]}
                 members.append(_Member(lit(json.dumps(name, ensure_ascii=False)),
                                        self.value_node(sub, f"{path}/required"), True))
         # which extra keys are allowed: the specification's open objects by default;
@@ -3101,10 +3170,21 @@ class SchemaBuilder:
                 implicit = bool(props or pprops or required)
         extras = []
         declared = list(props) + [r for r in required if r not in props]
-        pat_keys = []
-        for kd, subs, where in self._pattern_regions(pats, path):
+        # keys that some pattern may match but not surely (the readings disagree: a
+        # final newline, a non-ASCII digit) are not generated: which schemas apply to
+        # them depends on the reading (in a subtracted operand they take both ways)
+        unsure = [self._product(ke, kd, path, "patternProperties", difference)
+                  for _, kd, ke, _ in pats if ke is not kd and not self._neg]
+        unsure = [d for d in unsure if not is_empty(d)]
+        pat_keys = [seq(lit('"'), Node("dfa", (ke,), ke.num_states + 2), lit('"'))
+                    for _, _, ke, _ in pats]
+        for kd, subs, where in self._pattern_regions([(p, kd, s) for p, kd, _, s in pats],
+                                                     path):
+            for d in unsure:
+                kd = self._product(kd, d, path, "patternProperties", difference)
+            if is_empty(kd):
+                continue
             key = seq(lit('"'), Node("dfa", (kd,), kd.num_states + 2), lit('"'))
-            pat_keys.append(key)
             if names_key is not None:
                 if names_dfa is None:
                     continue
