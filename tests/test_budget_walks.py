@@ -126,8 +126,8 @@ def test_tool_call_walks_parse_and_validate(smol_vocab):
 
 def test_front_end_errors(smol_vocab):
     with pytest.raises(UnsupportedSchemaError, match=r"'uniqueItems' .* at /properties/x/uniqueItems"):
-        compile_json_schema({"type": "object", "properties": {"x": {"type": "array",
-                                                                     "uniqueItems": True}}}, smol_vocab)
+        compile_json_schema({"type": "object", "properties": {"x": {
+            "type": "array", "prefixItems": [{}], "uniqueItems": True}}}, smol_vocab)
     with pytest.raises(SchemaError, match="not valid JSON"):
         compile_json_schema("{not json", smol_vocab)
     with pytest.raises(KeywordError, match="empty"):

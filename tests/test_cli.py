@@ -109,7 +109,8 @@ def test_bad_files(tmp_path, cli):
     assert_user_error(cli("generate", "--model", str(corrupt), "--regex", "a"),
                       "corrupt.gguf")
     unsupported = tmp_path / "schema.json"
-    unsupported.write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    unsupported.write_text(json.dumps({"type": "array", "uniqueItems": True,
+                                       "prefixItems": [{}]}))
     assert_user_error(cli("generate", "--schema", str(unsupported)), "--no-strict")
 
 

@@ -389,7 +389,8 @@ def test_gcd_walks_validate(smol_vocab):
 # strictness, annotations, errors
 # ---------------------------------------------------------------------------------------
 def test_strict_refuses_and_non_strict_ignores():
-    s = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}   # infinite items
+    s = {"type": "array", "prefixItems": [{"type": "integer"}], "items": {"type": "integer"},
+         "uniqueItems": True}             # infinite items beside prefixItems
     with pytest.raises(UnsupportedSchemaError, match=r"'uniqueItems' .* at /uniqueItems.*"
                                                      r"strict=False / --no-strict"):
         dfa_of(s)
@@ -403,7 +404,8 @@ def test_strict_refuses_and_non_strict_ignores():
                                                      r"at /unevaluatedItems"):
         dfa_of(s)
     assert dfa_of(s, strict=False).accepts(b"[1,1]")
-    for bad in ({"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    for bad in ({"type": "array", "items": {"type": "object"}, "uniqueItems": True,
+                 "minItems": 2},
                 {"$ref": "https://example.com/other.json"}):
         with pytest.raises(UnsupportedSchemaError):
             dfa_of(bad)
@@ -537,9 +539,10 @@ def _schema():
             st.dictionaries(st.sampled_from(["a", "b", "c\"", "dé"]), inner, max_size=3),
             st.lists(st.booleans(), min_size=3, max_size=3),
             st.one_of(st.none(), st.just(False), st.just({"type": "integer"}))),
-        st.builds(lambda it, lo, w: {"type": "array", "items": it, "minItems": lo,
-                                     "maxItems": lo + w},
-                  inner, st.integers(0, 2), st.integers(0, 2)),
+        st.builds(lambda it, lo, w, u: {"type": "array", "items": it, "minItems": lo,
+                                        "maxItems": lo + w,
+                                        **({"uniqueItems": True} if u else {})},
+                  inner, st.integers(0, 2), st.integers(0, 2), st.booleans()),
         st.lists(inner, min_size=1, max_size=3).map(lambda xs: {"anyOf": xs}),
     ), max_leaves=5)
 
@@ -563,13 +566,16 @@ def test_fuzz_schemas(schema):
 
 def test_generate_strict_flag():
     """``jaxcd.generate(strict=...)`` is ``compile_json_schema``'s: ``True`` refuses
-    ``uniqueItems`` over 21 item values and up to 6 items (past ``MAX_UNIQUE_STATES``), ``False`` ignores it and every output still validates
+    ``uniqueItems`` over 21 item values beside ``prefixItems`` (past
+    ``MAX_UNIQUE_STATES``), ``False`` ignores it and every output still validates
     against the rest of the schema (``jsonschema``)."""
     import jaxcd
     from jaxcd import generation as G
     model = G.load_model()
     schema = {"type": "object", "additionalProperties": False, "required": ["tags"],
               "properties": {"tags": {"type": "array", "maxItems": 6, "uniqueItems": True,
+                                      "prefixItems": [{"type": "integer", "minimum": 0,
+                                                       "maximum": 20}],
                                       "items": {"type": "integer", "minimum": 0,
                                                 "maximum": 20}}}}
     with pytest.raises(UnsupportedSchemaError, match="uniqueItems"):
@@ -730,11 +736,15 @@ def test_unique_items_equal_jsonschema(schema, pool):
     assert n_ok > 5 and n_dup > 5
 
 
-@pytest.mark.parametrize("items, limit", [({"type": "string"}, "MAX_UNIQUE_SPELLINGS"),
-                                          ({"type": "integer", "minimum": 0, "maximum": 20},
-                                           r"21\) make more than 4096 sets")])
+@pytest.mark.parametrize("items, limit", [
+    ({"prefixItems": [{"type": "string"}], "items": {"type": "string"}},
+     "MAX_UNIQUE_SPELLINGS.*beside prefixItems"),
+    ({"prefixItems": [{"type": "integer", "minimum": 0, "maximum": 20}],
+      "items": {"type": "integer", "minimum": 0, "maximum": 20}},
+     r"21\) make more than 4096 sets.*beside prefixItems"),
+    ({"items": {"type": "object"}, "minItems": 2}, "sort key.*no 2 items have different keys")])
 def test_unique_items_limits(items, limit):
-    schema = {"type": "array", "items": items, "uniqueItems": True}
+    schema = {"type": "array", **items, "uniqueItems": True}
     with pytest.raises(UnsupportedSchemaError, match=rf"uniqueItems.*{limit}.*at /uniqueItems"):
         schema_to_nfa(schema)
     schema_to_nfa(schema, strict=False)                   # ignored knowingly
@@ -746,7 +756,8 @@ def _keys():
 
 def _combinator_schema():
     """Object and array keywords with the product ones (not, oneOf, if/then/else),
-    presence tests, dependencies, propertyNames, patternProperties and contains."""
+    presence tests, dependencies, propertyNames, patternProperties, contains and
+    uniqueItems."""
     leaf = st.one_of(
         _leaf(),
         st.lists(_keys(), min_size=1, max_size=2, unique=True).map(
@@ -769,10 +780,12 @@ def _combinator_schema():
                                            "additionalProperties": False,
                                            "minProperties": n},
                       st.sampled_from(["^a", "^[bk]$", "b"]), inner, st.integers(0, 1)),
-            st.builds(lambda it, c, lo, hi: {"type": "array", "items": it, "contains": c,
-                                             "minContains": lo,
-                                             **({"maxContains": hi} if hi is not None else {})},
-                      inner, inner, st.integers(0, 2), st.one_of(st.none(), st.integers(1, 2))),
+            st.builds(lambda it, c, lo, hi, u: {
+                "type": "array", "items": it, "contains": c, "minContains": lo,
+                **({"maxContains": hi} if hi is not None else {}),
+                **({"uniqueItems": True} if u else {})},
+                      inner, inner, st.integers(0, 2), st.one_of(st.none(), st.integers(1, 2)),
+                      st.booleans()),
             st.builds(lambda x: {"not": x}, inner),
             st.lists(inner, min_size=2, max_size=3).map(lambda xs: {"oneOf": xs}),
             st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, inner, inner, inner),

@@ -412,6 +412,11 @@ MAX_UNIQUE_SPELLINGS = 256
 MAX_UNIQUE_VALUES = 10           # (no longer a limit by itself: see MAX_UNIQUE_STATES)
 #: ``uniqueItems``: at most this many (position, set of values used) automaton states
 MAX_UNIQUE_STATES = 4096
+#: ``uniqueItems`` over items of any language (sorted by a key: see
+#: ``SchemaBuilder._sorted_unique_array``): at most this many NFA states
+MAX_SORTED_UNIQUE_STATES = 4096
+#: ... and in all the arrays of one schema, past which strings share one key
+MAX_SORTED_UNIQUE_TOTAL = 6144
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -1007,6 +1012,9 @@ class SchemaBuilder:
     auto_total: int = field(default_factory=lambda: AUTO_ORDER_TOTAL)
     auto_root: float = field(default_factory=lambda: AUTO_ORDER_ROOT)
     auto_loose: bool = field(default_factory=lambda: AUTO_LOOSE)
+    # uniqueItems sorted by first character: NFA states spent so far (see
+    # _sorted_unique_array)
+    unique_spent: int = 0
     # set by build(): True if the tree has an order-free object (property_order="auto")
     auto_used: bool = False
     # True if count_budget decided a counting keyword
@@ -1617,7 +1625,7 @@ class SchemaBuilder:
                 self._any_cache.clear()
                 self._ref_stack.clear()
                 self._merge_stack.clear()
-                self.auto_spent = 0
+                self.auto_spent = self.unique_spent = 0
                 self.free_sites = self.implicit_sites = self.ref_cuts = 0
                 try:
                     n = self.node(self.root, "")
@@ -2951,7 +2959,7 @@ class SchemaBuilder:
         saying which limit it exceeds."""
         if item.kind == "empty":
             return {}
-        dfa = _node_dfa(item)
+        dfa = self._item_dfa(item)
         texts = _finite_texts(dfa, MAX_UNIQUE_SPELLINGS)
         if texts is None:
             return (f"the items must take finitely many values, spelled in at most "
@@ -2966,6 +2974,13 @@ class SchemaBuilder:
         return {k: alt(*(lit(t.decode("utf-8")) for t in sorted(g)))
                 for k, g in groups.items()}
 
+    def _item_dfa(self, item: Node) -> DFA:
+        """The minimal DFA of an item node (the last one kept: uniqueItems asks twice)."""
+        hit = self._string_memo.get("item dfa")
+        if hit is None or hit[0] is not item:
+            hit = self._string_memo["item dfa"] = (item, _node_dfa(item))
+        return hit[1]
+
     def _unique_array(self, head: list[Node], rest: Node, lo: int, hi: int | None,
                       path: str) -> Node | None:
         """``uniqueItems``: arrays whose item at position ``i`` takes ``head[i]`` (then
@@ -2978,8 +2993,7 @@ class SchemaBuilder:
         for n in list(head) + [rest]:
             vals = self._unique_values(n, index)
             if isinstance(vals, str):
-                self.unsupported(f"keyword 'uniqueItems' ({vals})", f"{path}/uniqueItems")
-                return None
+                return self._unique_fallback(head, rest, lo, hi, path, vals)
             per_pos.append(vals)
         H = len(head)
         hi = len(index) if hi is None else min(hi, len(index))
@@ -2997,12 +3011,11 @@ class SchemaBuilder:
                     key = (min(pos + 1, H), S | 1 << v)
                     if key not in seen:
                         if len(seen) >= MAX_UNIQUE_STATES:
-                            self.unsupported(
-                                f"keyword 'uniqueItems' (the item values ({len(index)}) "
-                                f"make more than {MAX_UNIQUE_STATES} sets of values used "
-                                f"(MAX_UNIQUE_STATES); bound the items' values or "
-                                f"maxItems)", f"{path}/uniqueItems")
-                            return None
+                            return self._unique_fallback(
+                                head, rest, lo, hi, path,
+                                f"the item values ({len(index)}) make more than "
+                                f"{MAX_UNIQUE_STATES} sets of values used "
+                                "(MAX_UNIQUE_STATES)")
                         seen.add(key)
                         todo.append(key)
         nfa = NFA()
@@ -3032,6 +3045,145 @@ class SchemaBuilder:
         nfa.accepting = {final}
         dfa = minimize(determinize(nfa))
         return Node("dfa", (dfa,), dfa.num_states + 1)
+
+    def _unique_fallback(self, head: list[Node], rest: Node, lo: int, hi: int | None,
+                         path: str, why: str) -> Node | None:
+        """``uniqueItems`` whose values cannot be kept apart one by one (``why``): in a
+        subtracted operand, no constraint (a superset); else the sorted arrays of
+        :meth:`_sorted_unique_array` (without ``prefixItems``), or None (after
+        :meth:`unsupported`)."""
+        if self._neg:
+            return None
+        if not head:
+            return self._sorted_unique_array(rest, lo, hi, path)
+        self.unsupported(f"keyword 'uniqueItems' ({why}; beside prefixItems the items "
+                         "must take finitely many values)", f"{path}/uniqueItems")
+        return None
+
+    def _sorted_unique_array(self, rest: Node, lo: int, hi: int | None,
+                             path: str) -> Node | None:
+        """``uniqueItems`` over items of any language: the arrays whose items come in
+        strictly increasing order of a sort key that tells values apart. The key is the
+        type (one key for all numbers, one for objects, one for arrays, one per
+        literal), and for a string its first byte (an escape may not start a string in
+        such an array: ``"\\u0061"`` is ``"a"``; the strings that start with a non-ASCII
+        character share one key), and for numbers, where no fraction or exponent can be
+        spelled, their first digit (``0`` and the negative ones share a key: ``-0`` is
+        ``0``). Items with different keys are different values, so every such array is
+        unique: a subset of the unique arrays (the others are not generated), which keeps
+        any number of strings with different first characters, and at most one object,
+        one array and one number (one per first digit for integers). One key per type
+        (one string) past ``MAX_SORTED_UNIQUE_STATES`` NFA states, or
+        ``MAX_SORTED_UNIQUE_TOTAL`` in the schema's arrays (about the item automaton's
+        size then).
+        None (after :meth:`unsupported`) where ``minItems`` needs more items than
+        there are keys."""
+        if rest.kind == "empty":
+            return self._list([], rest, lo, hi, "[", "]", ",")
+        item = self._item_dfa(rest)
+        if item.num_states == 0:
+            return self._list([], rest, lo, hi, "[", "]", ",")
+        table = item.byte_table()
+        numbers = set(b"-0123456789")
+        # numbers without a fraction or exponent are spelled one way each (but -0): by
+        # their first byte then, 0 with the negative ones
+        seen, todo = set(), [int(table[0, b]) for b in numbers if table[0, b] >= 0]
+        while todo:
+            q = todo.pop()
+            if q not in seen:
+                seen.add(q)
+                todo.extend(int(t) for t in table[q] if t >= 0)
+        integers = not any(table[q, c] >= 0 for q in seen for c in b".eE")
+        runs = []                         # (first byte, last byte, class): runs of bytes
+        for b, c in enumerate(item.byte_class.tolist()):
+            if runs and runs[-1][2] == c:
+                runs[-1][1] = b
+            else:
+                runs.append([b, b, c])
+        for by_char in (True, False)[self.unique_spent >= MAX_SORTED_UNIQUE_TOTAL:]:
+            # keys: (sort key, [(prefix bytes, item state after them)])
+            keys: dict = {}
+            for b in np.nonzero(table[0] >= 0)[0].tolist():
+                r = int(table[0, b])
+                if b == ord('"') and by_char:
+                    # strings by their first byte if ASCII (not an escape), the ones that
+                    # start with another character under one key
+                    for c in np.nonzero(table[r] >= 0)[0].tolist():
+                        if c != ord("\\"):
+                            keys.setdefault((2, min(c, 0x80)), []).append(
+                                (bytes([b, c]), int(table[r, c])))
+                else:
+                    if b in numbers:
+                        k = (0, b if integers and b in b"123456789" else ord("-"))
+                    else:
+                        k = (1 if b == ord('"') else 0, b)
+                    keys.setdefault(k, []).append((bytes([b]), r))
+            order = sorted(keys)
+            nfa = NFA()
+            em = _NFAEmitter(nfa, "")
+            start = nfa.add_state()
+            nfa.start = start
+            final = nfa.add_state()
+            open_ = em.emit(self.ws, em.emit(lit("["), start))
+            if lo == 0:
+                nfa.add_epsilon(em.emit(lit("]"), open_), final)
+            # ge[j]: the next item's key is order[j] or a later one
+            ge = [open_] + [nfa.add_state() for _ in order[1:]]
+            for j in range(len(order) - 1):
+                nfa.add_epsilon(ge[j], ge[j + 1])
+            too_big = False
+            for j, k in enumerate(order):
+                copy: dict = {}
+
+                def state_of(q: int) -> int:
+                    if q not in copy:
+                        copy[q] = nfa.add_state()
+                        todo.append(q)
+                    return copy[q]
+                todo: list = []
+                for prefix, q in keys[k]:
+                    nfa.add_bytes(ge[j], state_of(q), prefix)
+                after = nfa.add_state()
+                while todo:
+                    q = todo.pop()
+                    src = copy[q]
+                    if item.accepting[q]:
+                        nfa.add_epsilon(src, after)
+                    row = item.trans[q].tolist()
+                    for b, e, c in runs:
+                        if row[c] >= 0:
+                            nfa.add_byte_range(src, state_of(row[c]), b, e)
+                    if by_char and (nfa.num_states > MAX_SORTED_UNIQUE_STATES or
+                                    self.unique_spent + nfa.num_states
+                                    > MAX_SORTED_UNIQUE_TOTAL):
+                        too_big = True
+                        break
+                if too_big:
+                    break
+                nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), after), final)
+                if j + 1 < len(order):
+                    nfa.add_epsilon(em.emit(seq(self.ws, lit(","), self.ws), after),
+                                    ge[j + 1])
+            if too_big:
+                continue
+            self._spend(nfa.num_states, path, "uniqueItems")
+            if by_char:
+                self.unique_spent += nfa.num_states
+            nfa.accepting = {final}
+            dfa = minimize(determinize(nfa))
+            if lo > 1 or hi is not None:
+                counts = self.to_dfa(self._list([], rest, lo, hi, "[", "]", ","), path,
+                                     "uniqueItems")
+                dfa = self._product(dfa, counts, path, "uniqueItems", intersect)
+                if is_empty(dfa) and not is_empty(counts):
+                    self.unsupported(
+                        f"keyword 'uniqueItems' (its items take values that cannot be "
+                        f"listed, so jaxcd keeps them apart by a sort key: type, first "
+                        f"character of a string, first digit of an integer; no "
+                        f"{lo} items have different keys)", f"{path}/uniqueItems")
+                    return None
+            return Node("dfa", (dfa,), dfa.num_states + 1)
+        raise AssertionError("unreachable: one key per type has no state limit")
 
     def _list(self, head: list[Node], rest: Node, lo: int, hi: int | None,
               open_: str, close: str, sep: str) -> Node:
