@@ -97,10 +97,20 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--samples", type=int, default=12)
+    ap.add_argument("--files", metavar="LIST",
+                    help="a file of MaskBench names (one a line, base names or paths): "
+                         "sweep these instead of a sample of --splits")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     src = Source(Path(args.data))
-    names = select(src, args.splits, args.n, args.seed)
+    if args.files:
+        wanted = {Path(x).name for x in Path(args.files).read_text().split()}
+        names = [x for x in src.names if Path(x).name in wanted]
+        missing = wanted - {Path(x).name for x in names}
+        if missing:
+            raise SystemExit(f"--files: not in the data: {', '.join(sorted(missing)[:5])}")
+    else:
+        names = select(src, args.splits, args.n, args.seed)
     t0 = time.time()
     rows = sweep(src, names, args.samples)
     compiled = [r for r in rows if "error" not in r]
@@ -115,8 +125,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(
         {"meta": meta, "summary": summary, "rows": rows}, indent=1))
-    md = [f"# Soundness sweep: MaskBench {args.splits} splits, {len(rows)} files "
-          f"(seed {args.seed})", "",
+    what = (f"the {len(rows)} files of `{Path(args.files).name}`" if args.files else
+            f"{args.splits} splits, {len(rows)} files (seed {args.seed})")
+    md = [f"# Soundness sweep: MaskBench {what}", "",
           "Strings drawn from the byte automaton `compile_json_schema` builds, each "
           "validated with jsonschema (`experiments/sweep_soundness.py`).", "",
           f"`python -m experiments.sweep_soundness {' '.join(meta['argv'])}`", "",

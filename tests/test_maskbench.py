@@ -307,3 +307,23 @@ def test_soundness_sweep(monkeypatch, tmp_path):
     monkeypatch.setattr(sw, "_compiled_dfa", lambda s: wrong)
     [row] = sw.sweep(Source(tmp_path), ["x.json"], samples=3)
     assert len(row["invalid"]) == 3 and row["invalid"][0].startswith('{"a":"')
+
+
+def test_soundness_sweep_of_named_files(tmp_path):
+    """``--files`` sweeps the named files (and refuses a name the data lacks)."""
+    from experiments import sweep_soundness as sw
+    for name, schema in (("A---a.json", {"type": "integer"}),
+                         ("B---b.json", {"type": "array", "items": {"type": "string"},
+                                         "uniqueItems": True})):
+        (tmp_path / name).write_text(json.dumps({"schema": schema, "tests": [
+            {"data": 1, "valid": True}]}))
+    (tmp_path / "list.txt").write_text("B---b.json\n")
+    rc = sw.main(["--data", str(tmp_path), "--files", str(tmp_path / "list.txt"),
+                  "--samples", "5", "--out", str(tmp_path / "out")])
+    d = json.loads((tmp_path / "out.json").read_text())
+    assert rc == 0 and [r["file"] for r in d["rows"]] == ["B---b.json"]
+    assert d["summary"]["samples"] == 5 and d["summary"]["invalid_samples"] == 0
+    (tmp_path / "list.txt").write_text("C---c.json\n")
+    with pytest.raises(SystemExit, match="not in the data: C---c.json"):
+        sw.main(["--data", str(tmp_path), "--files", str(tmp_path / "list.txt"),
+                 "--out", str(tmp_path / "out2")])
