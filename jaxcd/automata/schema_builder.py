@@ -3271,6 +3271,13 @@ class SchemaBuilder:
             raise SchemaError(f"{path}/required must be an array")
         addl = schema.get("additionalProperties")
         pprops = schema.get("patternProperties") or {}
+        if isinstance(pprops, dict) and list(pprops) == [""] and addl is not None \
+                and addl is not True and not self._neg:
+            # the empty pattern matches every key, so additionalProperties applies to
+            # none; jsonschema finds additional keys with the patterns joined by "|",
+            # and an empty join finds every key additional: both schemas apply to every
+            # key here (valid either way; a subtracted operand keeps the superset)
+            pprops = {"": {"allOf": [pprops[""], addl]}}
         names = schema.get("propertyNames")
         lo, hi = self.count_bounds(schema, "minProperties", "maxProperties", path)
         if hi is not None and lo > hi:
