@@ -651,6 +651,16 @@ def _disagreed_chars_dfa() -> DFA:
         "[^\\t\\r\\x0b\\x0c -~]", search=True)))
 
 
+def _readings_differ(pattern: str, reading: str) -> bool:
+    """Whether ``reading`` of ``pattern`` (see :func:`pattern_content_dfa`) may differ
+    from the ECMA-262 reading: only with a ``$`` or a class escape, and for "both" only
+    under negation (\\D, [^\\d], (?!...)), since ECMA-262's ``$`` matches less than
+    Python's and ASCII ``\\d \\w \\s`` less than the Unicode ones."""
+    if "$" not in pattern and not _CLASS_ESCAPE.search(pattern):
+        return False
+    return reading == "either" or bool(_NEGATED_CLASS.search(pattern)) or "(?!" in pattern
+
+
 def pattern_content_dfa(pattern: str, reading: str) -> DFA:
     """The minimal DFA of :func:`json_string_content_nfa` (search semantics) in
     ``reading``: ``"both"``, texts that both readings match (a subset of each), or
@@ -663,12 +673,7 @@ def pattern_content_dfa(pattern: str, reading: str) -> DFA:
     if reading not in ("both", "either"):
         raise ValueError(f"reading must be 'both' or 'either', got {reading!r}")
     d = minimize(determinize(json_string_content_nfa(pattern, search=True)))
-    if reading == "both":
-        # ECMA-262's $ matches less than Python's, and ASCII \d \w \s less than
-        # Unicode ones, except under negation (\D, [^\d], (?!...))
-        if not (_NEGATED_CLASS.search(pattern) or "(?!" in pattern):
-            return d
-    elif not ("$" in pattern or _CLASS_ESCAPE.search(pattern)):
+    if not _readings_differ(pattern, reading):
         return d
     cap = 4 * d.num_states + 4096
     try:
@@ -2491,15 +2496,16 @@ class SchemaBuilder:
 
     def _pattern_dfa(self, pat: str, reading: str = "both") -> DFA:
         """The DFA of the string contents that a ``pattern`` or ``patternProperties``
-        regex matches (search semantics) in ``reading`` (:func:`pattern_content_dfa`: ``"both"`` for
-        "the pattern surely matches", ``"either"`` for "it may"), once per compile;
+        regex matches (search semantics) in ``reading`` (:func:`pattern_content_dfa`:
+        ``"both"`` for "the pattern surely matches", ``"either"`` for "it may"), once per
+        compile;
         ``ValueError`` for a pattern it cannot build."""
         memo = self._string_memo.setdefault("pattern dfas", {})
-        if reading == "either" and "$" not in pat and not _CLASS_ESCAPE.search(pat):
-            reading = "both"                   # (the readings agree)
-        hit = memo.get((pat, reading))
+        # where the readings agree, one DFA serves both (and `is` tells them apart)
+        key = (pat, reading if _readings_differ(pat, reading) else "ecma")
+        hit = memo.get(key)
         if hit is None:
-            hit = memo[(pat, reading)] = pattern_content_dfa(pat, reading)
+            hit = memo[key] = pattern_content_dfa(pat, reading)
         return hit
 
     def _merge_kw(self, k, a, b, path):
@@ -3046,14 +3052,7 @@ class SchemaBuilder:
                                 "(MAX_UNIQUE_STATES)")
                         seen.add(key)
                         todo.append(key)
-        nfa = NFA()
-        em = _NFAEmitter(nfa, "")
-        start = nfa.add_state()
-        nfa.start = start
-        final = nfa.add_state()
-        open_ = em.emit(self.ws, em.emit(lit("["), start))
-        if lo == 0:
-            nfa.add_epsilon(em.emit(lit("]"), open_), final)
+        nfa, em, open_, final = self._array_frame(lo)
         state = {key: nfa.add_state() for key in seen if key != (0, 0)}
         for (pos, S), q in state.items():
             c = bin(S).count("1")
@@ -3073,6 +3072,20 @@ class SchemaBuilder:
         nfa.accepting = {final}
         dfa = minimize(determinize(nfa))
         return Node("dfa", (dfa,), dfa.num_states + 1)
+
+    def _array_frame(self, lo: int):
+        """A new NFA for an array built state by state: ``(nfa, emitter, the state after
+        "[" and whitespace, the final state)``, with ``[]`` accepted when ``lo == 0``
+        (the caller adds the accepting set)."""
+        nfa = NFA()
+        em = _NFAEmitter(nfa, "")
+        start = nfa.add_state()
+        nfa.start = start
+        final = nfa.add_state()
+        open_ = em.emit(self.ws, em.emit(lit("["), start))
+        if lo == 0:
+            nfa.add_epsilon(em.emit(lit("]"), open_), final)
+        return nfa, em, open_, final
 
     def _unique_fallback(self, head: list[Node], rest: Node, lo: int, hi: int | None,
                          path: str, why: str) -> Node | None:
@@ -3147,28 +3160,21 @@ class SchemaBuilder:
                         k = (1 if b == ord('"') else 0, b)
                     keys.setdefault(k, []).append((bytes([b]), r))
             order = sorted(keys)
-            nfa = NFA()
-            em = _NFAEmitter(nfa, "")
-            start = nfa.add_state()
-            nfa.start = start
-            final = nfa.add_state()
-            open_ = em.emit(self.ws, em.emit(lit("["), start))
-            if lo == 0:
-                nfa.add_epsilon(em.emit(lit("]"), open_), final)
+            nfa, em, open_, final = self._array_frame(lo)
             # ge[j]: the next item's key is order[j] or a later one
             ge = [open_] + [nfa.add_state() for _ in order[1:]]
             for j in range(len(order) - 1):
                 nfa.add_epsilon(ge[j], ge[j + 1])
             too_big = False
             for j, k in enumerate(order):
-                copy: dict = {}
+                copy: dict = {}          # item state -> its copy for key k
+                todo: list = []
 
                 def state_of(q: int) -> int:
                     if q not in copy:
                         copy[q] = nfa.add_state()
                         todo.append(q)
                     return copy[q]
-                todo: list = []
                 for prefix, q in keys[k]:
                     nfa.add_bytes(ge[j], state_of(q), prefix)
                 after = nfa.add_state()
