@@ -423,6 +423,9 @@ _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
 _SUBSCHEMA_ONE = ("additionalProperties", "propertyNames", "not", "if", "then", "else",
                   "contains", "unevaluatedProperties", "unevaluatedItems",
                   "additionalItems")
+#: ``oneOf`` branches past a product limit (``SchemaBuilder._one_of_witnessed``): their
+#: subset may build this fraction of ``max_product_work`` more
+ONE_OF_WITNESS_WORK = 0.25
 #: ``oneOf``/``not``/``if``: two operands are shown disjoint (no determinisation needed)
 #: by a search over at most this many pairs of their NFA states
 MAX_DISJOINT_PAIRS = 50_000
@@ -1048,6 +1051,10 @@ class SchemaBuilder:
     # uniqueItems sorted by first character: NFA states spent so far (see
     # _sorted_unique_array)
     unique_spent: int = 0
+    # positive nodes built smaller than their schema's language in a way that can leave
+    # out a whole value type or every value (recursion cuts, oneOf past a product limit):
+    # an enclosing oneOf then groups its branches by supersets (see exactly_one)
+    narrowings: int = 0
     # set by build(): True if the tree has an order-free object (property_order="auto")
     auto_used: bool = False
     # True if count_budget decided a counting keyword
@@ -1739,6 +1746,7 @@ class SchemaBuilder:
                 if self._neg:
                     return self.free_value()
                 self.ref_cuts += 1
+                self.narrowings += 1
                 return EMPTY
             self._ref_stack.append(key)
             try:
@@ -1794,6 +1802,7 @@ class SchemaBuilder:
             if isinstance(hit, Exception):
                 raise hit
             self.auto_spent += hit[1]
+            self.narrowings += hit[2]
             return hit[0]
         shared = self._shared_products.get(key)
         if shared is not None:
@@ -1802,20 +1811,21 @@ class SchemaBuilder:
             # built by an earlier attempt of this compile (compile_json_schema's
             # schema-order retry after an order-free attempt): the same node
             # (not counted again in product_work: reusing it costs nothing)
-            self._product_memo[key] = (shared, 0)
-            return shared
-        spent = self.auto_spent
+            self._product_memo[key] = (shared[0], 0, shared[1])
+            self.narrowings += shared[1]
+            return shared[0]
+        spent, narrowed = self.auto_spent, self.narrowings
         try:
             n = self._product_node(schema, path)
         except AutomatonTooLargeError as e:
             self._product_memo[key] = e
             raise
-        self._product_memo[key] = (n, self.auto_spent - spent)
+        self._product_memo[key] = (n, self.auto_spent - spent, self.narrowings - narrowed)
         if key[2] == "schema":
             # a schema-order node does not depend on the attempt (auto_spent plays no
             # part in it): later attempts of the same compile may reuse it. Only
             # successes: a product-work error depends on the attempt's earlier work
-            self._shared_products[key] = n
+            self._shared_products[key] = (n, self.narrowings - narrowed)
         return n
 
     def _reachable_refs(self, schema: Any, text: str) -> frozenset:
@@ -1939,6 +1949,7 @@ class SchemaBuilder:
                         and k not in ("$defs", "definitions")}
                 rest_first = _before(schema, "properties", key)
                 opts, merged = [], []
+                narrowed = self.narrowings
                 for i, sub in enumerate(subs):
                     if rest:
                         sub = self.merge([rest, sub] if rest_first else [sub, rest],
@@ -1946,7 +1957,8 @@ class SchemaBuilder:
                     merged.append(sub)
                     opts.append(self.node(sub, f"{path}/{key}/{i}"))
                 if key == "oneOf":
-                    return self.exactly_one(opts, merged, f"{path}/oneOf")
+                    return self.exactly_one(opts, merged, f"{path}/oneOf",
+                                            self.narrowings != narrowed)
                 return alt(*opts)
         if "const" in schema:
             values = [schema["const"]]
@@ -2085,17 +2097,25 @@ class SchemaBuilder:
             f"operand needs more than {size} {what} (limit max_product_states="
             f"{self.max_product_states}); raise it, or simplify the subschema")
 
-    def exactly_one(self, opts: list[Node], schemas: list, path: str) -> Node:
+    def exactly_one(self, opts: list[Node], schemas: list, path: str,
+                    narrowed: bool = False) -> Node:
         """``oneOf``: the strings in exactly one of the branches. Branches whose first
         bytes are pairwise disjoint (different JSON types) are a plain union; otherwise
         each branch is determinised and the union of ``L_i \\ ∪_{j≠i} L_j`` is built
-        (``L_j`` as a superset: see :meth:`subtrahend`)."""
+        (``L_j`` as a superset: see :meth:`subtrahend`). ``narrowed``: some branch was
+        built smaller than its language in a way that may leave out a value type or
+        every value (``narrowings``); the first bytes and emptiness of the branches are
+        then read on their schemas (:func:`_schema_first_bytes`, a superset)."""
         if self._neg:                    # a superset is enough: the union
             return alt(*opts)
-        live = [i for i, o in enumerate(opts) if o.kind != "empty"]
+        if narrowed:
+            firsts = [_schema_first_bytes(sch) for sch in schemas]
+            live = [i for i, f in enumerate(firsts) if f]
+        else:
+            live = [i for i, o in enumerate(opts) if o.kind != "empty"]
+            firsts = [_first_bytes(o) for o in opts]
         if len(live) <= 1:
             return alt(*opts)
-        firsts = [_first_bytes(o) for o in opts]
         groups: list[list[int]] = []          # branches that share a first byte
         for i, f in enumerate(firsts):
             if i not in live:
@@ -2113,43 +2133,174 @@ class SchemaBuilder:
             if closed is not None:
                 out.extend(closed)
                 continue
-            negs, leasts = [], []
-            for i in g:
-                others = [schemas[j] for j in g if j != i]
-                negs.append(self.negated_or_meet(
-                    schemas[i], others[0] if len(others) == 1 else {"anyOf": others},
-                    f"{path}/{i}"))
-                leasts.append(self._last_least)
-            # branch i loses only the (superset) branches j it can share a value with:
-            # an NFA product search shows most pairs disjoint, and a branch disjoint
-            # from every other one is kept as it is, without determinising anything
-            meets = [[j for j in range(len(g)) if j != i
-                      and not self.disjoint(opts[g[i]], negs[j])] for i in range(len(g))]
-            pos: dict = {}
-            neg: dict = {}
-            for i in range(len(g)):
-                if not meets[i]:
-                    out.append(opts[g[i]])
-                    continue
-                if i not in pos:
-                    pos[i] = self.to_dfa(opts[g[i]], path, "oneOf")
-                x = pos[i]
-                for j in meets[i]:
-                    if is_empty(x):
-                        break
-                    # a subtrahend built at the default depth serves every branch; a
-                    # deeper one (or a meet) is the pair's own
-                    key = j if leasts[j] is None else (j, i)
-                    if key not in neg and leasts[j] is not None:
-                        neg[key] = self.subtrahend(schemas[g[j]], schemas[g[i]], pos[i],
-                                                   negs[j], leasts[j], f"{path}/{g[j]}",
-                                                   "oneOf")
-                    if key not in neg:
-                        neg[key] = self.to_dfa(negs[j], path, "oneOf")
-                    x = self._product(x, neg[key], path, "oneOf", difference)
-                if not is_empty(x):
-                    out.append(Node("dfa", (x,), x.num_states + 1))
+            apart = self._objects_apart([opts[i] for i in g], [schemas[i] for i in g],
+                                        [firsts[i] for i in g], path)
+            if all(len(a) == len(g) - 1 for a in apart):
+                out.extend(opts[i] for i in g)
+                continue
+            try:
+                out.extend(self._exactly_one_product(g, opts, schemas, apart, path))
+            except AutomatonTooLargeError:
+                if self.property_order == "auto":
+                    raise         # _product_node1 first tries the schema's order, exact
+                # a subset with its own allowance of product work (the witnesses'
+                # small value negations): ONE_OF_WITNESS_WORK of max_product_work
+                limit = self.max_product_work
+                self.max_product_work = int(limit * (1 + ONE_OF_WITNESS_WORK))
+                try:
+                    cases = self._one_of_witnessed([firsts[i] for i in g],
+                                                   [schemas[i] for i in g], apart, path)
+                except AutomatonTooLargeError:
+                    cases = None
+                finally:
+                    self.max_product_work = limit
+                if cases is None:
+                    raise
+                out.extend(cases)
         return alt(*out)
+
+    def _exactly_one_product(self, g: list[int], opts: list[Node], schemas: list,
+                             apart: list[set], path: str) -> list[Node]:
+        """The branches ``g`` of :meth:`exactly_one` (they share a first byte), each
+        minus the others it is not shown ``apart`` from (positions in ``g``), by
+        automaton products."""
+        negs: dict = {}
+        leasts: dict = {}
+
+        def neg_of(j: int) -> Node:
+            # branch j as a superset (subtracted), built once
+            if j not in negs:
+                others = [schemas[k] for k in g if k != g[j]]
+                negs[j] = self.negated_or_meet(
+                    schemas[g[j]], others[0] if len(others) == 1 else {"anyOf": others},
+                    f"{path}/{g[j]}")
+                leasts[j] = self._last_least
+            return negs[j]
+        # branch i loses only the (superset) branches j it can share a value with:
+        # an NFA product search shows most pairs disjoint, and a branch disjoint
+        # from every other one is kept as it is, without determinising anything
+        meets = [[j for j in range(len(g)) if j != i and j not in apart[i]
+                  and not self.disjoint(opts[g[i]], neg_of(j))] for i in range(len(g))]
+        out = []
+        pos: dict = {}
+        neg: dict = {}
+        for i in range(len(g)):
+            if not meets[i]:
+                out.append(opts[g[i]])
+                continue
+            if i not in pos:
+                pos[i] = self.to_dfa(opts[g[i]], path, "oneOf")
+            x = pos[i]
+            for j in meets[i]:
+                if is_empty(x):
+                    break
+                # a subtrahend built at the default depth serves every branch; a
+                # deeper one (or a meet) is the pair's own
+                key = j if leasts[j] is None else (j, i)
+                if key not in neg and leasts[j] is not None:
+                    neg[key] = self.subtrahend(schemas[g[j]], schemas[g[i]], pos[i],
+                                               negs[j], leasts[j], f"{path}/{g[j]}",
+                                               "oneOf")
+                if key not in neg:
+                    neg[key] = self.to_dfa(negs[j], path, "oneOf")
+                x = self._product(x, neg[key], path, "oneOf", difference)
+            if not is_empty(x):
+                out.append(Node("dfa", (x,), x.num_states + 1))
+        return out
+
+    def _objects_apart(self, opts: list[Node], schemas: list, firsts: list[frozenset],
+                       path: str) -> list[set]:
+        """For each ``oneOf`` branch ``i`` (``opts``, merged ``schemas``, the first
+        bytes of its language or a superset of them, ``firsts``), the branches no value
+        of it can satisfy, shown on the keywords: ``i`` takes objects only and
+        requires a property whose value the other's ``properties`` schema refuses
+        (disjoint scalar languages: a ``const``/``enum``/type discriminator), or the
+        other way round. Exact: such pairs need no product."""
+        n = len(opts)
+        facts = [_object_facts(s) for s in schemas]
+        objs = [bool(f) and f <= _OPEN_BRACE for f in firsts]
+        apart: list[set] = [set() for _ in range(n)]
+        memo: dict = {}
+
+        def value(i: int, name: str, neg: bool) -> Node | None:
+            # the value language of branch i's property (a superset when neg), None if
+            # not a scalar one (nested values would bring depth-bounded free values)
+            key = (i, name, neg)
+            if key not in memo:
+                sub = facts[i][1].get(name, True)
+                where = f"{path}/{i}/properties/{name}"
+                try:
+                    node = self.negated(sub, where) if neg else self.value_node(sub, where)
+                except (SchemaError, UnsupportedSchemaError, AutomatonTooLargeError,
+                        _TooBig):
+                    node = None
+                if node is not None and (_first_bytes(node) & _CONTAINER_BYTES):
+                    node = None
+                memo[key] = node
+            return memo[key]
+
+        def shown(i: int, j: int) -> bool:
+            # an object of i has a required property whose value j refuses
+            if not objs[i]:
+                return False
+            for name in facts[i][0]:
+                if name not in facts[j][1]:
+                    continue
+                b = value(j, name, True)
+                if b is not None and b.kind == "empty":
+                    return True                 # j forbids the property
+                a = value(i, name, False)
+                try:
+                    if a is not None and b is not None and self.disjoint(a, b):
+                        return True
+                except AutomatonTooLargeError:
+                    return False                # past max_product_work: not shown
+            return False
+        for i in range(n):
+            for j in range(i + 1, n):
+                if shown(i, j) or shown(j, i):
+                    apart[i].add(j)
+                    apart[j].add(i)
+        return apart
+
+    def _one_of_witnessed(self, firsts: list[frozenset], schemas: list, apart: list[set],
+                          path: str) -> list[Node] | None:
+        """``oneOf`` branches past a product limit: a subset. Branch ``i`` keeps its
+        objects that show, by a property, that they are in no other branch ``j`` it is
+        not ``apart`` from: a property ``j`` requires and ``i`` does not is absent, or
+        else a property ``j`` gives a ``const``/``enum`` is present with another value;
+        a branch without a witness against some ``j`` is left out, and so are values
+        other than objects. None if no branch takes an object."""
+        if not any(ord("{") in f for f in firsts):
+            return None                 # no branch takes an object: no property to show
+        facts = [_object_facts(s) for s in schemas]
+        out = []
+        for i, schema in enumerate(schemas):
+            extra: list = [{"type": "object"}]
+            for j in range(len(schemas)):
+                if j == i or j in apart[i]:
+                    continue
+                absent = [k for k in facts[j][0] if k not in facts[i][0]]
+                if absent:
+                    extra.append({"properties": {absent[0]: False}})
+                    continue
+                named = [k for k, v in facts[j][1].items()
+                         if isinstance(v, dict) and ("const" in v or "enum" in v)]
+                if not named:
+                    extra = None              # no witness against j: branch i left out
+                    break
+                k = named[0]
+                extra.append({"required": [k], "properties": {
+                    k: _values_outside(facts[i][1].get(k), facts[j][1][k])}})
+            if extra is None:
+                continue
+            where = f"{path}/{i}"
+            try:
+                out.append(self.node(self.merge([schema] + extra, where), where))
+            except (SchemaError, UnsupportedSchemaError):
+                return None
+        self.narrowings += 1
+        return out
 
     def _closed_object_cases(self, branches: list, path: str) -> list[Node] | None:
         """``oneOf`` branches that are closed objects (``type: object``,
@@ -2362,6 +2513,7 @@ class SchemaBuilder:
                     if self._neg:
                         continue
                     self.ref_cuts += 1
+                    self.narrowings += 1
                     return {"enum": []}
                 rest = {k: v for k, v in sub.items() if k != "$ref"}
                 self._ref_stack.append(key)
@@ -3770,6 +3922,82 @@ def _before(schema: dict, a: str, b: str) -> bool:
 
 
 _ALL_BYTES = frozenset(range(256))
+
+
+_OPEN_BRACE = frozenset(b"{")
+_CONTAINER_BYTES = frozenset(b"{[")
+
+
+def _object_facts(schema: Any) -> tuple[frozenset, dict]:
+    """``(required names, properties)`` of a merged ``oneOf`` branch (what every object
+    of it has, and the schemas its named properties' values satisfy); empty for a
+    schema that is not a dict."""
+    if not isinstance(schema, dict):
+        return frozenset(), {}
+    req = schema.get("required")
+    props = schema.get("properties")
+    req = frozenset(r for r in req if isinstance(r, str)) if isinstance(req, list) else \
+        frozenset()
+    return req, props if isinstance(props, dict) else {}
+
+
+def _values_outside(mine: Any, other: dict) -> dict:
+    """A schema for the values of ``mine`` that ``other`` (a ``const``/``enum``) refuses:
+    the listed values that are not ``other``'s where ``mine`` lists them too (no
+    product), else ``{"not": other}``."""
+    def listed(s):
+        if isinstance(s, dict) and "const" in s:
+            return [s["const"]]
+        if isinstance(s, dict) and isinstance(s.get("enum"), list):
+            return s["enum"]
+        return None
+    ours, theirs = listed(mine), listed(other)
+    if ours is None or theirs is None:
+        return {"not": other}
+    return {"enum": [v for v in ours if not any(_json_eq(v, t) for t in theirs)]}
+
+
+_TYPE_FIRST_BYTES = {"string": frozenset(b'"'), "number": frozenset(b"-0123456789"),
+                     "integer": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"),
+                     "null": frozenset(b"n"), "object": frozenset(b"{"),
+                     "array": frozenset(b"[")}
+
+
+def _json_type(v: Any) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float, Decimal)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _schema_first_bytes(schema: Any) -> frozenset:
+    """A superset of the first bytes of the values of ``schema`` (every spelling), read
+    on its ``const``, ``enum`` or ``type`` alone: all bytes where none is given."""
+    if schema is False:
+        return frozenset()
+    if not isinstance(schema, dict):
+        return _ALL_BYTES
+    if "const" in schema:
+        return _TYPE_FIRST_BYTES[_json_type(schema["const"])]
+    if isinstance(schema.get("enum"), list):
+        out = frozenset()
+        for v in schema["enum"]:
+            out |= _TYPE_FIRST_BYTES[_json_type(v)]
+        return out
+    t = schema.get("type")
+    if isinstance(t, str):
+        t = [t]
+    if isinstance(t, list) and all(x in _TYPE_FIRST_BYTES for x in t):
+        out = frozenset()
+        for x in t:
+            out |= _TYPE_FIRST_BYTES[x]
+        return out
+    return _ALL_BYTES
 
 
 def _first_bytes(node: Node) -> frozenset:
