@@ -172,3 +172,45 @@ def test_fuzz_one_of_past_the_product_limit(branches):
         assert validates(schema, s.decode("utf-8")) is not False, (schema, s)
     if '"format"' not in json.dumps(schema):
         _check(schema, d, exact=False)
+
+
+@pytest.mark.parametrize("schema", [
+    # the inner oneOf keeps no branch past the limit (its objects show nothing), yet
+    # 0 is valid for it: the outer oneOf must still subtract it from its number branch
+    {"oneOf": [{"type": "number", "minimum": 0, "maximum": 2},
+               {"oneOf": [{"type": "null"},
+                          {"oneOf": [{"type": "null"}, {"type": "integer", "multipleOf": 3},
+                                     {"type": "object", "maxProperties": 1}]}]}]},
+])
+def test_narrowed_branch_is_still_subtracted(schema):
+    _, d = _build(schema, max_product_work=1)
+    _check(schema, d, exact=False)
+
+
+def test_enum_values_checked_past_the_product_limit():
+    # the other keywords filter an enum's values through their automaton; past a product
+    # limit the values are run through its NFA (they used to be kept unchecked)
+    schema = {"allOf": [{"type": "number", "minimum": 0.25, "maximum": 0.25},
+                        {"enum": [0, 0.25, "x"]}]}
+    _, d = _build(schema, max_product_work=1)
+    assert d.accepts(b"0.25") and not d.accepts(b"0") and not d.accepts(b'"x"')
+
+
+@pytest.mark.parametrize("schema", [
+    # `not` subtracts a superset of hostnames (every string): its positive side has no
+    # string left, yet "08:39:36Z" (not a hostname) satisfies it, so under oneOf the
+    # time branch must lose it
+    {"oneOf": [{"type": "string", "format": "time"},
+               {"not": {"type": "string", "format": "hostname"}}]},
+    {"oneOf": [{"type": "string", "format": "time"},
+               {"if": {"type": "string"}, "then": {"not": {"format": "hostname"}},
+                "else": False}]},
+])
+def test_branch_narrowed_by_a_difference_is_still_subtracted(schema):
+    _, d = _build(schema)
+    assert not d.accepts(b'"08:39:36Z"')
+    oracle = jsonschema.Draft202012Validator(schema,
+                                             format_checker=jsonschema.FormatChecker())
+    for t in ['"08:39:36Z"', '"a"', "1", "null"]:
+        if d.accepts(t.encode()):
+            assert oracle.is_valid(json.loads(t)), t

@@ -128,6 +128,27 @@ class NFA:
         """A path spelling the UTF-8 encoding of ``text``."""
         self.add_bytes(src, dst, text.encode("utf-8"))
 
+    def accepts(self, data: bytes) -> bool:
+        """Whether the NFA accepts ``data`` (a run over sets of states: for a few short
+        strings, where determinising the whole NFA would cost more)."""
+        eps, trans = self.eps, self.trans
+
+        def close(states):
+            seen = set(states)
+            stack = list(states)
+            while stack:
+                for y in eps[stack.pop()]:
+                    if y not in seen:
+                        seen.add(y)
+                        stack.append(y)
+            return seen
+        cur = close([self.start]) if self.num_states else set()
+        for b in data:
+            cur = close({d for q in cur for lo, hi, d in trans[q] if lo <= b <= hi})
+            if not cur:
+                return False
+        return not cur.isdisjoint(self.accepting)
+
     def add_codepoints(self, src: int, dst: int, ranges: Iterable[tuple[int, int]]) -> None:
         """Paths spelling exactly one code point from the inclusive ``ranges`` (UTF-8).
 

@@ -1927,6 +1927,7 @@ class SchemaBuilder:
                 no_d = self.to_dfa(no, f"{path}/else", "else")
                 c = self.subtrahend(cond, no_s, no_d, neg_cond, least, f"{path}/if", "if")
                 d = self._product(no_d, c, f"{path}/if", "if/else", difference)
+                self.narrowings += 1              # c is a superset: may take too much
                 no = Node("dfa", (d,), d.num_states + 1)
             return alt(yes, no)
         if "not" in schema:
@@ -1939,6 +1940,7 @@ class SchemaBuilder:
             bd = self.to_dfa(base, path, "not")
             c = self.subtrahend(schema["not"], rest, bd, neg, least, f"{path}/not", "not")
             d = self._product(bd, c, f"{path}/not", "not", difference)
+            self.narrowings += 1                  # c is a superset: may take too much
             return Node("dfa", (d,), d.num_states + 1)
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -1948,17 +1950,17 @@ class SchemaBuilder:
                 rest = {k: v for k, v in schema.items() if k != key and not is_annotation(k)
                         and k not in ("$defs", "definitions")}
                 rest_first = _before(schema, "properties", key)
-                opts, merged = [], []
-                narrowed = self.narrowings
+                opts, merged, narrowed = [], [], []
                 for i, sub in enumerate(subs):
                     if rest:
                         sub = self.merge([rest, sub] if rest_first else [sub, rest],
                                          f"{path}/{key}/{i}")
                     merged.append(sub)
+                    before = self.narrowings
                     opts.append(self.node(sub, f"{path}/{key}/{i}"))
+                    narrowed.append(self.narrowings != before)
                 if key == "oneOf":
-                    return self.exactly_one(opts, merged, f"{path}/oneOf",
-                                            self.narrowings != narrowed)
+                    return self.exactly_one(opts, merged, f"{path}/oneOf", narrowed)
                 return alt(*opts)
         if "const" in schema:
             values = [schema["const"]]
@@ -2098,22 +2100,21 @@ class SchemaBuilder:
             f"{self.max_product_states}); raise it, or simplify the subschema")
 
     def exactly_one(self, opts: list[Node], schemas: list, path: str,
-                    narrowed: bool = False) -> Node:
+                    narrowed: list[bool] | None = None) -> Node:
         """``oneOf``: the strings in exactly one of the branches. Branches whose first
         bytes are pairwise disjoint (different JSON types) are a plain union; otherwise
         each branch is determinised and the union of ``L_i \\ ∪_{j≠i} L_j`` is built
-        (``L_j`` as a superset: see :meth:`subtrahend`). ``narrowed``: some branch was
-        built smaller than its language in a way that may leave out a value type or
-        every value (``narrowings``); the first bytes and emptiness of the branches are
-        then read on their schemas (:func:`_schema_first_bytes`, a superset)."""
+        (``L_j`` as a superset: see :meth:`subtrahend`). ``narrowed[i]``: branch ``i``
+        was built smaller than its language in a way that may leave out a value type or
+        every value (``narrowings``); its first bytes and emptiness are then read on
+        its schema (:func:`_schema_first_bytes`, a superset)."""
         if self._neg:                    # a superset is enough: the union
             return alt(*opts)
-        if narrowed:
-            firsts = [_schema_first_bytes(sch) for sch in schemas]
-            live = [i for i, f in enumerate(firsts) if f]
-        else:
-            live = [i for i, o in enumerate(opts) if o.kind != "empty"]
-            firsts = [_first_bytes(o) for o in opts]
+        narrowed = narrowed or [False] * len(opts)
+        firsts = [self._language_first_bytes(sch, f"{path}/{i}") if n else _first_bytes(o)
+                  for i, (o, sch, n) in enumerate(zip(opts, schemas, narrowed))]
+        live = [i for i, (o, n) in enumerate(zip(opts, narrowed))
+                if (firsts[i] if n else o.kind != "empty")]
         if len(live) <= 1:
             return alt(*opts)
         groups: list[list[int]] = []          # branches that share a first byte
@@ -2158,6 +2159,18 @@ class SchemaBuilder:
                     raise
                 out.extend(cases)
         return alt(*out)
+
+    def _language_first_bytes(self, schema: Any, path: str) -> frozenset:
+        """A superset of the first bytes of ``schema``'s values: from its keywords
+        (:func:`_schema_first_bytes`), narrowed where that gives every byte by the
+        schema built as a superset."""
+        f = _schema_first_bytes(schema)
+        if f != _ALL_BYTES:
+            return f
+        try:
+            return _first_bytes(self.negated(schema, path))
+        except (AutomatonTooLargeError, _TooBig, SchemaError, UnsupportedSchemaError):
+            return f
 
     def _exactly_one_product(self, g: list[int], opts: list[Node], schemas: list,
                              apart: list[set], path: str) -> list[Node]:
@@ -2204,6 +2217,7 @@ class SchemaBuilder:
                 if key not in neg:
                     neg[key] = self.to_dfa(negs[j], path, "oneOf")
                 x = self._product(x, neg[key], path, "oneOf", difference)
+                self.narrowings += 1              # a superset: may take too much
             if not is_empty(x):
                 out.append(Node("dfa", (x,), x.num_states + 1))
         return out
@@ -2805,11 +2819,17 @@ class SchemaBuilder:
             # operand, those of their superset: still a superset, and the meets of
             # negated_meet, whose positive side often is an enum, stay precise)
             try:
-                d = self.to_dfa(self.node(rest, path), path, "enum")
-            except AutomatonTooLargeError:
-                d = None
-            if d is not None:
-                opts = [o for o in opts if d.accepts(o[0].encode())]
+                rest_node = self.node(rest, path)
+                check = self.to_dfa(rest_node, path, "enum").accepts
+            except (AutomatonTooLargeError, _TooBig):
+                # past a limit: a superset keeps every value, a positive side runs the
+                # NFA on each spelling (no determinisation)
+                if self._neg:
+                    check = None
+                else:
+                    check = _node_nfa(self.node(rest, path), self.whitespace).accepts
+            if check is not None:
+                opts = [o for o in opts if check(o[0].encode())]
         if self._neg:
             # a subtracted operand holds every spelling of its values (1.0 and 1e0 equal
             # 1, "\/" is "/", object keys in any order, whitespace), else the difference
