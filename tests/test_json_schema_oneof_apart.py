@@ -214,3 +214,17 @@ def test_branch_narrowed_by_a_difference_is_still_subtracted(schema):
     for t in ['"08:39:36Z"', '"a"', "1", "null"]:
         if d.accepts(t.encode()):
             assert oracle.is_valid(json.loads(t)), t
+
+
+def test_values_compared_as_json_schema_does():
+    from jaxcd.automata.schema_builder import _values_apart, _values_outside
+    assert not _values_apart({"const": 1}, {"const": 1.0})           # 1 equals 1.0
+    assert _values_apart({"const": 1}, {"const": True})               # true is not 1
+    assert not _values_apart({"enum": [{"a": 1, "b": 2}]}, {"enum": [{"b": 2, "a": 1.0}]})
+    assert _values_apart({"type": "integer"}, {"type": ["string", "null"]})
+    assert not _values_apart({"type": "integer"}, {"type": "number"})
+    assert not _values_apart({"const": 2}, {"type": "integer"})
+    assert _values_apart({"const": "x"}, {"type": "integer"})
+    assert _values_apart(True, False) and not _values_apart(True, {"const": 1})
+    assert _values_outside({"enum": [1, 2, 3.5]}, {"enum": [1.0, 3.5]}) == {"enum": [2]}
+    assert _values_outside(None, {"const": 1}) == {"not": {"const": 1}}

@@ -2160,17 +2160,30 @@ class SchemaBuilder:
                 out.extend(cases)
         return alt(*out)
 
-    def _language_first_bytes(self, schema: Any, path: str) -> frozenset:
-        """A superset of the first bytes of ``schema``'s values: from its keywords
-        (:func:`_schema_first_bytes`), narrowed where that gives every byte by the
-        schema built as a superset."""
+    def _language_first_bytes(self, schema: Any, path: str, depth: int = 0) -> frozenset:
+        """A superset of the first bytes of ``schema``'s values, read on its keywords:
+        ``const``/``enum``/``type`` (:func:`_schema_first_bytes`), narrowed by the
+        targets of ``$ref`` and the parts of ``allOf`` (each applies) and by the union
+        of the branches of ``anyOf``/``oneOf``; every byte where they say nothing."""
         f = _schema_first_bytes(schema)
-        if f != _ALL_BYTES:
+        if not isinstance(schema, dict) or depth > 8:
             return f
-        try:
-            return _first_bytes(self.negated(schema, path))
-        except (AutomatonTooLargeError, _TooBig, SchemaError, UnsupportedSchemaError):
-            return f
+        if isinstance(schema.get("$ref"), str):
+            try:
+                f &= self._language_first_bytes(self.resolve(schema["$ref"], path)[0],
+                                                path, depth + 1)
+            except (SchemaError, UnsupportedSchemaError):
+                pass
+        if isinstance(schema.get("allOf"), list):
+            for part in schema["allOf"]:
+                f &= self._language_first_bytes(part, path, depth + 1)
+        for key in ("anyOf", "oneOf"):
+            if isinstance(schema.get(key), list):
+                u = frozenset()
+                for part in schema[key]:
+                    u |= self._language_first_bytes(part, path, depth + 1)
+                f &= u
+        return f
 
     def _exactly_one_product(self, g: list[int], opts: list[Node], schemas: list,
                              apart: list[set], path: str) -> list[Node]:
@@ -2227,49 +2240,23 @@ class SchemaBuilder:
         """For each ``oneOf`` branch ``i`` (``opts``, merged ``schemas``, the first
         bytes of its language or a superset of them, ``firsts``), the branches no value
         of it can satisfy, shown on the keywords: ``i`` takes objects only and
-        requires a property whose value the other's ``properties`` schema refuses
-        (disjoint scalar languages: a ``const``/``enum``/type discriminator), or the
-        other way round. Exact: such pairs need no product."""
+        requires a property that the other's ``properties`` refuses outright (``false``)
+        or gives values that ``i``'s own schema for it cannot take (``const``/``enum``
+        values equal under JSON Schema, or ``type`` s, apart: a discriminator), or the
+        other way round. Read on the keywords alone (no automaton). Exact: such pairs
+        need no product."""
         n = len(opts)
         facts = [_object_facts(s) for s in schemas]
         objs = [bool(f) and f <= _OPEN_BRACE for f in firsts]
         apart: list[set] = [set() for _ in range(n)]
-        memo: dict = {}
-
-        def value(i: int, name: str, neg: bool) -> Node | None:
-            # the value language of branch i's property (a superset when neg), None if
-            # not a scalar one (nested values would bring depth-bounded free values)
-            key = (i, name, neg)
-            if key not in memo:
-                sub = facts[i][1].get(name, True)
-                where = f"{path}/{i}/properties/{name}"
-                try:
-                    node = self.negated(sub, where) if neg else self.value_node(sub, where)
-                except (SchemaError, UnsupportedSchemaError, AutomatonTooLargeError,
-                        _TooBig):
-                    node = None
-                if node is not None and (_first_bytes(node) & _CONTAINER_BYTES):
-                    node = None
-                memo[key] = node
-            return memo[key]
 
         def shown(i: int, j: int) -> bool:
             # an object of i has a required property whose value j refuses
             if not objs[i]:
                 return False
-            for name in facts[i][0]:
-                if name not in facts[j][1]:
-                    continue
-                b = value(j, name, True)
-                if b is not None and b.kind == "empty":
-                    return True                 # j forbids the property
-                a = value(i, name, False)
-                try:
-                    if a is not None and b is not None and self.disjoint(a, b):
-                        return True
-                except AutomatonTooLargeError:
-                    return False                # past max_product_work: not shown
-            return False
+            return any(name in facts[j][1] and _values_apart(facts[i][1].get(name, True),
+                                                             facts[j][1][name])
+                       for name in facts[i][0])
         for i in range(n):
             for j in range(i + 1, n):
                 if shown(i, j) or shown(j, i):
@@ -3961,38 +3948,73 @@ def _object_facts(schema: Any) -> tuple[frozenset, dict]:
     return req, props if isinstance(props, dict) else {}
 
 
+def _listed(s: Any) -> list | None:
+    """The values a schema's ``const`` or ``enum`` lists (None without either)."""
+    if isinstance(s, dict) and "const" in s:
+        return [s["const"]]
+    if isinstance(s, dict) and isinstance(s.get("enum"), list):
+        return s["enum"]
+    return None
+
+
+def _value_key(v: Any):
+    """A hashable key equal for values equal under JSON Schema (``1`` and ``1.0``;
+    ``true`` is not ``1``; object key order ignored)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, (int, float, Decimal)):
+        d = to_decimal(v)
+        return ("num", d.normalize() if d != 0 else Decimal(0))
+    if isinstance(v, list):
+        return ("list", tuple(_value_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("obj", tuple(sorted((k, _value_key(x)) for k, x in v.items())))
+    return ("other", repr(v))
+
+
+def _value_types(s: Any) -> frozenset | None:
+    """The JSON types a schema's values can have, from ``const``/``enum``/``type``
+    (``integer`` read as ``number``); None if it does not say."""
+    vals = _listed(s)
+    if vals is not None:
+        return frozenset("number" if _json_type(v) == "integer" else _json_type(v)
+                         for v in vals)
+    t = s.get("type") if isinstance(s, dict) else None
+    if isinstance(t, str):
+        t = [t]
+    if isinstance(t, list) and t and all(x in _TYPE_FIRST_BYTES for x in t):
+        return frozenset("number" if x == "integer" else x for x in t)
+    return None
+
+
+def _values_apart(a: Any, b: Any) -> bool:
+    """True if no value satisfies both schemas, shown on their keywords: ``b`` is
+    ``false``, or both list their values (``const``/``enum``) and none is equal, or
+    their types share none."""
+    if b is False or a is False:
+        return True
+    va, vb = _listed(a), _listed(b)
+    if va is not None and vb is not None:
+        return not ({_value_key(v) for v in va} & {_value_key(v) for v in vb})
+    ta, tb = _value_types(a), _value_types(b)
+    return ta is not None and tb is not None and not (ta & tb)
+
+
 def _values_outside(mine: Any, other: dict) -> dict:
     """A schema for the values of ``mine`` that ``other`` (a ``const``/``enum``) refuses:
     the listed values that are not ``other``'s where ``mine`` lists them too (no
     product), else ``{"not": other}``."""
-    def listed(s):
-        if isinstance(s, dict) and "const" in s:
-            return [s["const"]]
-        if isinstance(s, dict) and isinstance(s.get("enum"), list):
-            return s["enum"]
-        return None
-    ours, theirs = listed(mine), listed(other)
+    ours, theirs = _listed(mine), _listed(other)
     if ours is None or theirs is None:
         return {"not": other}
-    return {"enum": [v for v in ours if not any(_json_eq(v, t) for t in theirs)]}
+    keys = {_value_key(t) for t in theirs}
+    return {"enum": [v for v in ours if _value_key(v) not in keys]}
 
 
 _TYPE_FIRST_BYTES = {"string": frozenset(b'"'), "number": frozenset(b"-0123456789"),
                      "integer": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"),
                      "null": frozenset(b"n"), "object": frozenset(b"{"),
                      "array": frozenset(b"[")}
-
-
-def _json_type(v: Any) -> str:
-    if isinstance(v, bool):
-        return "boolean"
-    if v is None:
-        return "null"
-    if isinstance(v, (int, float, Decimal)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    return "array" if isinstance(v, list) else "object"
 
 
 def _schema_first_bytes(schema: Any) -> frozenset:
@@ -4132,6 +4154,8 @@ def _json_type(v) -> str:
         return "integer"
     if isinstance(v, float):
         return "integer" if v.is_integer() else "number"
+    if isinstance(v, Decimal):
+        return "integer" if v.is_finite() and v == v.to_integral_value() else "number"
     if isinstance(v, str):
         return "string"
     if isinstance(v, list):
