@@ -1927,7 +1927,7 @@ class SchemaBuilder:
                 no_d = self.to_dfa(no, f"{path}/else", "else")
                 c = self.subtrahend(cond, no_s, no_d, neg_cond, least, f"{path}/if", "if")
                 d = self._product(no_d, c, f"{path}/if", "if/else", difference)
-                self.narrowings += 1              # c is a superset: may take too much
+                self._note_difference(no, d)
                 no = Node("dfa", (d,), d.num_states + 1)
             return alt(yes, no)
         if "not" in schema:
@@ -1940,7 +1940,7 @@ class SchemaBuilder:
             bd = self.to_dfa(base, path, "not")
             c = self.subtrahend(schema["not"], rest, bd, neg, least, f"{path}/not", "not")
             d = self._product(bd, c, f"{path}/not", "not", difference)
-            self.narrowings += 1                  # c is a superset: may take too much
+            self._note_difference(base, d)
             return Node("dfa", (d,), d.num_states + 1)
         for key in ("anyOf", "oneOf"):
             if key in schema:
@@ -2160,6 +2160,14 @@ class SchemaBuilder:
                 out.extend(cases)
         return alt(*out)
 
+    def _note_difference(self, before: Node, after: DFA) -> None:
+        """``after`` is ``before`` minus a superset of what should go, so it may have
+        lost values that belong: count a narrowing (``narrowings``) where that shows in
+        what an enclosing ``oneOf`` reads, the first bytes or emptiness."""
+        if is_empty(after) or \
+                _first_bytes(Node("dfa", (after,), after.num_states + 1)) != _first_bytes(before):
+            self.narrowings += 1
+
     def _language_first_bytes(self, schema: Any, path: str, depth: int = 0) -> frozenset:
         """A superset of the first bytes of ``schema``'s values, read on its keywords:
         ``const``/``enum``/``type`` (:func:`_schema_first_bytes`), narrowed by the
@@ -2230,7 +2238,7 @@ class SchemaBuilder:
                 if key not in neg:
                     neg[key] = self.to_dfa(negs[j], path, "oneOf")
                 x = self._product(x, neg[key], path, "oneOf", difference)
-                self.narrowings += 1              # a superset: may take too much
+            self._note_difference(opts[g[i]], x)
             if not is_empty(x):
                 out.append(Node("dfa", (x,), x.num_states + 1))
         return out
