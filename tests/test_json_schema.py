@@ -807,6 +807,12 @@ def test_fuzz_combinator_schemas(schema):
     except JaxcdError as e:
         assert str(e)
         return
+    assert_sound(schema, d)
+
+
+def assert_sound(schema, d: DFA) -> None:
+    """Every sampled string of ``d`` validates against ``schema``, and so does every
+    value of the products tests' universe that ``d`` accepts."""
     if d.num_states == 0:
         return
     rng = np.random.default_rng(0)

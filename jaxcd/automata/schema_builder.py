@@ -3965,21 +3965,6 @@ def _listed(s: Any) -> list | None:
     return None
 
 
-def _value_key(v: Any):
-    """A hashable key equal for values equal under JSON Schema (``1`` and ``1.0``;
-    ``true`` is not ``1``; object key order ignored)."""
-    if isinstance(v, bool) or v is None or isinstance(v, str):
-        return (type(v).__name__, v)
-    if isinstance(v, (int, float, Decimal)):
-        d = to_decimal(v)
-        return ("num", d.normalize() if d != 0 else Decimal(0))
-    if isinstance(v, list):
-        return ("list", tuple(_value_key(x) for x in v))
-    if isinstance(v, dict):
-        return ("obj", tuple(sorted((k, _value_key(x)) for k, x in v.items())))
-    return ("other", repr(v))
-
-
 def _value_types(s: Any) -> frozenset | None:
     """The JSON types a schema's values can have, from ``const``/``enum``/``type``
     (``integer`` read as ``number``); None if it does not say."""
@@ -4003,7 +3988,7 @@ def _values_apart(a: Any, b: Any) -> bool:
         return True
     va, vb = _listed(a), _listed(b)
     if va is not None and vb is not None:
-        return not ({_value_key(v) for v in va} & {_value_key(v) for v in vb})
+        return not ({_canon(v) for v in va} & {_canon(v) for v in vb})
     ta, tb = _value_types(a), _value_types(b)
     return ta is not None and tb is not None and not (ta & tb)
 
@@ -4015,8 +4000,8 @@ def _values_outside(mine: Any, other: dict) -> dict:
     ours, theirs = _listed(mine), _listed(other)
     if ours is None or theirs is None:
         return {"not": other}
-    keys = {_value_key(t) for t in theirs}
-    return {"enum": [v for v in ours if _value_key(v) not in keys]}
+    keys = {_canon(t) for t in theirs}
+    return {"enum": [v for v in ours if _canon(v) not in keys]}
 
 
 _TYPE_FIRST_BYTES = {"string": frozenset(b'"'), "number": frozenset(b"-0123456789"),
@@ -4110,10 +4095,12 @@ def _finite_texts(dfa: DFA, limit: int) -> list[bytes] | None:
 
 def _canon(v):
     """A hashable key equal for JSON values equal under JSON Schema (1 == 1.0;
-    true != 1; object key order ignored)."""
+    true != 1; object key order ignored); numbers as ``json`` or ``Decimal`` parse
+    them."""
     if isinstance(v, bool) or v is None or isinstance(v, str):
         return (type(v).__name__, v)
-    if isinstance(v, Decimal):
+    if isinstance(v, (int, float, Decimal)):
+        v = to_decimal(v)
         return ("num", v.normalize() if v != 0 else Decimal(0))
     if isinstance(v, list):
         return ("list", tuple(_canon(x) for x in v))
