@@ -621,7 +621,8 @@ def test_builder_state_limit_is_compile_limits():
         deep_flat = SchemaBuilder(tree, max_depth=2, max_free_depth=1).build().size
         assert (b.depth_used, b.free_depth_used) == (2 if deep_flat < sizes[1] else 1, 1)
     with pytest.raises(AutomatonTooLargeError) as e:
-        compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=flat - 1))
+        compile_json_schema(tree, vocab, limits=CompileLimits(max_nfa_states=flat - 1),
+                            property_order="schema")
     assert e.value.limit == "max_nfa_states" and e.value.value == flat - 1
     assert "max_nfa_states" in str(e.value) and "subschema at" in str(e.value)
 

@@ -440,3 +440,27 @@ def test_unique_items_over_enum_numbers_counts_values_not_spellings():
             n += ok
     assert n > 20
     assert not d.accepts(b"[3.0]")           # an integer written as one keeps its spelling
+
+
+@pytest.mark.parametrize("schema", [
+    {"const": {"a": [1, 2], "b": {"c": None}}},
+    {"enum": [[1, {"b": 2}], "q", {}, [], {"a": "x, y: z"}]},
+    {"type": "object", "properties": {"x": {"enum": [{"k": [True]}, [None, 1.5]]}}},
+], ids=lambda x: json.dumps(x)[:60])
+def test_enum_objects_and_arrays_take_the_free_whitespace(schema):
+    """A listed object or array is accepted with the free whitespace between its tokens
+    (default ``[ ]?``), as ``json.dumps`` prints it, not only compactly; the same
+    texts with another value, or another key order, are refused as jsonschema says."""
+    d = minimize(determinize(schema_to_nfa(schema, property_order="auto")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    values = list(schema.get("enum", [schema.get("const")]))
+    if "properties" in schema:
+        values = [{"x": v} for v in schema["properties"]["x"]["enum"]]
+    others = [{"a": [1, 3], "b": {"c": None}}, [1, {"b": 3}], {"a": "x,y:z"}, {"k": [False]},
+              {"x": [None, 2.5]}, [[1, 2]], {"b": {"c": None}, "a": [1, 2]}]
+    for i, v in enumerate(values + others):
+        for t in (_text(v), json.dumps(v), json.dumps(v, separators=(", ", ":"))):
+            if d.accepts(t.encode()):
+                assert oracle.is_valid(v), (schema, t)
+            else:
+                assert i >= len(values), (schema, t)     # a listed value, as listed

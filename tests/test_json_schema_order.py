@@ -98,7 +98,8 @@ def _form(schema, **budget):
 def _order_ok(schema, keys, tracked, anywhere) -> bool:
     """The order rule restated: declared properties that are not tracked keep the
     schema's order among themselves; unless extra keys may come anywhere, they come
-    after every declared key."""
+    after every declared key, or (the document's object with a required property,
+    extra values scalars here) before every one."""
     declared = list(schema.get("properties", {}))
     chain = [k for k in declared if k not in tracked]
     seen = [k for k in keys if k in chain]
@@ -107,7 +108,9 @@ def _order_ok(schema, keys, tracked, anywhere) -> bool:
     if not anywhere:
         pos = [i for i, k in enumerate(keys) if k in declared]
         ext = [i for i, k in enumerate(keys) if k not in declared]
-        if pos and ext and min(ext) < max(pos):
+        if pos and any(min(pos) < e < max(pos) for e in ext):
+            return False
+        if pos and ext and min(ext) < min(pos) and not schema.get("required"):
             return False
     return True
 
@@ -369,10 +372,11 @@ def test_auto_order_past_budget_takes_the_required_ones_first(seed):
     for pairs, dup in _instances(props, rng=rng):
         keys = [k for k, _ in pairs]
         declared = [k for k in keys if k in props]
-        # as in the schema's order: extra keys after the declared ones
+        # as in the schema's order: extra keys after the declared ones, or (scalar
+        # values, a required property) before them
         ext = [i for i, k in enumerate(keys) if k not in props]
         pos = [i for i, k in enumerate(keys) if k in props]
-        tail = not (pos and ext and min(ext) < max(pos))
+        tail = not pos or all(e < min(pos) or e > max(pos) for e in ext)
         by_schema = _in_order(declared, names)
         by_req = _in_order(declared, second)
         want = not dup and oracle.is_valid(dict(pairs)) and tail and (by_schema or by_req)
@@ -401,3 +405,61 @@ def test_auto_order_wide_object_in_required_order():
         assert d.accepts(_text(pairs)) == want, keys
         n += want
     assert n == 4
+
+
+_SCALARS = (int, str, float, bool, type(None))
+
+
+def _fixed_order_ok(obj_pairs, props, lead: bool) -> bool:
+    """The schema's order restated: declared keys in the order of ``props``; an extra
+    key after every declared one, or (``lead``: the document's object with a required
+    property) before every one with a scalar value."""
+    declared = [k for k, _ in obj_pairs if k in props]
+    if declared != sorted(declared, key=list(props).index):
+        return False
+    pos = [i for i, (k, _) in enumerate(obj_pairs) if k in props]
+    for i, (k, v) in enumerate(obj_pairs):
+        if k in props or not pos or i > max(pos):
+            continue
+        if not (lead and i < min(pos) and isinstance(v, _SCALARS)):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+     "required": ["b"]},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+    {"$ref": "#/$defs/r", "$defs": {"r": {"type": "object", "required": ["b"],
+                                          "properties": {"a": {"type": "integer"},
+                                                         "b": {"type": "string"}}}}},
+    {"type": "object", "required": ["b"], "minProperties": 1,
+     "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+    {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"},
+                                                 "b": {"type": "string"}},
+                "required": ["b"]}, {"type": "string"}]},
+], ids=lambda s: json.dumps(s)[:50])
+def test_schema_order_takes_scalar_extras_first_in_the_document_object(schema):
+    """In the schema's order the document's own object (through ``$ref``/``allOf``
+    only) with a required property also takes additional members with scalar values
+    before its declared ones (``{"$schema": "...", ...}``): by brute force against
+    jsonschema and the order rule restated; not with counts, not in a branch of a
+    union, never a non-scalar extra first, never a dangling comma."""
+    d = _dfa(schema, property_order="schema")
+    oracle = jsonschema.Draft202012Validator(schema)
+    target = schema.get("$defs", {}).get("r") or (schema.get("anyOf") or [schema])[0]
+    props = target["properties"]
+    lead = (bool(target.get("required")) and "minProperties" not in target
+            and "anyOf" not in schema)
+    pool = {"a": [1, "s"], "b": ["s"], "z": [1, None, "t", {"q": 1}, [1]], "y": [2]}
+    n = 0
+    for r in range(4):
+        for keys in itertools.permutations("abzy", r):
+            for vals in itertools.product(*(pool[k] for k in keys)):
+                pairs = list(zip(keys, vals))
+                want = oracle.is_valid(dict(pairs)) and _fixed_order_ok(pairs, props, lead)
+                assert d.accepts(_text(pairs)) == want, (schema, pairs)
+                n += want
+                if pairs:
+                    assert not d.accepts(_text(pairs)[:-1] + b",}"), (schema, pairs)
+    assert n > 10

@@ -109,3 +109,34 @@ def test_prefix_items_with_unlisted_values_is_refused():
     with pytest.raises(UnsupportedSchemaError,
                        match=r"'uniqueItems'.*beside prefixItems.*at /uniqueItems"):
         schema_to_nfa(schema, "")
+
+
+@pytest.mark.parametrize("items", [
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array"}}},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"enum": [{"a": 1}, {"a": [1, 2]}, [1, {"b": None}], "x"]},
+    {"type": "array", "items": {"enum": [1, 2]}, "maxItems": 2}],
+    ids=lambda s: json.dumps(s))
+def test_unique_items_take_the_free_whitespace(items):
+    """Items of a ``uniqueItems`` array take the free whitespace inside them (default
+    ``[ ]?``) as any other value does, whether their values are listed (finite items)
+    or kept apart by the sort key: each array is judged the same in its compact and its
+    spaced spelling, and an array of one valid item (always in order) is taken."""
+    schema = {"type": "array", "items": items, "uniqueItems": True}
+    d = minimize(determinize(schema_to_nfa(schema, property_order="any")[0]))
+    oracle = jsonschema.Draft202012Validator(schema)
+    pool = [{}, {"a": 1}, {"a": 2}, {"b": [1, 2]}, {"a": 1, "b": []}, {"b": [], "a": 1},
+            {"a": [1, 2]}, [1, {"b": None}], [1], [2], [1, 2], [2, 1], [1, 1], "x", 1]
+    finite = "enum" in items or "maxItems" in items
+    taken = 0
+    for n in range(3):
+        for arr in itertools.product(pool, repeat=n):
+            arr = list(arr)
+            want = oracle.is_valid(arr)
+            got = [d.accepts(t.encode()) for t in (spell(arr), json.dumps(arr))]
+            assert want or not any(got), (schema, arr)           # never an invalid array
+            assert got[0] == got[1], (schema, arr)               # whitespace is free
+            if want and (finite or n <= 1):
+                assert all(got), (schema, arr)
+            taken += got[1]
+    assert taken > 3

@@ -393,6 +393,8 @@ AUTO_DFA_CAP = 20_000
 # states; 27 of the 56 that pass it are refused early by these two rules.
 AUTO_REFUSE_TREE = 8
 AUTO_REFUSE_NFA = 4
+# subschema paths of the document's own object: through $ref and allOf only
+_DOCUMENT_PATH = re.compile(r"(?:/\$ref|/allOf/\d+)*")
 # subschema paths below which an object is a value inside the document's object
 _VALUE_PATHS = ("/properties/", "/items", "/additionalProperties", "/patternProperties",
                 "/prefixItems", "/additionalItems", "/required", "/dependentSchemas",
@@ -1199,7 +1201,8 @@ class SchemaBuilder:
     # -- helpers ---------------------------------------------------------------------
     @property
     def ws(self) -> Node:
-        return rx(self.whitespace, 2) if self.whitespace else EPS
+        # tagged: a compact emission (_node_dfa(..., compact=True)) leaves it out
+        return Node("re", (self.whitespace, "ws"), 2) if self.whitespace else EPS
 
     def resolve(self, ref: str, path: str) -> tuple[Any, str]:
         if not isinstance(ref, str):
@@ -2831,7 +2834,9 @@ class SchemaBuilder:
             # keeps an invalid spelling
             vals = {id(v): v for _, v in opts}.values()       # each value once
             return alt(*(self._spellings(v, path) for v in vals))
-        return alt(*(lit(t) for t, _ in opts))
+        # objects and arrays take the free whitespace between their tokens
+        return alt(*(_spaced(t.encode(), self.ws) if t[:1] in "{[" else lit(t)
+                     for t, _ in opts))
 
     def _spellings(self, v: Any, path: str) -> Node:
         """A superset of the spellings of the JSON value ``v`` (in a subtracted operand)."""
@@ -3172,14 +3177,21 @@ class SchemaBuilder:
             except ValueError:
                 return "an item spelling is not one JSON value"
             groups.setdefault(index.setdefault(_canon(v), len(index)), []).append(t)
-        return {k: alt(*(lit(t.decode("utf-8")) for t in sorted(g)))
+        # the spellings are enumerated without whitespace (one per key order, not one
+        # per whitespace choice too); each takes the free whitespace between its tokens
+        return {k: alt(*(_spaced(t, self.ws) for t in sorted(g)))
                 for k, g in groups.items()}
 
-    def _item_dfa(self, item: Node) -> DFA:
-        """The minimal DFA of an item node (the last one kept: uniqueItems asks twice)."""
-        hit = self._string_memo.get("item dfa")
+    def _item_dfa(self, item: Node, spaced: bool = False) -> DFA:
+        """The minimal DFA of an item node, without the free whitespace (its values
+        spelled once each but for key orders and numbers), or with it (``spaced``); the
+        last one of each kind is kept (uniqueItems asks twice)."""
+        key = ("item dfa", spaced)
+        hit = self._string_memo.get(key)
         if hit is None or hit[0] is not item:
-            hit = self._string_memo["item dfa"] = (item, _node_dfa(item))
+            dfa = (minimize(determinize(_node_nfa(item, self.whitespace))) if spaced
+                   else _node_dfa(item, compact=True))
+            hit = self._string_memo[key] = (item, dfa)
         return hit[1]
 
     def _unique_array(self, head: list[Node], rest: Node, lo: int, hi: int | None,
@@ -3288,7 +3300,7 @@ class SchemaBuilder:
         there are keys."""
         if rest.kind == "empty":
             return self._list([], rest, lo, hi, "[", "]", ",")
-        item = self._item_dfa(rest)
+        item = self._item_dfa(rest, spaced=True)
         if item.num_states == 0:
             return self._list([], rest, lo, hi, "[", "]", ",")
         table = item.byte_table()
@@ -3529,6 +3541,7 @@ class SchemaBuilder:
                 addl = True
                 implicit = bool(props or pprops or required)
         extras = []
+        free_key = None              # the keys of free additional values (any value)
         declared = list(props) + [r for r in required if r not in props]
         # keys that some pattern may match but not surely (the readings disagree: a
         # final newline, a non-ASCII digit) are not generated: which schemas apply to
@@ -3579,6 +3592,8 @@ class SchemaBuilder:
             finally:
                 self._implicit_free -= implicit
             extras.append((key, value))
+            if (addl is True or addl == {}) and key.kind != "empty":
+                free_key = key
         extra = None
         pairs = [seq(k, self.ws, lit(":"), self.ws, v) for k, v in extras]
         if pairs:
@@ -3588,6 +3603,18 @@ class SchemaBuilder:
         if any(m.required and m.value.kind == "empty" for m in members):
             return EMPTY
         members = [m for m in members if m.value.kind != "empty"]
+        # where the order is fixed, the document's own object with a required property
+        # takes additional members with scalar values before its declared ones too (a
+        # "$schema" or "$id" key first): a prefix of the object, one small copy (free
+        # values nest, and a nested object or a branch of a union keeps its extra
+        # members after the declared ones only: unions of such copies grow several
+        # times when determinised); the required property keeps the prefix's comma
+        # from closing the object
+        lead = None
+        if (free_key is not None and any(m.required for m in members)
+                and not lo and hi is None and _DOCUMENT_PATH.fullmatch(path)):
+            scalar = alt(rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null"))
+            lead = seq(free_key, self.ws, lit(":"), self.ws, scalar)
         size = sum(m.value.size + m.key.size + 6 for m in members) + (extra.size if extra else 0)
         if lo or hi is not None:
             cap = max(lo, hi if hi is not None else 0) + 1
@@ -3622,7 +3649,7 @@ class SchemaBuilder:
             # exact form needs one per subset of its tracked members
             node = self._loose_object(members, extra, lo, hi, size)
             if node is None:
-                node = self._auto_object(members, extra, lo, hi, path)
+                node = self._auto_object(members, extra, lo, hi, path, lead)
             if node is not None:
                 return node
             other = _required_order(members, required)
@@ -3630,11 +3657,13 @@ class SchemaBuilder:
                 # too wide for any order: the schema's order, or the required ones first
                 # in the order of `required` (each a valid order, so is their union)
                 self.auto_spent += size + 8
-                return alt(Node("obj", (tuple(members), extra, lo, hi), size + 8),
-                           Node("obj", (other, extra, lo, hi), size + 8))
-        return Node("obj", (tuple(members), extra, lo, hi), size + 8)
+                more = lead.size if lead is not None else 0
+                return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
+                           Node("obj", (other, extra, lo, hi, lead), size + more + 8))
+        return Node("obj", (tuple(members), extra, lo, hi, lead),
+                    size + (lead.size if lead is not None else 0) + 8)
 
-    def _auto_object(self, members, extra, lo, hi, path) -> Node | None:
+    def _auto_object(self, members, extra, lo, hi, path, lead=None) -> Node | None:
         """``property_order="auto"``: an ``objmix`` node (tracked members in any order,
         each at most once; the others optional, in the schema's order, between them) or
         None (the schema's order) when neither form fits the budget. The budget of the
@@ -3670,8 +3699,10 @@ class SchemaBuilder:
                     or (root and est <= self.auto_root * base)):
                 self.auto_spent += est
                 size = full + (0 if anywhere else 2 * cap * xs) + 8
-                return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere),
-                            size)
+                if anywhere:
+                    lead = None
+                return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere,
+                                       lead), size + (cap * lead.size if lead else 0))
         return None
 
     def _loose_object(self, members, extra, lo, hi, size: int,
@@ -4167,11 +4198,39 @@ def _dfa_of(pattern: str) -> DFA:
     return minimize(determinize(regex_to_nfa(pattern, re.ASCII)))
 
 
-def _node_dfa(node: Node) -> DFA:
+def _spaced(text: bytes, ws: Node) -> Node:
+    """A compact JSON text as a node that takes the free whitespace ``ws`` between any
+    two of its tokens (strings, scalars, ``{}[],:``): the same value in every such
+    spelling."""
+    parts: list[Node] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == 0x22:                                   # a string, escapes skipped
+            j = i + 1
+            while text[j] != 0x22:
+                j += 2 if text[j] == 0x5C else 1
+            j += 1
+        elif c in b"{}[],:":
+            j = i + 1
+        else:                                           # a number or a literal
+            j = i
+            while j < n and text[j] not in b"{}[],:":
+                j += 1
+        if parts:
+            parts.append(ws)
+        parts.append(lit(text[i:j].decode("utf-8")))
+        i = j
+    return seq(*parts)
+
+
+def _node_dfa(node: Node, compact: bool = False) -> DFA:
+    """The minimal DFA of ``node`` without whitespace in objects (and, ``compact``,
+    without the free whitespace anywhere)."""
     nfa = NFA()
     s = nfa.add_state()
     nfa.start = s
-    e = _NFAEmitter(nfa, "").emit(node, s)
+    e = _NFAEmitter(nfa, "", compact).emit(node, s)
     nfa.accepting = {e}
     return minimize(determinize(nfa))
 
@@ -4380,9 +4439,12 @@ def _difference(a: DFA, b: DFA) -> DFA:
 # back-ends
 # ---------------------------------------------------------------------------------------
 class _NFAEmitter:
-    def __init__(self, nfa: NFA, whitespace: str):
+    def __init__(self, nfa: NFA, whitespace: str, compact: bool = False):
+        """``whitespace``: the regex between an object's tokens; ``compact``: leave out
+        the builder's free whitespace elsewhere too (its tagged ``ws`` nodes)."""
         self.nfa = nfa
         self.whitespace = whitespace
+        self.compact = compact
         self._re_cache: dict[str, NFA] = {}
 
     def emit(self, node: Node, src: int) -> int:
@@ -4393,6 +4455,8 @@ class _NFAEmitter:
             nfa.add_string(src, dst, node.args[0])
             return dst
         if k == "re":
+            if self.compact and node.args[1:] == ("ws",):
+                return src
             frag = self._re_cache.get(node.args[0])
             if frag is None:
                 frag = self._re_cache[node.args[0]] = regex_to_nfa(node.args[0], re.ASCII)
@@ -4445,9 +4509,11 @@ class _NFAEmitter:
         """Tracked members in any order, each at most once (a subset mask); the other
         members (optional) in the schema's order, each at most once (a position in
         their chain), interleaved anywhere with the tracked ones; extra members anywhere
-        (``anywhere``) or after the declared ones (one shared tail). One state per
+        (``anywhere``) or after the declared ones (one shared tail; and ``lead``'s
+        before them: see :meth:`_lead`). One state per
         (mask, chain position, property count level, whether a member was emitted)."""
-        members, extra, lo, hi, tracked, anywhere = node.args
+        members, extra, lo, hi, tracked, anywhere = node.args[:6]
+        lead = node.args[6] if len(node.args) > 6 else None
         nfa = self.nfa
         ws, comma, colon, start, close_in, end = self._obj_frame(src)
         tr = [m for m, f in zip(members, tracked) if f]
@@ -4486,6 +4552,7 @@ class _NFAEmitter:
                 work.append(key)
             return states[key]
 
+        self._lead(lead, start, ws)
         nfa.add_epsilon(start, state((0, 0, 0, False)))
         while work:
             key = work.pop()
@@ -4512,6 +4579,18 @@ class _NFAEmitter:
                 elif ok_count(c):
                     nfa.add_epsilon(q, close_in)
         return end
+
+    def _lead(self, lead: Node | None, start: int, ws: Node) -> None:
+        """``lead`` members (the document's object: additional members with scalar
+        values) before the declared ones: ``ws lead ws ,`` from ``start`` (the state
+        after ``{``) back to ``start``, whose first member follows its whitespace. The object has a required member, so it does not close right
+        after that comma."""
+        if lead is None:
+            return
+        nfa = self.nfa
+        h = nfa.add_state()
+        nfa.add_epsilon(self.emit(ws, start), h)
+        nfa.add_epsilon(self.emit(seq(ws, lit(",")), self.emit(lead, h)), start)
 
     def _obj_frame(self, src: int):
         """The delimiters of an object automaton: ``(ws, comma, colon, start, close_in,
@@ -4664,8 +4743,11 @@ class _NFAEmitter:
 
     def _obj(self, node: Node, src: int) -> int:
         """Linear chain: F_j (no member yet, next candidate j), C_j (some member emitted,
-        next candidate j); count layers when min/maxProperties are set."""
-        members, extra, lo, hi = node.args
+        next candidate j); count layers when min/maxProperties are set. Extra members
+        (keys that are not declared) come after the declared ones, and ``lead``'s before
+        them (:meth:`_lead`)."""
+        members, extra, lo, hi = node.args[:4]
+        lead = node.args[4] if len(node.args) > 4 else None
         nfa = self.nfa
         ws = Node("re", (self.whitespace,)) if self.whitespace else EPS
         comma = seq(ws, lit(","), ws)
@@ -4687,6 +4769,7 @@ class _NFAEmitter:
             for j in range(n + 1):
                 F[j, c] = nfa.add_state()
                 Cs[j, c] = nfa.add_state()
+        self._lead(lead, start, ws)
         nfa.add_epsilon(start, F[0, 0])
 
         def ok_count(c):
@@ -4766,7 +4849,8 @@ def to_regex(node: Node, whitespace: str) -> str:
             s = r(sep)
             return f"(?:{it}(?:{s}{it}){{{lo - 1},{'' if hi is None else hi - 1}}})"
         if k == "obj":
-            members, extra, lo, hi = n.args
+            members, extra, lo, hi = n.args[:4]
+            lead = n.args[4] if len(n.args) > 4 else None
             if lo or hi is not None:
                 raise NoRegexForm("minProperties/maxProperties have no regex form")
             w = f"(?:{ws})" if ws else ""
@@ -4797,7 +4881,12 @@ def to_regex(node: Node, whitespace: str) -> str:
                 opts.append("")
                 return "(?:" + "|".join(opts) + ")"
 
-            return f"\\{{{first(0)}{w}\\}}"
+            body = first(0)
+            if lead is not None:
+                # extra members with scalar values first (see SchemaBuilder._lead)
+                ld = r(lead)
+                body = f"(?:{w}{ld}(?:{comma}{ld})*{w},)*{body}"
+            return f"\\{{{body}{w}\\}}"
         raise NoRegexForm(f"this schema uses a construct ({k}) with no regex form")
 
     return r(node)
