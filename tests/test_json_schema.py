@@ -432,6 +432,20 @@ def test_annotations_are_annotations():
     assert not d.accepts(b'{"a":1,"b":9223372036854775808,"c":1,"d":"s"}')
 
 
+@pytest.mark.parametrize("fmt", ["byte", "password", "color", "<app> <your args>"])
+def test_formats_without_a_checker_are_annotations(fmt):
+    """A format that draft 2020-12 does not define (OpenAPI's ``byte``, vendor formats)
+    constrains nothing, as in jsonschema (which has no checker for it): a PEM text is a
+    valid ``byte`` string."""
+    s = {"type": "string", "format": fmt}
+    d = dfa_of(s)
+    checker = jsonschema.Draft202012Validator(s, format_checker=jsonschema.FormatChecker())
+    for v in ["-----BEGIN CERTIFICATE-----\nMIIDdTCC==\n-----END CERTIFICATE-----", "", "QUJD",
+              "#fff", "a b"]:
+        assert checker.is_valid(v)
+        assert d.accepts(json.dumps(v).encode()), (fmt, v)
+
+
 def test_recursion_depth_and_limits():
     tree = {"$defs": {"t": {"type": "object", "properties": {"k": {"$ref": "#/$defs/t"}}}},
             "$ref": "#/$defs/t"}

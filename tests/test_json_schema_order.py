@@ -463,3 +463,36 @@ def test_schema_order_takes_scalar_extras_first_in_the_document_object(schema):
                 if pairs:
                     assert not d.accepts(_text(pairs)[:-1] + b",}"), (schema, pairs)
     assert n > 10
+
+
+@pytest.mark.parametrize("order", ["auto", "loose"])
+def test_document_object_keeps_the_required_order_past_every_budget(order):
+    """The document's own object takes the schema's order or the required ones first
+    even when every any-order budget is spent (``"auto"``) and in the fallback order
+    (``"loose"``: one more copy of the document); a nested object does not. Brute force
+    against jsonschema and the two orders restated."""
+    names = list("abcd")
+    inner = {"type": "object", "properties": {k: {"type": "integer"} for k in names},
+             "required": ["c", "a"], "additionalProperties": False}
+    schema = {**inner, "properties": {**inner["properties"], "n": inner}}
+    b = SchemaBuilder(schema, whitespace="", property_order=order, auto_loose=False,
+                      auto_states=0, auto_total=0)
+    node = b.build()
+    assert node.kind == "alt"
+    d = minimize(determinize(to_nfa(node, "")))
+    oracle = jsonschema.Draft202012Validator(schema)
+    top, second = names + ["n"], ["c", "a", "b", "d", "n"]
+    n_second = 0
+    for r in range(2, 5):
+        for keys in itertools.permutations(top, r):
+            inner_keys = ("a", "c") if "n" in keys else ()
+            pairs = [(k, dict.fromkeys(inner_keys, 1) if k == "n" else 1) for k in keys]
+            want = oracle.is_valid(dict(pairs)) and (_in_order(keys, top)
+                                                     or _in_order(keys, second))
+            assert d.accepts(_text(pairs)) == want, pairs
+            n_second += want and not _in_order(keys, top)
+    assert n_second > 0
+    # the nested object: the schema's order only
+    for inner_keys, want in ((("a", "c"), True), (("c", "a"), False)):
+        pairs = [("c", 1), ("a", 1), ("n", dict.fromkeys(inner_keys, 1))]
+        assert d.accepts(_text(pairs)) == want, pairs

@@ -266,7 +266,6 @@ FORMATS = {
     "ipv4": _IPV4,
     "ipv6": _IPV6,
     "hostname": _HOSTNAME,
-    "byte": r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?",
     "duration": (r"P(?:[0-9]+W|(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+D)?"
                  r"(?:T(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+S)?)?)"),
     "iri": _IRI,
@@ -301,9 +300,12 @@ NEG_FORMATS = {
 # characters): always read through the string's escapes (json_string_content_nfa); the
 # other formats' regexes are their JSON text as written
 DECODED_FORMATS = {"json-pointer", "relative-json-pointer", "regex"}
-# formats of other types / vendor formats with no constraint on a string
+# formats of other types / vendor formats with no constraint on a string (OpenAPI's
+# "byte", base64, included: draft 2020-12 defines no such format and jsonschema checks
+# none, so a PEM text there is valid)
 ANNOTATION_FORMATS = {"int32", "int64", "float", "double", "password", "binary", "textarea",
-                      "color", "markdown", "html", "data-url", "multiline", "string", "text"}
+                      "color", "markdown", "html", "data-url", "multiline", "string", "text",
+                      "byte"}
 # formats defined by the JSON Schema spec that are not enforced
 UNSUPPORTED_FORMATS: set = set()          # every format of draft 2020-12 is enforced
 INT_FORMAT_BOUNDS = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1),
@@ -362,7 +364,9 @@ PROPERTY_ORDERS = ("auto", "schema", "any")
 # internal order of compile_json_schema's fallback when "auto" passes a compile limit:
 # the schema's order, except that objects without required properties take the loose
 # form (SchemaBuilder._loose_object), whose automaton is no larger than the schema
-# order's (one copy of each member, in a loop instead of a chain)
+# order's (one copy of each member, in a loop instead of a chain), and the document's
+# object with required properties takes them first (in the order of `required`) as an
+# alternative to the schema's order (one more copy of the document)
 LOOSE_ORDER = "loose"
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
@@ -3642,6 +3646,14 @@ class SchemaBuilder:
             node = self._loose_object(members, extra, lo, hi, size, grow=False)
             if node is not None:
                 return node
+            other = _required_order(members, required)
+            if other is not None and _DOCUMENT_PATH.fullmatch(path):
+                # the document's object: the schema's order, or the required ones first
+                # (as "auto" past its budget; one more copy of the document, not of
+                # every object)
+                more = lead.size if lead is not None else 0
+                return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
+                           Node("obj", (other, extra, lo, hi, lead), size + more + 8))
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
             # the loose form first where it is allowed (repeated keys on, outside
             # products, no minProperties above the required count): its language
@@ -3653,9 +3665,12 @@ class SchemaBuilder:
             if node is not None:
                 return node
             other = _required_order(members, required)
-            if other is not None and self.auto_spent + size + 8 <= self.auto_total:
+            root = not any(x in path for x in _VALUE_PATHS)
+            if other is not None and (self.auto_spent + size + 8 <= self.auto_total
+                                      or (root and self.auto_root >= 1)):
                 # too wide for any order: the schema's order, or the required ones first
-                # in the order of `required` (each a valid order, so is their union)
+                # in the order of `required` (each a valid order, so is their union); the
+                # document's own object may double the automaton (as in _auto_object)
                 self.auto_spent += size + 8
                 more = lead.size if lead is not None else 0
                 return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
