@@ -273,13 +273,14 @@ def test_unique_items_with_prefix_items_and_bounded_values(schema, pool):
 
 def test_unique_items_past_the_state_limit_names_it():
     """Past ``MAX_UNIQUE_STATES`` the values are kept apart by the sort key (integers
-    by first digit: ``[12, 3]`` but not ``[3, 12]`` or ``[1, 12]``); beside
-    ``prefixItems`` that is refused, naming the limit."""
+    by first digit: ``[12, 3]``, and as a pair ``[3, 12]``, but not ``[3, 12, 20]`` or
+    ``[1, 12]``); beside ``prefixItems`` that is refused, naming the limit."""
     schema = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 20},
               "uniqueItems": True, "maxItems": 6}
     d = _dfa(schema)
-    assert d.accepts(b"[0,12,3]") and d.accepts(b"[12,3]")
-    assert not d.accepts(b"[3,12]") and not d.accepts(b"[1,12]") and not d.accepts(b"[3,3]")
+    assert d.accepts(b"[0,12,3]") and d.accepts(b"[12,3]") and d.accepts(b"[3,12]")
+    assert not d.accepts(b"[3,12,20]") and not d.accepts(b"[1,12]")
+    assert not d.accepts(b"[3,3]")
     with pytest.raises(UnsupportedSchemaError,
                        match=r"'uniqueItems'.*MAX_UNIQUE_STATES.*at /uniqueItems"):
         _dfa({**schema, "prefixItems": [schema["items"]]})

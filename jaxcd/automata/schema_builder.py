@@ -420,9 +420,9 @@ MAX_UNIQUE_VALUES = 10           # (no longer a limit by itself: see MAX_UNIQUE_
 MAX_UNIQUE_STATES = 4096
 #: ``uniqueItems`` over items of any language (sorted by a key: see
 #: ``SchemaBuilder._sorted_unique_array``): at most this many NFA states
-MAX_SORTED_UNIQUE_STATES = 4096
+MAX_SORTED_UNIQUE_STATES = 6144
 #: ... and in all the arrays of one schema, past which strings share one key
-MAX_SORTED_UNIQUE_TOTAL = 6144
+MAX_SORTED_UNIQUE_TOTAL = 9216
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -3296,10 +3296,12 @@ class SchemaBuilder:
         ``0``). Items with different keys are different values, so every such array is
         unique: a subset of the unique arrays (the others are not generated), which keeps
         any number of strings with different first characters, and at most one object,
-        one array and one number (one per first digit for integers). One key per type
-        (one string) past ``MAX_SORTED_UNIQUE_STATES`` NFA states, or
-        ``MAX_SORTED_UNIQUE_TOTAL`` in the schema's arrays (about the item automaton's
-        size then).
+        one array and one number (one per first digit for integers). Two items may also
+        come in decreasing order of their keys (``["node_modules", "dist"]``): a second
+        item need only differ from the first (one more copy of the item per key). Without
+        that pair past ``MAX_SORTED_UNIQUE_STATES`` NFA states, and one key per type
+        (one string) past it again, or past ``MAX_SORTED_UNIQUE_TOTAL`` in the schema's
+        arrays (about the item automaton's size then).
         None (after :meth:`unsupported`) where ``minItems`` needs more items than
         there are keys."""
         if rest.kind == "empty":
@@ -3324,7 +3326,11 @@ class SchemaBuilder:
                 runs[-1][1] = b
             else:
                 runs.append([b, b, c])
-        for by_char in (True, False)[self.unique_spent >= MAX_SORTED_UNIQUE_TOTAL:]:
+        # (keys by character, the decreasing pair too): each tier past the limits tries
+        # the next; one key per type has no limit
+        tiers = ([(False, False)] if self.unique_spent >= MAX_SORTED_UNIQUE_TOTAL else
+                 [(True, True), (True, False), (False, False)])
+        for by_char, pair in tiers:
             # keys: (sort key, [(prefix bytes, item state after them)])
             keys: dict = {}
             for b in np.nonzero(table[0] >= 0)[0].tolist():
@@ -3344,13 +3350,12 @@ class SchemaBuilder:
                     keys.setdefault(k, []).append((bytes([b]), r))
             order = sorted(keys)
             nfa, em, open_, final = self._array_frame(lo)
-            # ge[j]: the next item's key is order[j] or a later one
-            ge = [open_] + [nfa.add_state() for _ in order[1:]]
-            for j in range(len(order) - 1):
-                nfa.add_epsilon(ge[j], ge[j + 1])
-            too_big = False
-            for j, k in enumerate(order):
-                copy: dict = {}          # item state -> its copy for key k
+            comma = seq(self.ws, lit(","), self.ws)
+
+            def copy_item(starts, end) -> bool:
+                """A copy of the item automaton entered by ``(state, prefix bytes, item
+                state)``, ending in ``end``; False past the state limits."""
+                copy: dict = {}          # item state -> its copy
                 todo: list = []
 
                 def state_of(q: int) -> int:
@@ -3358,14 +3363,13 @@ class SchemaBuilder:
                         copy[q] = nfa.add_state()
                         todo.append(q)
                     return copy[q]
-                for prefix, q in keys[k]:
-                    nfa.add_bytes(ge[j], state_of(q), prefix)
-                after = nfa.add_state()
+                for src, prefix, q in starts:
+                    nfa.add_bytes(src, state_of(q), prefix)
                 while todo:
                     q = todo.pop()
                     src = copy[q]
                     if item.accepting[q]:
-                        nfa.add_epsilon(src, after)
+                        nfa.add_epsilon(src, end)
                     row = item.trans[q].tolist()
                     for b, e, c in runs:
                         if row[c] >= 0:
@@ -3373,14 +3377,39 @@ class SchemaBuilder:
                     if by_char and (nfa.num_states > MAX_SORTED_UNIQUE_STATES or
                                     self.unique_spent + nfa.num_states
                                     > MAX_SORTED_UNIQUE_TOTAL):
-                        too_big = True
-                        break
-                if too_big:
+                        return False
+                return True
+            # ge[j]: the next item's key is order[j] or a later one
+            ge = [open_] + [nfa.add_state() for _ in order[1:]]
+            for j in range(len(order) - 1):
+                nfa.add_epsilon(ge[j], ge[j + 1])
+            too_big = False
+            for j, k in enumerate(order):
+                after = nfa.add_state()
+                if not copy_item([(ge[j], p_, q) for p_, q in keys[k]], after):
+                    too_big = True
                     break
                 nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), after), final)
                 if j + 1 < len(order):
-                    nfa.add_epsilon(em.emit(seq(self.ws, lit(","), self.ws), after),
-                                    ge[j + 1])
+                    nfa.add_epsilon(em.emit(comma, after), ge[j + 1])
+            if pair and not too_big and len(order) > 1:
+                # two items whose keys come in decreasing order: a first item (its own
+                # copy per key, remembering it), then one of a smaller key, then "]"
+                # (the one earlier key is all a second item must differ from)
+                lt = [nfa.add_state() for _ in order[:-1]]   # lt[j]: a key up to order[j]
+                for j in range(1, len(lt)):
+                    nfa.add_epsilon(lt[j], lt[j - 1])
+                for j, k in enumerate(order[1:], 1):
+                    after = nfa.add_state()
+                    if not copy_item([(open_, p_, q) for p_, q in keys[k]], after):
+                        too_big = True
+                        break
+                    nfa.add_epsilon(em.emit(comma, after), lt[j - 1])
+                if not too_big:
+                    end = nfa.add_state()
+                    too_big = not copy_item([(lt[j], p_, q) for j, k in enumerate(order[:-1])
+                                             for p_, q in keys[k]], end)
+                    nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), end), final)
             if too_big:
                 continue
             self._spend(nfa.num_states, path, "uniqueItems")
