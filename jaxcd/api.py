@@ -270,7 +270,8 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 try:
                     b2, _, text2, make2 = build(property_order, depth, deep, b)
                     if (b2.depth_used, b2.free_depth_used, b2.auto_used) == \
-                            (b.depth_used, b.free_depth_used, used):
+                            (b.depth_used, b.free_depth_used, used) and \
+                            b2.root_orders >= b.root_orders:
                         return finish(b, depth, property_order, text2, make2, deep)
                 except AutomatonTooLargeError:
                     pass

@@ -496,3 +496,24 @@ def test_document_object_keeps_the_required_order_past_every_budget(order):
     for inner_keys, want in ((("a", "c"), True), (("c", "a"), False)):
         pairs = [("c", 1), ("a", 1), ("n", dict.fromkeys(inner_keys, 1))]
         assert d.accepts(_text(pairs)) == want, pairs
+
+
+def test_deeper_free_values_do_not_cost_the_document_its_second_order(monkeypatch):
+    """compile_json_schema compiles few free-form values deeper only where the document's
+    object keeps "the schema's order or the required ones first": with the any-order
+    budget spent, the deeper tree drops that form, so the default depth is kept and an
+    instance in the order of ``required`` is accepted."""
+    from jaxcd import compile_json_schema
+    monkeypatch.setattr(sb, "AUTO_ORDER_TOTAL", 10)
+    schema = {"type": "object", "required": ["version", "crypto"],
+              "properties": {"crypto": {"type": "object", "properties": {
+                  "x": {"type": "integer"}, "y": {"type": "integer"}}},
+                  "meta": {"type": "object"}, "version": {"type": "integer"}}}
+    fa = compile_json_schema(schema, VOCAB)
+    oracle = jsonschema.Draft202012Validator(schema)
+    for text, want in (('{"version":1,"crypto":{"y":1,"x":2}}', True),
+                       ('{"crypto":{"x":2},"version":1}', True),
+                       ('{"crypto":{},"meta":{},"version":1}', True),
+                       ('{"meta":{},"version":1,"crypto":{}}', False)):
+        assert oracle.is_valid(json.loads(text))
+        assert accepts(fa, text) == want, text

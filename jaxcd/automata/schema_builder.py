@@ -1063,6 +1063,8 @@ class SchemaBuilder:
     narrowings: int = 0
     # set by build(): True if the tree has an order-free object (property_order="auto")
     auto_used: bool = False
+    # objects outside values built as "the schema's order or the required ones first"
+    root_orders: int = 0
     # True if count_budget decided a counting keyword
     budget_used: bool = False
     # strings are built the same way in every attempt of one compile (property order,
@@ -1672,7 +1674,7 @@ class SchemaBuilder:
                 self._any_cache.clear()
                 self._ref_stack.clear()
                 self._merge_stack.clear()
-                self.auto_spent = self.unique_spent = 0
+                self.auto_spent = self.unique_spent = self.root_orders = 0
                 self.free_sites = self.implicit_sites = self.ref_cuts = 0
                 try:
                     n = self.node(self.root, "")
@@ -3695,11 +3697,15 @@ class SchemaBuilder:
                 return node
             other = _required_order(members, required)
             root = not any(x in path for x in _VALUE_PATHS)
+            deepened = self.site_free_depth is not None or self.implicit_free_depth is not None
             if other is not None and (self.auto_spent + size + 8 <= self.auto_total
-                                      or (root and self.auto_root >= 1)):
+                                      or (root and self.auto_root >= 1 and not deepened)):
                 # too wide for any order: the schema's order, or the required ones first
                 # in the order of `required` (each a valid order, so is their union); the
-                # document's own object may double the automaton (as in _auto_object)
+                # document's own object may double the automaton (as in _auto_object),
+                # but not with deeper free-form values (compile_json_schema keeps those
+                # only where the document's object keeps this form: `root_orders`)
+                self.root_orders += root
                 self.auto_spent += size + 8
                 more = lead.size if lead is not None else 0
                 return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
