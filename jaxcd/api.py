@@ -264,15 +264,19 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
         def rest(b, depth, text, make):
             used = b.auto_used
             deep = b.adaptive_free_depth()
+            later = None
             if deep is not None:
                 # few free-form values: first deeper ones (docs/json_schema.md, "Depth");
                 # past a limit, the default depth below
                 try:
                     b2, _, text2, make2 = build(property_order, depth, deep, b)
                     if (b2.depth_used, b2.free_depth_used, b2.auto_used) == \
-                            (b.depth_used, b.free_depth_used, used) and \
-                            b2.root_orders >= b.root_orders:
-                        return finish(b, depth, property_order, text2, make2, deep)
+                            (b.depth_used, b.free_depth_used, used):
+                        if b2.root_orders >= b.root_orders:
+                            return finish(b, depth, property_order, text2, make2, deep)
+                        # the document's object lost its second order: the default
+                        # depth first, this one if that passes a limit
+                        later = (text2, make2)
                 except AutomatonTooLargeError:
                     pass
             if property_order != "auto" or not used:
@@ -282,6 +286,11 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 return finish(b, depth, "auto", text, make)
             except AutomatonTooLargeError:
                 pass
+            if later is not None:
+                try:
+                    return finish(b, depth, property_order, *later, deep)
+                except AutomatonTooLargeError:
+                    pass
             if _sb.AUTO_LOOSE and repeated_keys:
                 # the schema's order, objects without required properties in the loose
                 # form (no larger); past a limit, the schema's order everywhere

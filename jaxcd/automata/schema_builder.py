@@ -364,9 +364,7 @@ PROPERTY_ORDERS = ("auto", "schema", "any")
 # internal order of compile_json_schema's fallback when "auto" passes a compile limit:
 # the schema's order, except that objects without required properties take the loose
 # form (SchemaBuilder._loose_object), whose automaton is no larger than the schema
-# order's (one copy of each member, in a loop instead of a chain), and the document's
-# object with required properties takes them first (in the order of `required`) as an
-# alternative to the schema's order (one more copy of the document)
+# order's (one copy of each member, in a loop instead of a chain)
 LOOSE_ORDER = "loose"
 # property_order="any": the object automaton has one copy of the members per subset of
 # the declared properties; at most this many declared properties
@@ -3677,14 +3675,6 @@ class SchemaBuilder:
             node = self._loose_object(members, extra, lo, hi, size, grow=False)
             if node is not None:
                 return node
-            other = _required_order(members, required)
-            if other is not None and _DOCUMENT_PATH.fullmatch(path):
-                # the document's object: the schema's order, or the required ones first
-                # (as "auto" past its budget; one more copy of the document, not of
-                # every object)
-                more = lead.size if lead is not None else 0
-                return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
-                           Node("obj", (other, extra, lo, hi, lead), size + more + 8))
         if self.property_order == "auto" and (len(members) > 1 or (members and extra)):
             # the loose form first where it is allowed (repeated keys on, outside
             # products, no minProperties above the required count): its language
