@@ -3169,8 +3169,10 @@ class SchemaBuilder:
         saying which limit it exceeds."""
         if item.kind == "empty":
             return {}
-        dfa = self._item_dfa(item)
-        texts = _finite_texts(dfa, MAX_UNIQUE_SPELLINGS)
+        # an item language that surely has too many texts (a string body, an unbounded
+        # list, an object's extra members) is not determinised just to find that out
+        texts = None if _past_spellings(item) else \
+            _finite_texts(self._item_dfa(item), MAX_UNIQUE_SPELLINGS)
         if texts is None:
             return (f"the items must take finitely many values, spelled in at most "
                     f"{MAX_UNIQUE_SPELLINGS} ways (MAX_UNIQUE_SPELLINGS)")
@@ -4236,6 +4238,26 @@ def _json_eq(a, b) -> bool:
 @functools.lru_cache(maxsize=256)
 def _dfa_of(pattern: str) -> DFA:
     return minimize(determinize(regex_to_nfa(pattern, re.ASCII)))
+
+
+def _past_spellings(node: Node) -> bool:
+    """True where ``node`` surely has more than ``MAX_UNIQUE_SPELLINGS`` texts, read off
+    the tree: a regex part with that many (string bodies), a list without an upper
+    bound, an object with extra members (each part of a sequence non-empty). False says
+    nothing."""
+    k = node.kind
+    if k == "re":
+        return _finite_texts(_dfa_of(node.args[0]), MAX_UNIQUE_SPELLINGS) is None
+    if k == "list":
+        return node.args[3] is None and node.args[0].kind != "empty"
+    if k in ("obj", "objany", "objmix"):
+        return node.args[1] is not None
+    if k == "alt":
+        return any(_past_spellings(p) for p in node.args)
+    if k == "seq":
+        return (all(p.kind != "empty" for p in node.args)
+                and any(_past_spellings(p) for p in node.args))
+    return False
 
 
 def _spaced(text: bytes, ws: Node) -> Node:
