@@ -3352,7 +3352,7 @@ class SchemaBuilder:
                     keys.setdefault(k, []).append((bytes([b]), r))
             order = sorted(keys)
             nfa, em, open_, final = self._array_frame(lo)
-            comma = seq(self.ws, lit(","), self.ws)
+            comma, close = seq(self.ws, lit(","), self.ws), seq(self.ws, lit("]"))
 
             def copy_item(starts, end) -> bool:
                 """A copy of the item automaton entered by ``(state, prefix bytes, item
@@ -3391,7 +3391,7 @@ class SchemaBuilder:
                 if not copy_item([(ge[j], p_, q) for p_, q in keys[k]], after):
                     too_big = True
                     break
-                nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), after), final)
+                nfa.add_epsilon(em.emit(close, after), final)
                 if j + 1 < len(order):
                     nfa.add_epsilon(em.emit(comma, after), ge[j + 1])
             if pair and not too_big and len(order) > 1:
@@ -3411,7 +3411,7 @@ class SchemaBuilder:
                     end = nfa.add_state()
                     too_big = not copy_item([(lt[j], p_, q) for j, k in enumerate(order[:-1])
                                              for p_, q in keys[k]], end)
-                    nfa.add_epsilon(em.emit(seq(self.ws, lit("]")), end), final)
+                    nfa.add_epsilon(em.emit(close, end), final)
             if too_big:
                 continue
             self._spend(nfa.num_states, path, "uniqueItems")
@@ -3648,12 +3648,12 @@ class SchemaBuilder:
         lead = None
         if (free_key is not None and any(m.required for m in members)
                 and not lo and hi is None and _DOCUMENT_PATH.fullmatch(path)):
-            scalar = alt(rx(STRING, 8), rx(NUMBER, 12), rx(BOOLEAN, 10), lit("null"))
-            lead = seq(free_key, self.ws, lit(":"), self.ws, scalar)
+            lead = seq(free_key, self.ws, lit(":"), self.ws, self.any_value(0))  # a scalar
         size = sum(m.value.size + m.key.size + 6 for m in members) + (extra.size if extra else 0)
         if lo or hi is not None:
             cap = max(lo, hi if hi is not None else 0) + 1
             size *= cap
+        chain = size + (lead.size if lead is not None else 0) + 8   # an "obj" node's size
         if self._neg and members:
             r = sum(m.required for m in members)
             if r > MAX_ANY_ORDER_PROPERTIES or size * (1 << r) > self.max_nfa_states:
@@ -3699,11 +3699,9 @@ class SchemaBuilder:
                 # only where the document's object keeps this form: `root_orders`)
                 self.root_orders += root
                 self.auto_spent += size + 8
-                more = lead.size if lead is not None else 0
-                return alt(Node("obj", (tuple(members), extra, lo, hi, lead), size + more + 8),
-                           Node("obj", (other, extra, lo, hi, lead), size + more + 8))
-        return Node("obj", (tuple(members), extra, lo, hi, lead),
-                    size + (lead.size if lead is not None else 0) + 8)
+                return alt(Node("obj", (tuple(members), extra, lo, hi, lead), chain),
+                           Node("obj", (other, extra, lo, hi, lead), chain))
+        return Node("obj", (tuple(members), extra, lo, hi, lead), chain)
 
     def _auto_object(self, members, extra, lo, hi, path, lead=None) -> Node | None:
         """``property_order="auto"``: an ``objmix`` node (tracked members in any order,
@@ -3744,7 +3742,7 @@ class SchemaBuilder:
                 if anywhere:
                     lead = None
                 return Node("objmix", (tuple(members), extra, lo, hi, tracked, anywhere,
-                                       lead), size + (cap * lead.size if lead else 0))
+                                       lead), size + (cap * lead.size if lead is not None else 0))
         return None
 
     def _loose_object(self, members, extra, lo, hi, size: int,
