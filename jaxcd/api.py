@@ -280,8 +280,15 @@ def compile_json_schema(schema: dict | str, vocab: Vocabulary,
                 except AutomatonTooLargeError:
                     pass
             if property_order != "auto" or not used:
-                # no order-free object: the schema's order, whatever the option
-                return finish(b, depth, property_order, text, make)
+                # no order-free object: the schema's order, whatever the option (past a
+                # limit, "auto" tries the loose form below)
+                try:
+                    return finish(b, depth, property_order, text, make)
+                except AutomatonTooLargeError:
+                    if property_order != "auto" or not (_sb.AUTO_LOOSE and repeated_keys):
+                        raise
+                _, _, text, make = build(_sb.LOOSE_ORDER, depth)
+                return finish(b, depth, _sb.LOOSE_ORDER, text, make)
             try:
                 return finish(b, depth, "auto", text, make)
             except AutomatonTooLargeError:

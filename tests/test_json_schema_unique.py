@@ -13,6 +13,7 @@ import json
 import jsonschema
 import pytest
 
+from jaxcd.automata import schema_builder as sb
 from jaxcd.automata.fsa import determinize, minimize
 from jaxcd.automata.json_schema import schema_to_nfa
 from jaxcd.errors import UnsupportedSchemaError
@@ -117,11 +118,16 @@ def test_prefix_items_with_unlisted_values_is_refused():
     {"enum": [{"a": 1}, {"a": [1, 2]}, [1, {"b": None}], "x"]},
     {"type": "array", "items": {"enum": [1, 2]}, "maxItems": 2}],
     ids=lambda s: json.dumps(s))
-def test_unique_items_take_the_free_whitespace(items):
+@pytest.mark.parametrize("item_cap", [None, 1], ids=["minimised", "past-item-cap"])
+def test_unique_items_take_the_free_whitespace(items, item_cap, monkeypatch):
     """Items of a ``uniqueItems`` array take the free whitespace inside them (default
     ``[ ]?``) as any other value does, whether their values are listed (finite items)
     or kept apart by the sort key: each array is judged the same in its compact and its
-    spaced spelling, and an array of one valid item (always in order) is taken."""
+    spaced spelling, and an array of one valid item (always in order) is taken. Past
+    ``MAX_SPACED_ITEM_STATES`` an object or array item is kept as a node (one item at
+    most, as under the sort key)."""
+    if item_cap is not None:
+        monkeypatch.setattr(sb, "MAX_SPACED_ITEM_STATES", item_cap)
     schema = {"type": "array", "items": items, "uniqueItems": True}
     d = minimize(determinize(schema_to_nfa(schema, property_order="any")[0]))
     oracle = jsonschema.Draft202012Validator(schema)

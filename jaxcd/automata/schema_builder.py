@@ -421,6 +421,10 @@ MAX_UNIQUE_STATES = 4096
 MAX_SORTED_UNIQUE_STATES = 6144
 #: ... and in all the arrays of one schema, past which strings share one key
 MAX_SORTED_UNIQUE_TOTAL = 9216
+#: ``uniqueItems`` over items of any language: the item automaton with the free
+#: whitespace between its tokens has at most this many DFA states; past it, items are
+#: spelled without whitespace inside them
+MAX_SPACED_ITEM_STATES = 20_000
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
                    "dependentSchemas")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -3195,8 +3199,15 @@ class SchemaBuilder:
         key = ("item dfa", spaced)
         hit = self._string_memo.get(key)
         if hit is None or hit[0] is not item:
-            dfa = (minimize(determinize(_node_nfa(item, self.whitespace))) if spaced
-                   else _node_dfa(item, compact=True))
+            dfa = None
+            if spaced:
+                try:
+                    dfa = minimize(determinize(_node_nfa(item, self.whitespace),
+                                               MAX_SPACED_ITEM_STATES))
+                except AutomatonTooLargeError:
+                    pass                    # items without whitespace inside: a subset
+            if dfa is None:
+                dfa = _node_dfa(item, compact=True)
             hit = self._string_memo[key] = (item, dfa)
         return hit[1]
 
@@ -3308,6 +3319,25 @@ class SchemaBuilder:
         there are keys."""
         if rest.kind == "empty":
             return self._list([], rest, lo, hi, "[", "]", ",")
+        if _first_bytes(rest) in (frozenset(b"{"), frozenset(b"[")):
+            # every item is an object (or every one an array): one key, so at most one
+            # item; the item node as it is, without determinising it
+            if lo > 1:
+                self.unsupported(
+                    f"keyword 'uniqueItems' (its items take values that cannot be listed, "
+                    f"so jaxcd keeps them apart by a sort key: type, first character of a "
+                    f"string, first digit of an integer; no {lo} items have different "
+                    f"keys)", f"{path}/uniqueItems")
+                return None
+            try:
+                # minimised where that fits (the members of an object looped through in
+                # the loose order share their continuation: one copy of each value)
+                d = minimize(determinize(_node_nfa(rest, self.whitespace),
+                                         MAX_SPACED_ITEM_STATES))
+                rest = Node("dfa", (d,), d.num_states + 1)
+            except AutomatonTooLargeError:
+                pass
+            return self._list([], rest, lo, 1 if hi is None else min(hi, 1), "[", "]", ",")
         item = self._item_dfa(rest, spaced=True)
         if item.num_states == 0:
             return self._list([], rest, lo, hi, "[", "]", ",")
