@@ -140,7 +140,7 @@ _RNG = random.Random(10)
     # [0-9a-f]{300} repeats its rows, which are stored once: ~0.2 MB)
     ("max_table_bytes", 1 << 20, "".join(_RNG.choice("abcdefghijklmnopqrstuvwxyz ")
                                          for _ in range(300))),
-    ("max_token_transitions", 5000, "[a-z]{1,5}( [a-z]{1,5}){0,20}"),
+    ("max_token_transitions", 300, "[a-z]{1,5}( [a-z]{1,5}){0,20}"),   # ~600
 ])
 def test_limit_exceeded_raises_then_raising_it_compiles(smol_vocab, limit, value, pattern):
     small = CompileLimits(**{limit: value})
@@ -187,20 +187,23 @@ def test_limits_validation():
 
 
 def test_second_level_run_shortcut_equals_brute_force(monkeypatch):
-    """Tokens ``" " + word`` from an in-word state into the next word are lifted in bulk
-    (lifting._second_level); the transitions equal a brute-force lift on toy
+    """Tokens ``" " + word`` from an in-word state into the next word, and tokens whose
+    first byte leads a state outside a run (or in another run) into a run, are lifted in
+    bulk (lifting._into_run); the transitions equal a brute-force lift on toy
     vocabularies, and the bulk path is really taken."""
     import jaxcd.automata.lifting as T
     from test_lifting import dfa_of, lifted_set, reference_set, toy_vocab
     used = []
-    real = T._second_level
+    real = T._into_run
 
     def spy(*a, **k):
         r = real(*a, **k)
-        used.append(r is not None and len(r[2]) > 0)
+        used.append(r is not None and len(r[3]) > 0)
         return r
-    monkeypatch.setattr(T, "_second_level", spy)
-    for pattern in [r"(?:[abc]{1,4} ){1,4}", r"(\w{1,3} ){2,3}\d?", r"( [a-c12]+)+,"]:
+    monkeypatch.setattr(T, "_into_run", spy)
+    for pattern in [r"(?:[abc]{1,4} ){1,4}", r"(\w{1,3} ){2,3}\d?", r"( [a-c12]+)+,",
+                    r'\[(?:"a[a-z ]*"|"b[0-9a-z]*")(?:,"c[a-z]*")?\]',
+                    r"(?:x[a-z]+|y[0-9a-c]+|z)+", r"[0-9]{2}(?:a[a-z ]*|b[a-c 1]*)"]:
         for seed in (0, 1, 2):
             vocab = toy_vocab(seed, n=120)
             dfa = dfa_of(pattern, re.ASCII)

@@ -303,45 +303,50 @@ def _run_shortcut(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     return ok, chain[:, ok], exits, toks, lens
 
 
-def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
-                  min_tokens: int, W: int):
-    """Bulk transitions for tokens ``b + (bytes of sigma)*`` from run members.
-
-    A token's first byte ``b`` outside ``sigma`` (an exit at depth 0, e.g. the space of
-    ``" hello"``) may lead from member ``g`` straight into another member ``h`` of the
-    same run (the next word of ``(\\w{1,12} ){3,8}``): then the rest of the token, if
-    all in ``sigma``, follows ``h``'s chain, and every such token of ``m + 1`` bytes goes
-    ``g -> chain_h[m]`` at once. Tokens below ``b`` that leave ``sigma`` again are
-    walked from that second exit only. Returns ``None`` or ``(handled (exit node,
-    member index) codes, packed rows [R, W], bulk src, bulk dst, bulk row, walk starts
-    (src, node, cur))``.
+def _into_run(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np.ndarray,
+              psrc: np.ndarray, px: np.ndarray, min_tokens: int, W: int, cache: dict):
+    """Bulk transitions for tokens ``b + (bytes of sigma)*`` whose first byte ``b`` (the
+    depth-0 trie node ``px[i]``) leads state ``psrc[i]`` into a member ``h`` of a run
+    over ``sigma``: the rest of the token, if all in ``sigma``, follows ``h``'s chain, so
+    every such token of ``m + 1`` bytes goes to ``chain_h[m]`` at once (one packed row
+    per first byte and length, shared by all the sources; per first byte only where
+    every chain used stays put, as in a string body). Tokens below ``b`` that leave
+    ``sigma`` again are walked from that second exit only. ``cache``: per ``sigma``, the
+    trie's all-in-sigma suffixes (reused across calls). Returns ``None`` or ``(index
+    of the handled pairs, packed rows [R, W], bulk src, bulk dst, bulk row, walk starts
+    (src, node, cur))``; the pairs not handled are left to the caller.
     """
     ls = trie.level_start
-    if len(ls) < 3 or len(members) == 0:
+    if len(ls) < 3 or len(members) == 0 or len(psrc) == 0:
         return None
-    n0 = int(ls[1])
     node_byte = trie.node_byte
-    x0 = np.nonzero(~sigma[node_byte[:n0]])[0]               # depth-0 exits (node ids)
-    if len(x0) == 0:
-        return None
     G = len(members)
     pos = np.full(dead + 1, -1, np.int64)
     pos[members] = np.arange(G)
-    tgt = pos[table[members[None, :], node_byte[x0][:, None]]]          # [X0, G]
+    tgt = pos[table[psrc, node_byte[px]]]
     if not (tgt >= 0).any():
         return None
-    N = trie.num_nodes
     parent, depth = trie.parent, trie.depth
-    in_sigma = sigma[node_byte]
-    pa = np.zeros(N, bool)                      # all bytes after the first are in sigma
-    anc = np.arange(N)                          # depth-0 ancestor
-    for j in range(1, len(ls) - 1):
-        a, b = ls[j], ls[j + 1]
-        anc[a:b] = anc[parent[a:b]]
-        pa[a:b] = in_sigma[a:b] & (pa[parent[a:b]] if j >= 2 else True)
-    ex_mask = np.zeros(N, bool)
-    ex_mask[x0[(tgt >= 0).any(1)]] = True
-    pure = (pa | (np.arange(N) < n0)) & ex_mask[anc]
+    ck = sigma.tobytes()
+    if ck not in cache:
+        N = trie.num_nodes
+        in_sigma = sigma[node_byte]
+        pa = np.zeros(N, bool)                  # all bytes after the first are in sigma
+        anc = np.arange(N)                      # depth-0 ancestor
+        for j in range(1, len(ls) - 1):
+            a, b = ls[j], ls[j + 1]
+            anc[a:b] = anc[parent[a:b]]
+            pa[a:b] = in_sigma[a:b] & (pa[parent[a:b]] if j >= 2 else True)
+        pa[:int(ls[1])] = True
+        # second exits: first byte outside sigma after an all-sigma start, by first node
+        sec = np.nonzero((depth >= 1) & ~in_sigma)[0]
+        sec = sec[(depth[sec] == 1) | pa[parent[sec]]]
+        sec = sec[_argsort_ints(anc[sec])]
+        cache[ck] = (pa, anc, sec)
+    pa, anc, sec = cache[ck]
+    ex_mask = np.zeros(trie.num_nodes, bool)
+    ex_mask[px[tgt >= 0]] = True
+    pure = pa & ex_mask[anc]
     ends = np.nonzero(pure & (trie.end_token != -1))[0]
     if len(ends) < min_tokens:
         return None
@@ -350,46 +355,40 @@ def _second_level(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members
     M = int(depth[pure].max())
     chain, ok = _sigma_chain(table, dead, sigma, members, M)
     tgt = np.where(tgt >= 0, np.where(ok[np.maximum(tgt, 0)], tgt, -1), -1)
-    xi, gi = np.nonzero(tgt >= 0)
-    if len(xi) == 0:
+    hi = np.nonzero(tgt >= 0)[0]
+    if len(hi) == 0:
         return None
-    # rows: tokens by (first node, suffix length)
+    px_, ps, ph = px[hi], psrc[hi], tgt[hi]
+    # every chain used stays put (a string body's loop): one row per first byte
+    used = np.unique(ph)
+    flat = bool((chain[:, used] == chain[:1, used]).all())
+    # rows: tokens by (first node, suffix length), or by first node
     c_e = trie.end_start[ends + 1] - trie.end_start[ends]
     reps = np.repeat(np.arange(len(ends)), c_e)
     offs = np.repeat(trie.end_start[ends] - (np.cumsum(c_e) - c_e), c_e)
     toks = trie.end_tokens[offs + np.arange(len(reps))]
-    key = anc[ends][reps] * (M + 1) + depth[ends][reps]
-    ukey, rinv = np.unique(key, return_inverse=True)
-    rows = np.zeros(len(ukey) * W, np.uint32)
-    np.bitwise_or.at(rows, rinv.ravel() * W + (toks >> 5),
-                     np.left_shift(np.uint32(1), (toks & 31).astype(np.uint32)))
-    rows = rows.reshape(len(ukey), W)
+    key = anc[ends][reps] * (M + 1) + (0 if flat else depth[ends][reps])
+    ukey, rows = _pack_rows(key, toks, W)
     row_x, row_m = ukey // (M + 1), ukey % (M + 1)             # sorted by first node
-    # bulk edges: each handled pair (first node x, member g -> member h) x rows of x
-    px, pg, ph = x0[xi], gi, tgt[xi, gi]
-    r_lo = np.searchsorted(row_x, px)
-    r_cnt = np.searchsorted(row_x, px, side="right") - r_lo
-    pr = np.repeat(np.arange(len(px)), r_cnt)
+    # bulk edges: each handled pair (first node x, source s -> member h) x rows of x
+    r_lo = np.searchsorted(row_x, px_)
+    r_cnt = np.searchsorted(row_x, px_, side="right") - r_lo
+    pr = np.repeat(np.arange(len(px_)), r_cnt)
     ridx = np.repeat(r_lo - (np.cumsum(r_cnt) - r_cnt), r_cnt) + np.arange(int(r_cnt.sum()))
     bdst = chain[row_m[ridx], ph[pr]]
     live = bdst != dead
-    bsrc, bdst, brow = members[pg[pr]][live], bdst[live], ridx[live]
-    # second exits below each handled first node: first byte outside sigma again
-    sec = np.nonzero((depth >= 1) & ~in_sigma & ex_mask[anc])[0]
-    sec = sec[(depth[sec] == 1) | pa[parent[sec]]]
-    order = _argsort_ints(anc[sec])
-    sec = sec[order]
+    bsrc, bdst, brow = ps[pr][live], bdst[live], ridx[live]
+    # second exits below each handled first node
     sec_x = anc[sec]
-    s_lo = np.searchsorted(sec_x, px)
-    s_cnt = np.searchsorted(sec_x, px, side="right") - s_lo
-    ps = np.repeat(np.arange(len(px)), s_cnt)
+    s_lo = np.searchsorted(sec_x, px_)
+    s_cnt = np.searchsorted(sec_x, px_, side="right") - s_lo
+    pw = np.repeat(np.arange(len(px_)), s_cnt)
     sidx = np.repeat(s_lo - (np.cumsum(s_cnt) - s_cnt), s_cnt) + np.arange(int(s_cnt.sum()))
     y = sec[sidx]
-    cur = table[chain[depth[y] - 1, ph[ps]], node_byte[y]]
+    cur = table[chain[depth[y] - 1, ph[pw]], node_byte[y]]
     go = cur != dead
-    starts = (members[pg[ps]][go], y[go], cur[go])
-    handled = px * G + pg
-    return handled, rows, bsrc, bdst, brow, starts
+    starts = (ps[pw][go], y[go], cur[go])
+    return hi, rows, bsrc, bdst, brow, starts
 
 
 _DEAD_F, _EXIT_F = -1, -2
@@ -581,6 +580,21 @@ def _pure_walk(trie, tf: np.ndarray, sid, node, n, f):
     return tuple(cat(t) for t in toks), tuple(cat(x) for x in exits)
 
 
+def _first_byte_pairs(trie, ctab: np.ndarray, byte_class: np.ndarray, hit: np.ndarray):
+    """``(source index, depth-0 trie node)`` pairs whose byte class ``hit`` (bool
+    ``[n, C]``) marks: the class-level test expanded to the first bytes of the
+    vocabulary in that class (few pairs hit, so the byte-level arrays stay small)."""
+    n0 = int(trie.level_start[1]) if len(trie.level_start) > 1 else 0
+    cls = byte_class[trie.node_byte[:n0]]
+    order = _argsort_ints(cls)
+    start = np.searchsorted(cls[order], np.arange(ctab.shape[1] + 1))
+    si, ci = np.nonzero(hit)
+    cnt = start[ci + 1] - start[ci]
+    reps = np.repeat(np.arange(len(si)), cnt)
+    idx = np.repeat(start[ci] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+    return si[reps], order[idx]
+
+
 def _pack_rows(key: np.ndarray, toks: np.ndarray, W: int):
     """Tokens grouped by ``key``: ``(sorted distinct keys, packed rows uint32 [K, W])``."""
     ukey, inv = np.unique(key, return_inverse=True)
@@ -602,7 +616,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
     shape) — so the tokens of each ``(f, n, f')`` form one packed row, shared by all
     members. Tokens leaving the run (a byte outside the characters at a character
     boundary) are walked from there; tokens ``b + (characters)`` whose first byte leads
-    into a member ``h`` are bulk too, along ``h``'s chain (like :func:`_second_level`).
+    into a member ``h`` are bulk too, along ``h``'s chain (like :func:`_into_run`).
     States in ``taken`` are skipped.
 
     Returns ``None`` or ``(states lifted, rows, bulk src, bulk dst, bulk row, second)``;
@@ -622,9 +636,12 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
     node0 = np.tile(roots, K)
     (t_sid, t_tok, t_n, t_f), (x_sid, x_node, x_n) = _pure_walk(
         trie, tf, sid0, node0, np.zeros(len(sid0), np.int64), sid0.copy())
-    # second level: depth-0 exits b of local id 0, then characters
+    # second level: a first byte b (any: a member takes only the depth-0 exits of local
+    # id 0, another state any byte into a member), then characters
     n0 = int(trie.level_start[1])
-    x0 = np.sort(x_node[(x_sid == 0) & (x_node < n0)])
+    is_exit = np.zeros(n0, bool)
+    is_exit[x_node[(x_sid == 0) & (x_node < n0)]] = True
+    x0 = np.arange(n0)
     if len(x0):
         cc = trie.child_count[x0]
         csum = np.cumsum(cc)
@@ -746,6 +763,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
     g0 = st_g[s0]
     if len(x0) and len(g0):
         tgt = pos[table[members[g0][None, :], trie.node_byte[x0][:, None]]]   # [X0, g]
+        tgt[~is_exit] = -1
         xi, gj = np.nonzero(tgt >= 0)
         if len(xi):
             bs, bd, br = second(members[g0[gj]], xi, tgt[xi, gj])
@@ -772,16 +790,21 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         if go.any():
             _walk(trie, table, dead, sy[pp][go], en[go], cur[go], max_pairs, out)
 
-    def second_for(sources: np.ndarray):
-        """The tokens ``b + (characters)`` of other states (see above)."""
+    def second_for(sources: np.ndarray, own_run: np.ndarray | None = None,
+                   own_sig: np.ndarray | None = None):
+        """The tokens ``b + (characters)`` of other states (see above), but for the
+        first bytes ``b`` in ``own_sig[own_run[i]]`` (bool ``[., 256]``) for source
+        ``i``."""
         if len(x0) == 0 or len(sources) == 0:
             return None
-        tgt = pos[table[sources[:, None], trie.node_byte[x0][None, :]]]     # [n, X0]
-        si, xi = np.nonzero(tgt >= 0)
+        si, xi = _first_byte_pairs(trie, ctab, table.bc, pos[ctab[sources]] >= 0)
+        if own_run is not None:
+            keep = ~own_sig[own_run[si], trie.node_byte[xi]]
+            si, xi = si[keep], xi[keep]
         if len(si) == 0:
             return None
-        bs, bd, br = second(sources[si], xi, tgt[si, xi])
-        return sources[si] * 256 + trie.node_byte[x0[xi]], bs, bd, br
+        bs, bd, br = second(sources[si], xi, pos[table[sources[si], trie.node_byte[xi]]])
+        return sources[si] * 256 + trie.node_byte[xi], bs, bd, br
 
     return (st_y, np.concatenate(all_rows), np.concatenate(bulk_src),
             np.concatenate(bulk_dst), np.concatenate(bulk_row), second_for)
@@ -852,8 +875,12 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     tokens whose first byte acts alike (bulk rows masked to those tokens; past
     ``max_rows`` new rows, expanded to individual transitions; the reference's
     individual transitions to a state that at least ``pack_tokens`` of them reach, as
-    a new packed row within the same budget), and a walk for the others. Appends to
-    the lists; returns the new row count."""
+    a new packed row within the same budget), and a walk for the others. A differing
+    first byte ``b`` that starts at least ``pack_tokens`` tokens and leads ``q`` to a
+    state acting as the reference's successor on all but a few second bytes (the
+    declared key ``"user"`` after ``"use``, against the plain key body) is copied too,
+    for the tokens whose second byte acts alike: only ``b`` itself and the others are
+    walked. Appends to the lists; returns the new row count."""
     V = vocab.vocab_size
     mat, lens = vocab.byte_matrix
     ids = vocab.ordinary_ids
@@ -878,15 +905,79 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     bs, bd, br = bs[bsel], bd[bsel], br[bsel]
     b_lo = np.searchsorted(bs, refs)
     b_hi = np.searchsorted(bs, refs, side="right")
+    sb = np.full(V, 256, np.int64)                           # second byte (256: none)
+    if mat.shape[1] > 1:
+        sb[ids[lens > 1]] = mat[lens > 1, 1]
     tab_q = table[delta_q]                                   # [n, 256]
-    same = tab_q == table[delta_r]
-    # walk the tokens whose first byte differs (and keeps q alive)
-    wi, wb = np.nonzero(~same & (tab_q != dead) & (trie.first_node >= 0)[None, :])
-    if len(wi):
-        ws, wn, wc = delta_q[wi], trie.first_node[wb], tab_q[wi, wb].astype(np.int64)
-    # states with the same reference and the same differing bytes share their copies
+    tab_r = table[delta_r]
+    same = tab_q == tab_r
+    n = len(delta_q)
+    # a differing first byte b whose successor p acts as the reference's successor
+    # R' = D(r, b) on every second byte c but a few (X): a token b + c + ... with c
+    # outside X goes from q where it goes from r (D(p, c) = D(R', c)), so it is copied
+    # too; only the token b itself and those with a second byte in X are walked. One
+    # such byte per state (the one starting the most tokens), where that copies at
+    # least half of its tokens.
+    diff = ~same & (tab_q != dead) & (trie.first_node >= 0)[None, :]
+    score = np.where(diff & (tab_r != dead), trie.tokens_by_first_byte[None, :], -1)
+    ext_b = np.argmax(score, axis=1)
+    has = score[np.arange(n), ext_b] >= pack_tokens
+    ext_X = np.ones((n, 257), bool)                          # second bytes walked
+    if has.any():
+        tok2 = np.bincount(fb * 257 + sb, minlength=257 * 257)[:256 * 257].reshape(256, 257)
+        hi = np.nonzero(has)[0]
+        p_, r_ = tab_q[hi, ext_b[hi]], tab_r[hi, ext_b[hi]]
+        X = table[p_] != table[r_]
+        copied = (tok2[ext_b[hi], :256] * ~X).sum(1)
+        good = copied * 2 >= trie.tokens_by_first_byte[ext_b[hi]]
+        hi, X = hi[good], X[good]
+        has[:] = False
+        has[hi] = True
+        ext_X[hi, :256] = X
+    ext_b = np.where(has, ext_b, -1)
+    # walk the tokens whose first byte differs (and keeps q alive), but for the extended
+    # bytes: there, the token of that byte alone and the children in X
+    diff[has, ext_b[has]] = False
+    wi, wb = np.nonzero(diff)
+    ws, wn, wc = delta_q[wi], trie.first_node[wb], tab_q[wi, wb].astype(np.int64)
+    hi = np.nonzero(has)[0]
+    if len(hi):
+        eb = ext_b[hi]
+        node = trie.first_node[eb]
+        p_ = tab_q[hi, eb].astype(np.int64)
+        # the token b alone: ends at its first node (a start at the node, without
+        # children, is what _walk would emit there)
+        cc = trie.child_count[node]
+        csum = np.cumsum(cc)
+        reps = np.repeat(np.arange(len(hi)), cc)
+        child = np.repeat(trie.child_start[node] - (csum - cc), cc) + np.arange(int(csum[-1]) if len(cc) else 0)
+        cb = trie.node_byte[child]
+        walk = ext_X[hi[reps], cb]
+        reps, child, cb = reps[walk], child[walk], cb[walk]
+        cur = table[p_[reps], cb]
+        go = cur != dead
+        et = trie.end_token[node]
+        one = et >= 0
+        _count(out, int(one.sum()))
+        out[0].append(delta_q[hi[one]])
+        out[1].append(et[one].astype(np.int64))
+        out[2].append(p_[one])
+        multi = np.nonzero(et == -2)[0]
+        for j in multi.tolist():
+            tk = trie.end_tokens[trie.end_start[node[j]]:trie.end_start[node[j] + 1]]
+            _count(out, len(tk))
+            out[0].append(np.full(len(tk), delta_q[hi[j]], np.int64))
+            out[1].append(tk.astype(np.int64))
+            out[2].append(np.full(len(tk), p_[j], np.int64))
+        ws = np.concatenate([ws, delta_q[hi[reps[go]]]])
+        wn = np.concatenate([wn, child[go]])
+        wc = np.concatenate([wc, cur[go].astype(np.int64)])
+    wi = ws
+    # states with the same reference, the same differing bytes and the same extension
+    # share their copies
     gkey = np.concatenate([delta_r[:, None].astype(np.int64),
-                           np.packbits(same, axis=1).astype(np.int64)], axis=1)
+                           np.packbits(same, axis=1).astype(np.int64), ext_b[:, None],
+                           np.packbits(ext_X, axis=1).astype(np.int64)], axis=1)
     _, ginv = np.unique(gkey, axis=0, return_inverse=True)
     ginv = ginv.ravel()
     order = _argsort_ints(ginv)
@@ -899,19 +990,21 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     masked: dict = {}
     drops: dict = {}
     by_content: dict = {}
-    content = (np.unique(allrows, axis=0, return_inverse=True)[1].ravel() if len(allrows)
-               else np.zeros(0, np.int64))              # equal rows, one key
+    seen: dict = {}
+    content = np.array([seen.setdefault(x.tobytes(), len(seen)) for x in allrows],
+                       np.int64)                        # equal rows, one key
     for g in range(len(bounds) - 1):
         members = order[bounds[g]:bounds[g + 1]]
         qs = delta_q[members]
         i0 = int(members[0])
         k = int(np.searchsorted(refs, delta_r[i0]))
         ok_b = np.concatenate([same[i0], [False]])
+        e_b, e_X = int(ext_b[i0]), ext_X[i0]
         # individual transitions of r for the bytes that act alike
         a, b = i_lo[k], i_hi[k]
         if b > a:
             t = itok[a:b]
-            ok = ok_b[fb[t]]
+            ok = ok_b[fb[t]] | ((fb[t] == e_b) & ~e_X[sb[t]])
             t, dd = t[ok], idst[a:b][ok]
             if len(t) >= pack_tokens and n_new < max_rows:
                 # a destination reached by many tokens: one packed row shared by the
@@ -950,10 +1043,10 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         a, b = b_lo[k], b_hi[k]
         if b <= a:
             continue
-        pat = ok_b.tobytes()
+        pat = ok_b.tobytes() + e_X.tobytes() + bytes([e_b + 1 & 255, e_b + 1 >> 8])
         drop = drops.get(pat)
         if drop is None:
-            drop = drops[pat] = _pack_bool(~ok_b[fb], W)
+            drop = drops[pat] = _pack_bool(~(ok_b[fb] | ((fb == e_b) & ~e_X[sb])), W)
         rid = br[a:b]
         urid, rinv = np.unique(rid, return_inverse=True)
         keys = [(x, pat) for x in content[urid].tolist()]
@@ -997,6 +1090,14 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
             _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
                   wc[i:i + max_pairs], max_pairs, out)
     return n_rows
+
+
+def _alive_tokens(table, members: np.ndarray, tok_by_byte: np.ndarray) -> float:
+    """The mean number of tokens per member whose first byte keeps it alive."""
+    alive = np.zeros(256)
+    for i in range(0, len(members), 4096):
+        alive += (table[members[i:i + 4096]] != len(table) - 1).sum(0)
+    return float(alive @ tok_by_byte) / max(len(members), 1)
 
 
 def _pack_bool(x: np.ndarray, W: int) -> np.ndarray:
@@ -1048,10 +1149,18 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
     # runs with multi-byte characters first: their members and the states inside their
     # characters in bulk (see _fragment_run)
     byte_rep = np.unique(dfa.byte_class, return_index=True)[1]     # a byte of each class
+    tok_by_byte = trie.tokens_by_first_byte
     seconds = []
+    pending = []                        # (sigma, members, chain, exits) of the byte runs
     for sigma, members in groups:
         members = members[~shortcut[members]]
         if len(members) < min_fragment_members:      # few states: the byte path is cheaper
+            continue
+        # most of the members' tokens start outside sigma (the start of the next item of
+        # a sorted unique array: every first byte but one leads into its own copy of a
+        # string body): not a run; as other states, those first bytes are lifted in bulk
+        # into the runs they lead to
+        if tok_by_byte[sigma].sum() * 4 < _alive_tokens(table, members, tok_by_byte):
             continue
         frag = _fragment_of(dfa, table, Q, sigma, int(members[0]), byte_rep)
         if frag is None:
@@ -1090,49 +1199,85 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
         bulk_dst.append(dst[li2, gi])
         bulk_row.append(n_rows + li2)
         n_rows += len(uL)
-        # tokens "b + sigma*" whose first byte b leads into another member: in bulk
-        second = _second_level(trie, table, Q, sigma, members, min_run_tokens, W)
-        handled = None
-        if second is not None:
-            handled, rows2, bs2, bd2, br2, (ws, wn, wc) = second
+        pending.append((sigma, members, chain, exits))
+
+    normal = np.nonzero(~shortcut)[0]
+    # tokens "b + characters" whose first byte b leads a state into a run, in bulk (a
+    # (state, b) pair leads into one state, a member of one run at most): from the
+    # states in no run (any first byte), and from the byte runs' members (a first byte
+    # outside their own sigma, a depth-0 exit); the handled pairs as q * 256 + b
+    # (a member's own sigma is no first byte here: its run lifts those tokens)
+    run_of = np.full(Q + 1, -1, np.int64)
+    own_sig = np.zeros((len(pending) + 1, 256), bool)         # row -1: no own run
+    for i, (sg, m, _, _) in enumerate(pending):
+        run_of[m] = i
+        own_sig[i] = sg
+    all_src = np.concatenate([normal] + [m for _, m, _, _ in pending])
+    handled = np.zeros(0, np.int64)
+    for second_for, base in seconds:
+        for g0 in range(0, len(all_src), 1 << 14):
+            qs = all_src[g0:g0 + (1 << 14)]
+            res = second_for(qs, run_of[qs], own_sig)
+            if res is None:
+                continue
+            codes, bs, bd, br = res
+            handled = np.union1d(handled, codes)
+            bulk_src.append(bs)
+            bulk_dst.append(bd)
+            bulk_row.append(base + br)
+    n0 = int(trie.level_start[1]) if len(trie.level_start) > 1 else 0
+    if pending and n0:
+        # (source, first node) pairs into each byte run, found in chunks
+        nb0 = trie.node_byte[:n0]
+        ps_, px_, pr_ = [], [], []
+        for g0 in range(0, len(all_src), 1 << 14):
+            qs = all_src[g0:g0 + (1 << 14)]
+            si, xi = _first_byte_pairs(trie, table.ctab, table.bc, run_of[table.ctab[qs]] >= 0)
+            own = run_of[qs[si]]
+            keep = ~own_sig[own, nb0[xi]]
+            si, xi = si[keep], xi[keep]
+            ps_.append(qs[si])
+            px_.append(xi)
+            pr_.append(run_of[table[qs[si], nb0[xi]]])
+        ps_, px_, pr_ = np.concatenate(ps_), np.concatenate(px_), np.concatenate(pr_)
+        o = _argsort_ints(pr_)
+        ps_, px_, pr_ = ps_[o], px_[o], pr_[o]
+        bounds = np.searchsorted(pr_, np.arange(len(pending) + 1))
+        cache: dict = {}
+        for i, (sigma, members, _, _) in enumerate(pending):
+            a_, b_ = bounds[i], bounds[i + 1]
+            if a_ == b_:
+                continue
+            res = _into_run(trie, table, Q, sigma, members, ps_[a_:b_], px_[a_:b_],
+                            min_run_tokens, W, cache)
+            if res is None:
+                continue
+            hi, rows2, bs2, bd2, br2, (ws, wn, wc) = res
+            handled = np.union1d(handled, ps_[a_:b_][hi] * 256 + nb0[px_[a_:b_][hi]])
             _count(out, len(bs2))
             rows.append(rows2)
             bulk_src.append(bs2)
             bulk_dst.append(bd2)
             bulk_row.append(n_rows + br2)
             n_rows += len(rows2)
-            for i in range(0, len(ws), max_pairs):
-                _walk(trie, table, Q, ws[i:i + max_pairs], wn[i:i + max_pairs],
-                      wc[i:i + max_pairs], max_pairs, out)
-        # walk below the exit nodes, chunked over members
+            for j in range(0, len(ws), max_pairs):
+                _walk(trie, table, Q, ws[j:j + max_pairs], wn[j:j + max_pairs],
+                      wc[j:j + max_pairs], max_pairs, out)
+    # the byte runs' members: walk below their exit nodes (chunked over members), but
+    # for the depth-0 exits handled above
+    for sigma, members, chain, exits in pending:
         xb = trie.node_byte[exits]
         xd = trie.depth[exits]
-        G = len(members)
         step = max(1, max_pairs // max(len(exits), 1))
         for g0 in range(0, len(members), step):
             before = chain[:, g0:g0 + step][xd]                      # [X, g]
             nxt = table[before, xb[:, None]]
             xi, gi = np.nonzero(nxt != Q)
-            if handled is not None and len(xi):
-                keep = ~np.isin(exits[xi] * G + g0 + gi, handled)
+            if len(handled) and len(xi):
+                keep = ~((xd[xi] == 0) & np.isin(members[g0 + gi] * 256 + xb[xi], handled))
                 xi, gi = xi[keep], gi[keep]
             if len(xi):
                 _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
-
-    normal = np.nonzero(~shortcut)[0]
-    # tokens "b + characters" of the other states whose first byte leads into a run
-    # with multi-byte characters: in bulk (a (state, b) pair leads into one state,
-    # which is a member of one run at most)
-    handled = np.zeros(0, np.int64)
-    for second_for, base in seconds:
-        res = second_for(normal)
-        if res is None:
-            continue
-        codes, bs, bd, br = res
-        handled = np.union1d(handled, codes)
-        bulk_src.append(bs)
-        bulk_dst.append(bd)
-        bulk_row.append(base + br)
     if len(normal):
         first_bytes = np.nonzero(trie.first_node >= 0)[0]
         first_nodes = trie.first_node[first_bytes]
