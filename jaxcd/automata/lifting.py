@@ -1475,18 +1475,18 @@ def _token_hashes(vocab_size: int) -> np.ndarray:
     return rng.integers(0, 1 << 64, size=(2, vocab_size), dtype=np.uint64, endpoint=False)
 
 
-@lru_cache(maxsize=4)
-def _nibble_hash_table(vocab_size: int) -> np.ndarray:
-    """uint64 ``[2, 8W, 16]``: for nibble ``k`` of a packed row (tokens ``4k .. 4k + 3``,
+@lru_cache(maxsize=2)
+def _byte_hash_table(vocab_size: int) -> np.ndarray:
+    """uint64 ``[2, 4W, 256]``: for byte ``k`` of a packed row (tokens ``8k .. 8k + 7``,
     little-endian) and its value ``x``, the sum (mod 2^64) of :func:`_token_hashes` over
-    the tokens whose bit is set in ``x``."""
+    the tokens whose bit is set in ``x`` (25 MB for a 49,152-token vocabulary)."""
     hv = _token_hashes(vocab_size)
-    nn = ((vocab_size + 31) // 32) * 8
-    pad = np.zeros((2, nn * 4), np.uint64)
+    nb = ((vocab_size + 31) // 32) * 4
+    pad = np.zeros((2, nb * 8), np.uint64)
     pad[:, :vocab_size] = hv
-    per = pad.reshape(2, nn, 4)
-    out = np.zeros((2, nn, 16), np.uint64)
-    for x in range(1, 16):
+    per = pad.reshape(2, nb, 8)
+    out = np.zeros((2, nb, 256), np.uint64)
+    for x in range(1, 256):
         low = (x & -x).bit_length() - 1
         out[:, :, x] = out[:, :, x & (x - 1)] + per[:, :, low]
     return out
@@ -1512,24 +1512,20 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     h = np.empty((2, E), np.uint64)
     row_h = np.zeros((2, len(bulk_rows)), np.uint64)
     if len(bulk_rows):
-        # a packed row's hash from its nibbles: table[i, k, x] is the sum of the values
-        # of the tokens 4k .. 4k + 3 whose bits are set in nibble value x
+        # a packed row's hash from its bytes: table[i, k, x] is the sum of the values
+        # of the tokens 8k .. 8k + 7 whose bits are set in byte value x
         used = _unique_ints(brow)
-        table = _nibble_hash_table(V)                       # [2, 8W, 16]
-        nn = table.shape[1]
-        per = max(1, (16 << 20) // (8 * nn))                # rows at a time
-        shifts = np.arange(0, 32, 4, dtype=np.uint32)
+        table = _byte_hash_table(V)                         # [2, 4W, 256]
+        per = max(1, (16 << 20) // (4 * table.shape[1]))    # rows at a time
         for c0 in range(0, len(used), per):
             u = used[c0:c0 + per]
-            # only the nonzero words' nonzero nibbles (bulk rows are mostly sparse: 2%
-            # nonzero words in Unicode (\w{1,12} ){3,8}); a row's sum over them, mod 2^64
-            rows_u = bulk_rows[u]
-            r, w = np.nonzero(rows_u)
+            # only the nonzero bytes (bulk rows are often sparse: 2% nonzero words in
+            # Unicode (\w{1,12} ){3,8}); a row's sum over them, mod 2^64
+            rows_u = np.ascontiguousarray(bulk_rows[u], dtype="<u4").view(np.uint8)
+            r, c = np.nonzero(rows_u)
             if len(r) == 0:
                 continue
-            nib = (rows_u[r, w][:, None] >> shifts) & 15                  # [n, 8]
-            j, k = np.nonzero(nib)
-            r, c, x = r[j], w[j] * 8 + k, nib[j, k]
+            x = rows_u[r, c]
             cut = np.flatnonzero(np.concatenate([[True], r[1:] != r[:-1]]))
             for i in range(2):
                 row_h[i, u[r[cut]]] = np.add.reduceat(table[i][c, x], cut)   # wraps
