@@ -118,33 +118,37 @@ class _ByteTable:
         return self.ctab[key][..., self.bc]
 
 
+def _emit_ends(trie, src, node, cur, out) -> None:
+    """Emit ``(src, token, cur)`` for every token ending at trie node ``node``."""
+    et = trie.end_token[node]
+    ends = et >= 0
+    if ends.any():
+        _count(out, int(np.count_nonzero(ends)))
+        out[0].append(src[ends])
+        out[1].append(et[ends])
+        out[2].append(cur[ends])
+    multi = et == -2                                   # duplicate byte strings (rare)
+    if multi.any():
+        n_m = node[multi]
+        c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
+        reps = np.repeat(np.arange(len(n_m)), c_m)
+        offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
+        _count(out, len(reps))
+        out[0].append(src[multi][reps])
+        out[1].append(trie.end_tokens[offs + np.arange(len(reps))])
+        out[2].append(cur[multi][reps])
+
+
 def _walk(trie, table: np.ndarray, dead: int, src, node, cur, max_pairs: int, out) -> None:
     """Continue the trie walk from ``(src, node, cur)`` pairs (``node``'s byte already
     read, DFA now in ``cur``): emit ``(src, token, state)`` for every token ending at or
     below ``node`` whose bytes keep the DFA alive. Frontiers larger than ``max_pairs``
     are split (depth first), which bounds memory."""
-    end_token, ccount, cstart, nbyte = trie.end_token, trie.child_count, trie.child_start, \
-        trie.node_byte
+    ccount, cstart, nbyte = trie.child_count, trie.child_start, trie.node_byte
     stack = [(src, node, cur)]
     while stack:
         src, node, cur = stack.pop()
-        et = end_token[node]
-        ends = et >= 0
-        if ends.any():
-            _count(out, int(np.count_nonzero(ends)))
-            out[0].append(src[ends])
-            out[1].append(et[ends])
-            out[2].append(cur[ends])
-        multi = et == -2                               # duplicate byte strings (rare)
-        if multi.any():
-            n_m = node[multi]
-            c_m = trie.end_start[n_m + 1] - trie.end_start[n_m]
-            reps = np.repeat(np.arange(len(n_m)), c_m)
-            offs = np.repeat(trie.end_start[n_m] - (np.cumsum(c_m) - c_m), c_m)
-            _count(out, len(reps))
-            out[0].append(src[multi][reps])
-            out[1].append(trie.end_tokens[offs + np.arange(len(reps))])
-            out[2].append(cur[multi][reps])
+        _emit_ends(trie, src, node, cur, out)
         cc = ccount[node]
         keep = cc > 0
         if not keep.all():
@@ -945,34 +949,20 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         eb = ext_b[hi]
         node = trie.first_node[eb]
         p_ = tab_q[hi, eb].astype(np.int64)
-        # the token b alone: ends at its first node (a start at the node, without
-        # children, is what _walk would emit there)
+        # the token b alone (ends at its first node), then walks from the children in X
+        _emit_ends(trie, delta_q[hi], node, p_, out)
         cc = trie.child_count[node]
         csum = np.cumsum(cc)
         reps = np.repeat(np.arange(len(hi)), cc)
-        child = np.repeat(trie.child_start[node] - (csum - cc), cc) + np.arange(int(csum[-1]) if len(cc) else 0)
+        child = np.repeat(trie.child_start[node] - (csum - cc), cc) + np.arange(int(csum[-1]))
         cb = trie.node_byte[child]
         walk = ext_X[hi[reps], cb]
         reps, child, cb = reps[walk], child[walk], cb[walk]
         cur = table[p_[reps], cb]
         go = cur != dead
-        et = trie.end_token[node]
-        one = et >= 0
-        _count(out, int(one.sum()))
-        out[0].append(delta_q[hi[one]])
-        out[1].append(et[one].astype(np.int64))
-        out[2].append(p_[one])
-        multi = np.nonzero(et == -2)[0]
-        for j in multi.tolist():
-            tk = trie.end_tokens[trie.end_start[node[j]]:trie.end_start[node[j] + 1]]
-            _count(out, len(tk))
-            out[0].append(np.full(len(tk), delta_q[hi[j]], np.int64))
-            out[1].append(tk.astype(np.int64))
-            out[2].append(np.full(len(tk), p_[j], np.int64))
         ws = np.concatenate([ws, delta_q[hi[reps[go]]]])
         wn = np.concatenate([wn, child[go]])
         wc = np.concatenate([wc, cur[go].astype(np.int64)])
-    wi = ws
     # states with the same reference, the same differing bytes and the same extension
     # share their copies
     gkey = np.concatenate([delta_r[:, None].astype(np.int64),
@@ -1000,11 +990,15 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         k = int(np.searchsorted(refs, delta_r[i0]))
         ok_b = np.concatenate([same[i0], [False]])
         e_b, e_X = int(ext_b[i0]), ext_X[i0]
+
+        def alike(t):
+            """Tokens ``t`` that go from q where they go from r."""
+            return ok_b[fb[t]] | ((fb[t] == e_b) & ~e_X[sb[t]])
         # individual transitions of r for the bytes that act alike
         a, b = i_lo[k], i_hi[k]
         if b > a:
             t = itok[a:b]
-            ok = ok_b[fb[t]] | ((fb[t] == e_b) & ~e_X[sb[t]])
+            ok = alike(t)
             t, dd = t[ok], idst[a:b][ok]
             if len(t) >= pack_tokens and n_new < max_rows:
                 # a destination reached by many tokens: one packed row shared by the
@@ -1043,10 +1037,10 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         a, b = b_lo[k], b_hi[k]
         if b <= a:
             continue
-        pat = ok_b.tobytes() + e_X.tobytes() + bytes([e_b + 1 & 255, e_b + 1 >> 8])
+        pat = (ok_b.tobytes(), e_b, e_X.tobytes())
         drop = drops.get(pat)
         if drop is None:
-            drop = drops[pat] = _pack_bool(~(ok_b[fb] | ((fb == e_b) & ~e_X[sb])), W)
+            drop = drops[pat] = _pack_bool(~alike(np.arange(V)), W)
         rid = br[a:b]
         urid, rinv = np.unique(rid, return_inverse=True)
         keys = [(x, pat) for x in content[urid].tolist()]
@@ -1085,19 +1079,17 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         bulk_src.append(np.concatenate(nq))
         bulk_dst.append(np.concatenate(nd))
         bulk_row.append(np.concatenate(nr))
-    if len(wi):
-        for i in range(0, len(ws), max_pairs):
-            _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
-                  wc[i:i + max_pairs], max_pairs, out)
+    for i in range(0, len(ws), max_pairs):
+        _walk(trie, table, dead, ws[i:i + max_pairs], wn[i:i + max_pairs],
+              wc[i:i + max_pairs], max_pairs, out)
     return n_rows
 
 
 def _alive_tokens(table, members: np.ndarray, tok_by_byte: np.ndarray) -> float:
     """The mean number of tokens per member whose first byte keeps it alive."""
-    alive = np.zeros(256)
-    for i in range(0, len(members), 4096):
-        alive += (table[members[i:i + 4096]] != len(table) - 1).sum(0)
-    return float(alive @ tok_by_byte) / max(len(members), 1)
+    per_class = np.bincount(table.bc, weights=tok_by_byte, minlength=table.ctab.shape[1])
+    alive = (table.ctab[members] != len(table) - 1).sum(0)
+    return float(alive @ per_class) / max(len(members), 1)
 
 
 def _pack_bool(x: np.ndarray, W: int) -> np.ndarray:

@@ -3199,17 +3199,30 @@ class SchemaBuilder:
         key = ("item dfa", spaced)
         hit = self._string_memo.get(key)
         if hit is None or hit[0] is not item:
-            dfa = None
-            if spaced:
-                try:
-                    dfa = minimize(determinize(_node_nfa(item, self.whitespace),
-                                               MAX_SPACED_ITEM_STATES))
-                except AutomatonTooLargeError:
-                    pass                    # items without whitespace inside: a subset
+            # past MAX_SPACED_ITEM_STATES, items without whitespace inside: a subset
+            dfa = self._spaced_dfa(item) if spaced else None
             if dfa is None:
                 dfa = _node_dfa(item, compact=True)
             hit = self._string_memo[key] = (item, dfa)
         return hit[1]
+
+    def _spaced_dfa(self, node: Node) -> DFA | None:
+        """The minimal DFA of ``node`` with the free whitespace, or None past
+        ``MAX_SPACED_ITEM_STATES`` DFA states."""
+        try:
+            return minimize(determinize(_node_nfa(node, self.whitespace),
+                                        MAX_SPACED_ITEM_STATES))
+        except AutomatonTooLargeError:
+            return None
+
+    def _refuse_unique_keys(self, lo: int, path: str) -> None:
+        """``minItems`` asks for more items than the sort key of ``uniqueItems`` keeps
+        apart."""
+        self.unsupported(
+            f"keyword 'uniqueItems' (its items take values that cannot be listed, so "
+            f"jaxcd keeps them apart by a sort key: type, first character of a string, "
+            f"first digit of an integer; no {lo} items have different keys)",
+            f"{path}/uniqueItems")
 
     def _unique_array(self, head: list[Node], rest: Node, lo: int, hi: int | None,
                       path: str) -> Node | None:
@@ -3321,22 +3334,15 @@ class SchemaBuilder:
             return self._list([], rest, lo, hi, "[", "]", ",")
         if _first_bytes(rest) in (frozenset(b"{"), frozenset(b"[")):
             # every item is an object (or every one an array): one key, so at most one
-            # item; the item node as it is, without determinising it
+            # item, and no copy of the item per key. Minimised where that fits (the
+            # members of an object looped through in the loose order share their
+            # continuation: one copy of each value), else the item node as it is
             if lo > 1:
-                self.unsupported(
-                    f"keyword 'uniqueItems' (its items take values that cannot be listed, "
-                    f"so jaxcd keeps them apart by a sort key: type, first character of a "
-                    f"string, first digit of an integer; no {lo} items have different "
-                    f"keys)", f"{path}/uniqueItems")
+                self._refuse_unique_keys(lo, path)
                 return None
-            try:
-                # minimised where that fits (the members of an object looped through in
-                # the loose order share their continuation: one copy of each value)
-                d = minimize(determinize(_node_nfa(rest, self.whitespace),
-                                         MAX_SPACED_ITEM_STATES))
+            d = self._spaced_dfa(rest)
+            if d is not None:
                 rest = Node("dfa", (d,), d.num_states + 1)
-            except AutomatonTooLargeError:
-                pass
             return self._list([], rest, lo, 1 if hi is None else min(hi, 1), "[", "]", ",")
         item = self._item_dfa(rest, spaced=True)
         if item.num_states == 0:
@@ -3454,11 +3460,7 @@ class SchemaBuilder:
                                      "uniqueItems")
                 dfa = self._product(dfa, counts, path, "uniqueItems", intersect)
                 if is_empty(dfa) and not is_empty(counts):
-                    self.unsupported(
-                        f"keyword 'uniqueItems' (its items take values that cannot be "
-                        f"listed, so jaxcd keeps them apart by a sort key: type, first "
-                        f"character of a string, first digit of an integer; no "
-                        f"{lo} items have different keys)", f"{path}/uniqueItems")
+                    self._refuse_unique_keys(lo, path)
                     return None
             return Node("dfa", (dfa,), dfa.num_states + 1)
         raise AssertionError("unreachable: one key per type has no state limit")
