@@ -1551,6 +1551,9 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     return inv.astype(np.int32), reps
 
 
+_MANY_BULK = 8     # _materialize_rows: segments with more bulk rows are reduced one by one
+
+
 def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W: int,
                       chunk_bytes: int = 8 << 20) -> np.ndarray:
     """The distinct rows, uint32 ``[R, W]``: row ``u`` is the union of the labels of the
@@ -1576,6 +1579,8 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
     e_lo[0] = out_start[s[0]]
     e_lo[1:] = np.where(first[1:], out_start[s[1:]], e_hi[:-1])
     per_chunk = max(1, chunk_bytes // (12 * W))
+    unions: dict[bytes, np.ndarray] = {}
+    max_unions = max(1, chunk_bytes // (4 * W))
     for c0 in range(0, len(sel), per_chunk):
         c1 = min(len(sel), c0 + per_chunk)
         n = c1 - c0
@@ -1592,19 +1597,51 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
         if nb.any():
             pi = np.repeat(np.arange(n), nb)                   # segment of each bulk row
             pr = brow[np.repeat(ba - (np.cumsum(nb) - nb), nb) + np.arange(int(nb.sum()))]
+            # a segment with many bulk rows (one per first byte of the tokens into a
+            # run) ORs them in one reduction; the others one rank (j-th row of a
+            # segment) at a time: the segments of one rank are distinct
+            # (such sets repeat across states: their unions are kept, within
+            # chunk_bytes)
+            many = np.flatnonzero(nb > _MANY_BULK)
+            if len(many):
+                starts = np.cumsum(nb) - nb
+                for i in many.tolist():
+                    rows_i = pr[starts[i]:starts[i] + nb[i]]
+                    key = rows_i.tobytes()
+                    u = unions.get(key)
+                    if u is None:
+                        u = np.bitwise_or.reduce(bulk_rows[rows_i], axis=0)
+                        if len(unions) < max_unions:
+                            unions[key] = u
+                    seg[i] |= u
+                few = nb[pi] <= _MANY_BULK
+                pi, pr = pi[few], pr[few]
             per = max(1, chunk_bytes // (4 * W))
             for p0 in range(0, len(pi), per):
                 ii, rr = pi[p0:p0 + per], pr[p0:p0 + per]
-                # OR each bulk row into its segment, one rank (j-th row of a segment)
-                # at a time: the segments of one rank are distinct (a 2-D reduceat
-                # along axis 0 is several times slower)
                 cut = np.flatnonzero(np.concatenate([[True], ii[1:] != ii[:-1]]))
                 rank = np.arange(len(ii)) - np.repeat(cut, np.diff(np.append(cut, len(ii))))
-                for j in range(int(rank.max()) + 1):
-                    at = np.flatnonzero(rank == j) if j else cut
+                by_rank = _argsort_ints(rank)
+                bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max()) + 2))
+                for j in range(len(bounds) - 1):
+                    at = by_rank[bounds[j]:bounds[j + 1]]
                     seg[ii[at]] |= bulk_rows[rr[at]]
-        # running union within each state (row by row: a strided cumsum is ~3x slower)
-        for i in np.nonzero(~first[c0:c1])[0].tolist():
-            np.add(seg[i], seg[i - 1] if i > 0 else out[sel[c0 - 1]], out=seg[i])
+        # running union within each state: the j-th row of every state's run at once
+        # (a state's rows are consecutive; the chunk's first row may continue the last
+        # chunk's state)
+        fc = first[c0:c1]
+        if not fc[0]:
+            seg[0] += out[sel[c0 - 1]]
+        start = np.flatnonzero(fc)
+        run_start = np.zeros(n, np.int64)
+        run_start[start] = start
+        np.maximum.accumulate(run_start, out=run_start)
+        rank = np.arange(n) - run_start
+        if n and rank.max() > 0:
+            by_rank = _argsort_ints(rank)
+            bounds = np.searchsorted(rank[by_rank], np.arange(1, int(rank.max()) + 2))
+            for j in range(len(bounds) - 1):
+                at = by_rank[bounds[j]:bounds[j + 1]]
+                seg[at] += seg[at - 1]
         out[sel[c0:c1]] = seg
     return out
