@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import EmptyLanguageError
 from ..limits import current_limits, too_large
 from .bits import unpack_bits
-from .fsa import DFA, _argsort_ints, _unique_first_inverse, _unique_ints
+from .fsa import DFA, _argsort_ints, _group_rows, _unique_first_inverse, _unique_ints
 from .tensorized import INF_DIST, TensorizedAutomaton
 
 if TYPE_CHECKING:
@@ -968,17 +968,12 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     gkey = np.concatenate([delta_r[:, None].astype(np.int64),
                            np.packbits(same, axis=1).astype(np.int64), ext_b[:, None],
                            np.packbits(ext_X, axis=1).astype(np.int64)], axis=1)
-    _, ginv = np.unique(gkey, axis=0, return_inverse=True)
-    ginv = ginv.ravel()
+    ginv = _row_ids(gkey)[1]
     order = _argsort_ints(ginv)
     bounds = np.searchsorted(ginv[order], np.arange(int(ginv.max()) + 2))
     new_rows, nq, nd, nr = [], [], [], []
     n_new = 0
-    # a masked row depends only on (bulk row's content, the bytes that act alike): groups
-    # of other references with the same differing bytes share it (row id per key; -1:
-    # the masked row is empty), and equal masked rows are stored once
-    masked: dict = {}
-    drops: dict = {}
+    # new rows by content (packed copies here, masked rows in _delta_bulk), stored once
     by_content: dict = {}
     seen: dict = {}
     content = np.array([seen.setdefault(x.tobytes(), len(seen)) for x in allrows],
@@ -1033,46 +1028,12 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
                 out[0].append(np.repeat(qs, len(t)))
                 out[1].append(np.tile(t, len(qs)))
                 out[2].append(np.tile(dd, len(qs)))
-        # bulk transitions of r, rows masked to those tokens
-        a, b = b_lo[k], b_hi[k]
-        if b <= a:
-            continue
-        pat = (ok_b.tobytes(), e_b, e_X.tobytes())
-        drop = drops.get(pat)
-        if drop is None:
-            drop = drops[pat] = _pack_bool(~alike(np.arange(V)), W)
-        rid = br[a:b]
-        urid, rinv = np.unique(rid, return_inverse=True)
-        keys = [(x, pat) for x in content[urid].tolist()]
-        idx = np.array([masked.get(kk, -2) for kk in keys], np.int64)
-        todo = np.nonzero(idx == -2)[0]
-        m = allrows[urid[todo]] & ~drop
-        # equal masked rows (e.g. a row without tokens on the dropped bytes) once
-        mb = [x.tobytes() if x.any() else None for x in m]
-        fresh = {x for x in mb if x is not None and x not in by_content}
-        if n_new + len(fresh) <= max_rows:
-            for j, x in zip(todo.tolist(), mb):
-                if x is None:
-                    masked[keys[j]] = idx[j] = -1
-                    continue
-                if x not in by_content:
-                    by_content[x] = n_rows + n_new
-                    new_rows.append(np.frombuffer(x, np.uint32)[None, :])
-                    n_new += 1
-                masked[keys[j]] = idx[j] = by_content[x]
-            e = idx[rinv.ravel()]
-            live = e >= 0
-            nq.append(np.repeat(qs, int(live.sum())))
-            nd.append(np.tile(bd[a:b][live], len(qs)))
-            nr.append(np.tile(e[live], len(qs)))
-        else:                                                # past the row budget
-            for j in range(a, b):
-                t = np.nonzero(unpack_bits(allrows[br[j]] & ~drop, V))[0]
-                if len(t):
-                    _count(out, len(t) * len(qs))
-                    out[0].append(np.repeat(qs, len(t)))
-                    out[1].append(np.tile(t, len(qs)))
-                    out[2].append(np.full(len(t) * len(qs), int(bd[j]), np.int64))
+    # bulk transitions of the references, rows masked to the tokens that act alike:
+    # one masked row per (row content, pattern of alike tokens) (groups of other
+    # references with the same pattern share it; -1: empty), equal masked rows once
+    n_new = _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X, fb,
+                        sb, b_lo, b_hi, br, bd, allrows, content, V, W, out, by_content,
+                        new_rows, n_rows, n_new, max_rows, (nq, nd, nr))
     if n_new:
         rows.append(np.concatenate(new_rows))
         n_rows += n_new
@@ -1085,18 +1046,97 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     return n_rows
 
 
+def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X, fb, sb,
+                b_lo, b_hi, br, bd, allrows, content, V: int, W: int, out, by_content: dict,
+                new_rows: list, n_rows: int, n_new: int, max_rows: int, acc,
+                chunk_bytes: int = 16 << 20) -> int:
+    """The bulk transitions of :func:`_lift_deltas`' groups (``order``/``bounds``): the
+    reference's rows masked to the tokens that act alike, appended to ``acc`` (lists of
+    sources, destinations and row ids). A masked row depends only on the row's content
+    and the group's pattern of alike tokens (its key without the reference): it is
+    computed once per such pair for all groups, stored once per content (new rows get
+    ids ``n_rows + n_new`` in ``by_content``), and dropped where empty; past
+    ``max_rows`` new rows, its tokens are individual transitions. Scratch is at most
+    ``chunk_bytes`` at a time. Returns the new row count."""
+    nq, nd, nr = acc
+    gm = order[bounds[:-1]]                                  # a member of each group
+    gk = np.searchsorted(refs, delta_r[gm])
+    cnt = (b_hi[gk] - b_lo[gk]).astype(np.int64)
+    gi = np.flatnonzero(cnt > 0)
+    if len(gi) == 0:
+        return n_new
+    pfirst, pinv = _row_ids(gkey[gm[gi], 1:])
+    prep = gm[gi[pfirst]]                                    # a member per pattern
+    n_pat = len(prep)
+    # the tokens that act alike, per pattern, packed
+    keep = np.empty((n_pat, W), np.uint32)
+    same_pad = np.concatenate([same[prep], np.zeros((n_pat, 1), bool)], axis=1)
+    per = max(1, chunk_bytes // (3 * 32 * W))
+    for p0 in range(0, n_pat, per):
+        sl = slice(p0, p0 + per)
+        a = same_pad[sl][:, fb] | ((fb[None, :] == ext_b[prep[sl], None])
+                                   & ~ext_X[prep[sl]][:, sb])
+        pad = np.zeros((a.shape[0], W * 32), bool)
+        pad[:, :V] = a
+        keep[sl] = np.packbits(pad, axis=1, bitorder="little").view(np.uint32)
+    # (group, bulk transition of its reference) pairs, and their distinct
+    # (row content, pattern) keys
+    c = cnt[gi]
+    pos = np.repeat(b_lo[gk[gi]] - (np.cumsum(c) - c), c) + np.arange(int(c.sum()))
+    pg = np.repeat(np.arange(len(gi)), c)
+    ufirst, uinv = _unique_first_inverse(content[br[pos]] * n_pat + pinv[pg])
+    urow, upat = br[pos[ufirst]], pinv[pg[ufirst]]
+    ids = np.full(len(ufirst), -1, np.int64)                 # -1: empty, -2: expanded
+    per = max(1, chunk_bytes // (4 * W))
+    for u0 in range(0, len(ufirst), per):
+        m = allrows[urow[u0:u0 + per]] & keep[upat[u0:u0 + per]]
+        for j in np.flatnonzero(m.any(axis=1)).tolist():
+            xb = m[j].tobytes()
+            r_ = by_content.get(xb)
+            if r_ is None:
+                if n_new >= max_rows:
+                    ids[u0 + j] = -2
+                    continue
+                r_ = by_content[xb] = n_rows + n_new
+                new_rows.append(m[j][None, :].copy())
+                n_new += 1
+            ids[u0 + j] = r_
+    e = ids[uinv]
+    live = np.flatnonzero(e >= 0)
+    g_of = gi[pg[live]]
+    mc = bounds[g_of + 1] - bounds[g_of]                     # members of each pair's group
+    rep = np.repeat(live, mc)
+    midx = np.repeat(bounds[g_of] - (np.cumsum(mc) - mc), mc) + np.arange(int(mc.sum()))
+    nq.append(delta_q[order[midx]])
+    nd.append(bd[pos[rep]])
+    nr.append(e[rep])
+    for p_ in np.flatnonzero(e == -2).tolist():              # past the row budget
+        g = gi[pg[p_]]
+        qs = delta_q[order[bounds[g]:bounds[g + 1]]]
+        t = np.nonzero(unpack_bits(allrows[br[pos[p_]]] & keep[pinv[pg[p_]]], V))[0]
+        _count(out, len(t) * len(qs))
+        out[0].append(np.repeat(qs, len(t)))
+        out[1].append(np.tile(t, len(qs)))
+        out[2].append(np.full(len(t) * len(qs), int(bd[pos[p_]]), np.int64))
+    return n_new
+
+
+def _row_ids(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Equal rows of an integer matrix ``[n, k]``: the first row of each group and each
+    row's group id (``np.unique(axis=0)`` without sorting the rows)."""
+    mult = np.random.default_rng(0x6A78).integers(1, 1 << 62, size=(2, x.shape[1]),
+                                                  dtype=np.int64) | 1
+    inv = _group_rows(x, mult)
+    first = np.empty(int(inv.max()) + 1, np.int64)
+    first[inv[::-1]] = np.arange(len(inv))[::-1]
+    return first, inv
+
+
 def _alive_tokens(table, members: np.ndarray, tok_by_byte: np.ndarray) -> float:
     """The mean number of tokens per member whose first byte keeps it alive."""
     per_class = np.bincount(table.bc, weights=tok_by_byte, minlength=table.ctab.shape[1])
     alive = (table.ctab[members] != len(table) - 1).sum(0)
     return float(alive @ per_class) / max(len(members), 1)
-
-
-def _pack_bool(x: np.ndarray, W: int) -> np.ndarray:
-    """bool ``[V]`` -> uint32 ``[W]`` (bit ``t & 31`` of word ``t >> 5``)."""
-    pad = np.zeros(W * 32, bool)
-    pad[:len(x)] = x
-    return np.packbits(pad, bitorder="little").view(np.uint32)
 
 
 def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
