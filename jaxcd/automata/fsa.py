@@ -1130,19 +1130,19 @@ def minimize(dfa: DFA) -> DFA:
         # all the same: the BFS now visits classes in that lexicographic order, which
         # can renumber the states.
         return _trim(dfa, all_coreachable=True)[0]
-    # one representative per block
-    reps = np.full(nblocks, -1, np.int64)
-    reps[block[::-1]] = np.arange(Q)[::-1]
-    new_trans = np.where(trans[reps] >= 0, block[np.maximum(trans[reps], 0)], -1).astype(np.int32)
-    accepting = dfa.accepting[reps]
-    # start block first, then BFS order (trim renumbers)
+    # the start's block first (ids 0 and block[0] swapped), one representative per
+    # block; the quotient of a trimmed DFA is trimmed: only renumbered in BFS order
     start = int(block[0])
-    perm = np.arange(nblocks)
-    perm[[0, start]] = perm[[start, 0]]
-    inv_perm = np.argsort(perm)
-    t = new_trans[perm]
-    t = np.where(t >= 0, inv_perm[np.maximum(t, 0)], -1).astype(np.int32)
-    return trim(DFA(t, accepting[perm], dfa.byte_class))
+    swap = np.arange(nblocks)
+    swap[[0, start]] = swap[[start, 0]]
+    remap = np.empty(Q + 1, np.int32)
+    remap[:Q] = swap[block]
+    remap[Q] = -1                                          # dead (-1) wraps here
+    reps = np.empty(nblocks, np.int64)
+    reps[remap[Q - 1::-1]] = np.arange(Q)[::-1]
+    new_trans = trans.take(reps, axis=0)
+    np.take(remap, new_trans, out=new_trans, mode="wrap")
+    return _trim(DFA(new_trans, dfa.accepting[reps], dfa.byte_class), all_coreachable=True)[0]
 
 
 # ---------------------------------------------------------------------------------------
