@@ -1119,7 +1119,7 @@ def minimize(dfa: DFA) -> DFA:
         np.subtract.at(size, b_a[mv], 1)
         np.add.at(size, new_blk[mv], 1)
         blockx[moved] = new_blk[mv]
-        affected = np.unique(pred[_ranges(pstart, moved)])
+        affected = _unique_ints(pred[_ranges(pstart, moved)])
     block = blockx[:Q]
     block = _unique_first_inverse(block)[1]
     nblocks = int(block.max()) + 1
@@ -1168,7 +1168,7 @@ def intersect(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
     # order of a state-by-state BFS
     dense = a.num_states * nb <= _DENSE_PAIR_IDS
     if dense:
-        id_of = np.full(a.num_states * nb, -1, np.int64)
+        id_of = np.full(a.num_states * nb, -1, np.int32)  # ids < max_dfa_states
         id_of[0] = 0
     else:
         known_keys = np.zeros(1, np.int64)

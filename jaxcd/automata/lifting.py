@@ -1553,14 +1553,17 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
             u = used[c0:c0 + per]
             # only the nonzero bytes (bulk rows are often sparse: 2% nonzero words in
             # Unicode (\w{1,12} ){3,8}); a row's sum over them, mod 2^64
-            rows_u = np.ascontiguousarray(bulk_rows[u], dtype="<u4").view(np.uint8)
-            r, c = np.nonzero(rows_u)
-            if len(r) == 0:
+            nb = 4 * bulk_rows.shape[1]
+            flat = np.ascontiguousarray(bulk_rows[u], dtype="<u4").view(np.uint8).reshape(-1)
+            idx = np.flatnonzero(flat)
+            if len(idx) == 0:
                 continue
-            x = rows_u[r, c]
-            cut = np.flatnonzero(np.concatenate([[True], r[1:] != r[:-1]]))
+            lin = (idx % nb) * 256 + flat[idx]              # (byte k, value x) -> k * 256 + x
+            start = np.searchsorted(idx, np.arange(len(u) + 1) * nb)
+            live = np.flatnonzero(start[1:] > start[:-1])   # rows with a nonzero byte
             for i in range(2):
-                row_h[i, u[r[cut]]] = np.add.reduceat(table[i][c, x], cut)   # wraps
+                row_h[i, u[live]] = np.add.reduceat(table[i].reshape(-1)[lin],
+                                                    start[live])              # wraps
     run = np.zeros(len(ptok) + 1, np.uint64)
     for i in range(2):
         np.cumsum(hv[i][ptok], out=run[1:])                # wraps mod 2^64
