@@ -975,9 +975,7 @@ def _group_rows(sig: np.ndarray, mult: np.ndarray) -> np.ndarray:
         col = sig[:, j].astype(np.int64)
         h0 += col * mult[0, j]
         h1 += col * mult[1, j]
-    _, inv = np.unique(h0 ^ (h1 * np.int64(0x9E3779B97F4A7C15 - (1 << 64))),
-                       return_inverse=True)
-    inv = inv.reshape(-1)
+    inv = _unique_first_inverse(h0 ^ (h1 * np.int64(0x9E3779B97F4A7C15 - (1 << 64))))[1]
     reps = np.full(int(inv.max()) + 1, -1, np.int64)
     reps[inv[::-1]] = np.arange(len(inv))[::-1]
     if not (sig == sig[reps[inv]]).all():                       # hash collision
@@ -1097,14 +1095,14 @@ def minimize(dfa: DFA) -> DFA:
         g_blk, g_sig = b_a[first], s_a[first]
         g_cnt = np.bincount(inv, minlength=G)
         # does the block keep members outside this round (which share bsig[block])?
-        ub, uc = np.unique(b_a, return_counts=True)
-        g_has_rep = size[g_blk] > uc[np.searchsorted(ub, g_blk)]
+        _, b_inv = _unique_first_inverse(b_a)
+        g_has_rep = size[g_blk] > np.bincount(b_inv)[b_inv[first]]
         g_id = np.where(g_has_rep & (g_sig == bsig[g_blk]).all(1), g_blk, -1)
         norep = np.nonzero(~g_has_rep)[0]
         if len(norep):                                     # largest group keeps the id
             o = norep[np.lexsort((-g_cnt[norep], g_blk[norep]))]
-            _, f = np.unique(g_blk[o], return_index=True)
-            keep = o[f]
+            gb = g_blk[o]                                  # sorted: first of each run
+            keep = o[np.flatnonzero(np.concatenate([[True], gb[1:] != gb[:-1]]))]
             g_id[keep] = g_blk[keep]
             bsig[g_blk[keep]] = g_sig[keep]
         fresh = np.nonzero(g_id < 0)[0]
@@ -1187,8 +1185,7 @@ def intersect(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
         else:
             pos = np.minimum(np.searchsorted(known_keys, flat), len(known_keys) - 1)
             fresh = flat[known_keys[pos] != flat]
-        uk, first = np.unique(fresh, return_index=True)
-        uk = uk[_argsort_ints(first)]
+        uk = fresh[np.sort(_unique_first_inverse(fresh)[0])]   # in order of appearance
         if n + len(uk) > max_states:
             raise too_large("max_dfa_states", int(max_states) + 1, "states", "intersect",
                             at_least=True, value=int(max_states))
