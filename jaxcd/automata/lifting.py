@@ -973,11 +973,14 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     bounds = np.searchsorted(ginv[order], np.arange(int(ginv.max()) + 2))
     new_rows, nq, nd, nr = [], [], [], []
     n_new = 0
-    # new rows by content (packed copies here, masked rows in _delta_bulk), stored once
+    # rows by content: a packed copy here or a masked row in _delta_bulk that equals a
+    # row already there (the references' own or a new one) takes its id
     by_content: dict = {}
-    seen: dict = {}
-    content = np.array([seen.setdefault(x.tobytes(), len(seen)) for x in allrows],
-                       np.int64)                        # equal rows, one key
+    content = np.empty(len(allrows), np.int64)          # equal rows, one key
+    for i, x in enumerate(allrows):
+        xb = x.tobytes()
+        first = by_content.setdefault(xb, i)
+        content[i] = first
     for g in range(len(bounds) - 1):
         members = order[bounds[g]:bounds[g + 1]]
         qs = delta_q[members]
@@ -1037,6 +1040,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     if n_new:
         rows.append(np.concatenate(new_rows))
         n_rows += n_new
+    if nq:                              # (rows of the references' own are reused too)
         bulk_src.append(np.concatenate(nq))
         bulk_dst.append(np.concatenate(nd))
         bulk_row.append(np.concatenate(nr))
@@ -1049,7 +1053,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
 def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X, fb, sb,
                 b_lo, b_hi, br, bd, allrows, content, V: int, W: int, out, by_content: dict,
                 new_rows: list, n_rows: int, n_new: int, max_rows: int, acc,
-                chunk_bytes: int = 16 << 20) -> int:
+                chunk_bytes: int = 4 << 20) -> int:
     """The bulk transitions of :func:`_lift_deltas`' groups (``order``/``bounds``): the
     reference's rows masked to the tokens that act alike, appended to ``acc`` (lists of
     sources, destinations and row ids). A masked row depends only on the row's content
@@ -1068,17 +1072,7 @@ def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X,
     pfirst, pinv = _row_ids(gkey[gm[gi], 1:])
     prep = gm[gi[pfirst]]                                    # a member per pattern
     n_pat = len(prep)
-    # the tokens that act alike, per pattern, packed
-    keep = np.empty((n_pat, W), np.uint32)
     same_pad = np.concatenate([same[prep], np.zeros((n_pat, 1), bool)], axis=1)
-    per = max(1, chunk_bytes // (3 * 32 * W))
-    for p0 in range(0, n_pat, per):
-        sl = slice(p0, p0 + per)
-        a = same_pad[sl][:, fb] | ((fb[None, :] == ext_b[prep[sl], None])
-                                   & ~ext_X[prep[sl]][:, sb])
-        pad = np.zeros((a.shape[0], W * 32), bool)
-        pad[:, :V] = a
-        keep[sl] = np.packbits(pad, axis=1, bitorder="little").view(np.uint32)
     # (group, bulk transition of its reference) pairs, and their distinct
     # (row content, pattern) keys
     c = cnt[gi]
@@ -1087,20 +1081,44 @@ def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X,
     ufirst, uinv = _unique_first_inverse(content[br[pos]] * n_pat + pinv[pg])
     urow, upat = br[pos[ufirst]], pinv[pg[ufirst]]
     ids = np.full(len(ufirst), -1, np.int64)                 # -1: empty, -2: expanded
-    per = max(1, chunk_bytes // (4 * W))
-    for u0 in range(0, len(ufirst), per):
-        m = allrows[urow[u0:u0 + per]] & keep[upat[u0:u0 + per]]
+    # a row whose tokens' first bytes all act alike is kept whole (its own id), one
+    # whose first bytes all differ (none the extended byte) is dropped: only the others
+    # are masked (a run's entry rows have one first byte each)
+    fset = _first_byte_sets(allrows, urow, fb)
+    part = same_pad.copy()
+    part[np.flatnonzero(ext_b[prep] >= 0), ext_b[prep][ext_b[prep] >= 0]] = True
+    whole = ~(fset & ~same_pad[upat]).any(axis=1)
+    ids[whole] = urow[whole]
+    todo = np.flatnonzero(~whole & (fset & part[upat]).any(axis=1))
+    # the tokens that act alike, packed, for the patterns masked here
+    need, kidx = np.unique(upat[todo], return_inverse=True)
+    kidx = kidx.ravel()
+    keep = np.empty((len(need), W), np.uint32)
+    per = max(1, chunk_bytes // (3 * 32 * W))
+    for p0 in range(0, len(need), per):
+        pp = prep[need[p0:p0 + per]]
+        a = same_pad[need[p0:p0 + per]][:, fb] | ((fb[None, :] == ext_b[pp, None])
+                                                  & ~ext_X[pp][:, sb])
+        pad = np.zeros((a.shape[0], W * 32), bool)
+        pad[:, :V] = a
+        keep[p0:p0 + per] = np.packbits(pad, axis=1, bitorder="little").view(np.uint32)
+    per = max(1, min(len(todo), chunk_bytes // (8 * W)))
+    buf = np.empty((2, per, W), np.uint32)                    # reused: no fresh pages
+    for u0 in range(0, len(todo), per):
+        tu = todo[u0:u0 + per]
+        m = np.take(allrows, urow[tu], axis=0, out=buf[0, :len(tu)])
+        m &= np.take(keep, kidx[u0:u0 + per], axis=0, out=buf[1, :len(tu)])
         for j in np.flatnonzero(m.any(axis=1)).tolist():
             xb = m[j].tobytes()
             r_ = by_content.get(xb)
             if r_ is None:
                 if n_new >= max_rows:
-                    ids[u0 + j] = -2
+                    ids[tu[j]] = -2
                     continue
                 r_ = by_content[xb] = n_rows + n_new
                 new_rows.append(m[j][None, :].copy())
                 n_new += 1
-            ids[u0 + j] = r_
+            ids[tu[j]] = r_
     e = ids[uinv]
     live = np.flatnonzero(e >= 0)
     g_of = gi[pg[live]]
@@ -1110,15 +1128,33 @@ def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X,
     nq.append(delta_q[order[midx]])
     nd.append(bd[pos[rep]])
     nr.append(e[rep])
+    kpos = np.full(len(ufirst), -1, np.int64)
+    kpos[todo] = kidx
     for p_ in np.flatnonzero(e == -2).tolist():              # past the row budget
         g = gi[pg[p_]]
         qs = delta_q[order[bounds[g]:bounds[g + 1]]]
-        t = np.nonzero(unpack_bits(allrows[br[pos[p_]]] & keep[pinv[pg[p_]]], V))[0]
+        t = np.nonzero(unpack_bits(allrows[br[pos[p_]]] & keep[kpos[uinv[p_]]], V))[0]
         _count(out, len(t) * len(qs))
         out[0].append(np.repeat(qs, len(t)))
         out[1].append(np.tile(t, len(qs)))
         out[2].append(np.full(len(t) * len(qs), int(bd[pos[p_]]), np.int64))
     return n_new
+
+
+def _first_byte_sets(rows: np.ndarray, idx: np.ndarray, fb: np.ndarray) -> np.ndarray:
+    """bool ``[len(idx), 257]``: the first bytes of the tokens of row ``rows[idx[i]]``
+    (``fb``: each token's first byte, 256 for none), from the row's nonzero bytes."""
+    u, inv = np.unique(idx, return_inverse=True)
+    out = np.zeros((len(u), 257), bool)
+    if len(u):
+        nb = 4 * rows.shape[1]
+        flat = np.ascontiguousarray(rows[u], dtype="<u4").view(np.uint8).reshape(-1)
+        at = np.flatnonzero(flat)
+        bits = np.unpackbits(flat[at][:, None], axis=1, bitorder="little")   # [n, 8]
+        i, j = np.nonzero(bits)
+        tok = (at[i] % nb) * 8 + j
+        out[at[i] // nb, fb[np.minimum(tok, len(fb) - 1)]] = True
+    return out[inv.ravel()]
 
 
 def _row_ids(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
