@@ -4270,6 +4270,11 @@ def _dfa_of(pattern: str) -> DFA:
     return minimize(determinize(regex_to_nfa(pattern, re.ASCII)))
 
 
+@functools.lru_cache(maxsize=256)
+def _regex_past_spellings(pattern: str) -> bool:
+    return _finite_texts(_dfa_of(pattern), MAX_UNIQUE_SPELLINGS) is None
+
+
 def _past_spellings(node: Node) -> bool:
     """True where ``node`` surely has more than ``MAX_UNIQUE_SPELLINGS`` texts, read off
     the tree: a regex part with that many (string bodies), a list without an upper
@@ -4277,7 +4282,7 @@ def _past_spellings(node: Node) -> bool:
     nothing."""
     k = node.kind
     if k == "re":
-        return _finite_texts(_dfa_of(node.args[0]), MAX_UNIQUE_SPELLINGS) is None
+        return _regex_past_spellings(node.args[0])
     if k == "list":
         return node.args[3] is None and node.args[0].kind != "empty"
     if k in ("obj", "objany", "objmix"):
