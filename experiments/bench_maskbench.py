@@ -16,10 +16,11 @@ is accepted; an invalid one is *accepted* if either is.
 The parent builds each engine's per-tokenizer data once (jaxcd: it compiles one small
 schema, ``WARM_SCHEMA``, which builds the vocabulary's token trie and hash tables; the
 others: their tokenizer objects), so a compile time is that of a process that has
-compiled before. Every compile runs in a forked child with an address-space limit of 4 GiB above the
-parent's size at the fork (``RLIMIT_AS``) and a 60 s wall-clock limit; the child also
-checks the instances. Results: crash (the child died), timeout, OOM (a ``MemoryError``
-or death under the memory limit), compile error (the engine refused the schema).
+compiled before. Every compile runs in a forked child with an address-space limit of
+4 GiB above the parent's size at the fork (``RLIMIT_AS``) and a 60 s wall-clock limit;
+the child also checks the instances. Results: crash (the child died), timeout, OOM (a
+``MemoryError`` or death under the memory limit), compile error (the engine refused the
+schema).
 
 Engines:
 - ``jaxcd``: ``compile_json_schema(schema, vocab)`` with the defaults (strict, open
