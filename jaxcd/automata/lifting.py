@@ -1035,8 +1035,8 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     # one masked row per (row content, pattern of alike tokens) (groups of other
     # references with the same pattern share it; -1: empty), equal masked rows once
     n_new = _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X, fb,
-                        sb, b_lo, b_hi, br, bd, allrows, content, V, W, out, by_content,
-                        new_rows, n_rows, n_new, max_rows, (nq, nd, nr))
+                        sb, b_lo, b_hi, br, bd, allrows, content, out, by_content, new_rows,
+                        n_new, max_rows, (nq, nd, nr))
     if n_new:
         rows.append(np.concatenate(new_rows))
         n_rows += n_new
@@ -1051,18 +1051,19 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
 
 
 def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X, fb, sb,
-                b_lo, b_hi, br, bd, allrows, content, V: int, W: int, out, by_content: dict,
-                new_rows: list, n_rows: int, n_new: int, max_rows: int, acc,
-                chunk_bytes: int = 4 << 20) -> int:
+                b_lo, b_hi, br, bd, allrows, content, out, by_content: dict, new_rows: list,
+                n_new: int, max_rows: int, acc, chunk_bytes: int = 4 << 20) -> int:
     """The bulk transitions of :func:`_lift_deltas`' groups (``order``/``bounds``): the
     reference's rows masked to the tokens that act alike, appended to ``acc`` (lists of
     sources, destinations and row ids). A masked row depends only on the row's content
     and the group's pattern of alike tokens (its key without the reference): it is
     computed once per such pair for all groups, stored once per content (new rows get
-    ids ``n_rows + n_new`` in ``by_content``), and dropped where empty; past
+    ids ``len(allrows) + n_new`` in ``by_content``), and dropped where empty; past
     ``max_rows`` new rows, its tokens are individual transitions. Scratch is at most
     ``chunk_bytes`` at a time. Returns the new row count."""
     nq, nd, nr = acc
+    n_rows, W = allrows.shape
+    V = len(fb)
     gm = order[bounds[:-1]]                                  # a member of each group
     gk = np.searchsorted(refs, delta_r[gm])
     cnt = (b_hi[gk] - b_lo[gk]).astype(np.int64)
@@ -1085,8 +1086,9 @@ def _delta_bulk(order, bounds, gkey, refs, delta_q, delta_r, same, ext_b, ext_X,
     # whose first bytes all differ (none the extended byte) is dropped: only the others
     # are masked (a run's entry rows have one first byte each)
     fset = _first_byte_sets(allrows, urow, fb)
-    part = same_pad.copy()
-    part[np.flatnonzero(ext_b[prep] >= 0), ext_b[prep][ext_b[prep] >= 0]] = True
+    part = same_pad.copy()                                  # bytes with a token alike
+    eb = ext_b[prep]
+    part[eb >= 0, eb[eb >= 0]] = True
     whole = ~(fset & ~same_pad[upat]).any(axis=1)
     ids[whole] = urow[whole]
     todo = np.flatnonzero(~whole & (fset & part[upat]).any(axis=1))
@@ -1147,14 +1149,20 @@ def _first_byte_sets(rows: np.ndarray, idx: np.ndarray, fb: np.ndarray) -> np.nd
     u, inv = np.unique(idx, return_inverse=True)
     out = np.zeros((len(u), 257), bool)
     if len(u):
-        nb = 4 * rows.shape[1]
-        flat = np.ascontiguousarray(rows[u], dtype="<u4").view(np.uint8).reshape(-1)
-        at = np.flatnonzero(flat)
+        nb, flat, at = _nonzero_bytes(rows[u])
         bits = np.unpackbits(flat[at][:, None], axis=1, bitorder="little")   # [n, 8]
         i, j = np.nonzero(bits)
         tok = (at[i] % nb) * 8 + j
         out[at[i] // nb, fb[np.minimum(tok, len(fb) - 1)]] = True
     return out[inv.ravel()]
+
+
+def _nonzero_bytes(rows: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Packed rows (uint32 ``[n, W]``, little-endian: byte ``k`` of a row holds tokens
+    ``8k .. 8k + 7``) as ``(bytes per row, their flat bytes, the flat indices of the
+    nonzero ones)``."""
+    flat = np.ascontiguousarray(rows, dtype="<u4").view(np.uint8).reshape(-1)
+    return 4 * rows.shape[1], flat, np.flatnonzero(flat)
 
 
 def _row_ids(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -1589,9 +1597,7 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
             u = used[c0:c0 + per]
             # only the nonzero bytes (bulk rows are often sparse: 2% nonzero words in
             # Unicode (\w{1,12} ){3,8}); a row's sum over them, mod 2^64
-            nb = 4 * bulk_rows.shape[1]
-            flat = np.ascontiguousarray(bulk_rows[u], dtype="<u4").view(np.uint8).reshape(-1)
-            idx = np.flatnonzero(flat)
+            nb, flat, idx = _nonzero_bytes(bulk_rows[u])
             if len(idx) == 0:
                 continue
             lin = (idx % nb) * 256 + flat[idx]              # (byte k, value x) -> k * 256 + x
@@ -1631,6 +1637,17 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
 
 
 _MANY_BULK = 8     # _materialize_rows: segments with more bulk rows are reduced one by one
+
+
+def _by_rank(new: np.ndarray) -> list[np.ndarray]:
+    """Items in runs (``new[i]``: item ``i`` starts one; ``new[0]`` is True), grouped by
+    their rank in their run: the first items of all runs, then the second ones, ...
+    (the items of one rank are in distinct runs)."""
+    start = np.flatnonzero(new)
+    rank = np.arange(len(new)) - np.repeat(start, np.diff(np.append(start, len(new))))
+    by_rank = _argsort_ints(rank)
+    bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max()) + 2))
+    return [by_rank[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
 
 
 def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W: int,
@@ -1677,10 +1694,9 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
             pi = np.repeat(np.arange(n), nb)                   # segment of each bulk row
             pr = brow[np.repeat(ba - (np.cumsum(nb) - nb), nb) + np.arange(int(nb.sum()))]
             # a segment with many bulk rows (one per first byte of the tokens into a
-            # run) ORs them in one reduction; the others one rank (j-th row of a
-            # segment) at a time: the segments of one rank are distinct
-            # (such sets repeat across states: their unions are kept, within
-            # chunk_bytes)
+            # run) ORs them in one reduction, and equal sets of them (they repeat
+            # across states) once, within chunk_bytes; the others one rank (j-th row of
+            # a segment) at a time
             many = np.flatnonzero(nb > _MANY_BULK)
             if len(many):
                 starts = np.cumsum(nb) - nb
@@ -1698,29 +1714,16 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
             per = max(1, chunk_bytes // (4 * W))
             for p0 in range(0, len(pi), per):
                 ii, rr = pi[p0:p0 + per], pr[p0:p0 + per]
-                cut = np.flatnonzero(np.concatenate([[True], ii[1:] != ii[:-1]]))
-                rank = np.arange(len(ii)) - np.repeat(cut, np.diff(np.append(cut, len(ii))))
-                by_rank = _argsort_ints(rank)
-                bounds = np.searchsorted(rank[by_rank], np.arange(int(rank.max()) + 2))
-                for j in range(len(bounds) - 1):
-                    at = by_rank[bounds[j]:bounds[j + 1]]
+                for at in _by_rank(np.concatenate([[True], ii[1:] != ii[:-1]])):
                     seg[ii[at]] |= bulk_rows[rr[at]]
         # running union within each state: the j-th row of every state's run at once
         # (a state's rows are consecutive; the chunk's first row may continue the last
         # chunk's state)
-        fc = first[c0:c1]
+        fc = first[c0:c1].copy()
         if not fc[0]:
             seg[0] += out[sel[c0 - 1]]
-        start = np.flatnonzero(fc)
-        run_start = np.zeros(n, np.int64)
-        run_start[start] = start
-        np.maximum.accumulate(run_start, out=run_start)
-        rank = np.arange(n) - run_start
-        if n and rank.max() > 0:
-            by_rank = _argsort_ints(rank)
-            bounds = np.searchsorted(rank[by_rank], np.arange(1, int(rank.max()) + 2))
-            for j in range(len(bounds) - 1):
-                at = by_rank[bounds[j]:bounds[j + 1]]
-                seg[at] += seg[at - 1]
+            fc[0] = True
+        for at in _by_rank(fc)[1:]:
+            seg[at] += seg[at - 1]
         out[sel[c0:c1]] = seg
     return out

@@ -4272,6 +4272,8 @@ def _dfa_of(pattern: str) -> DFA:
 
 @functools.lru_cache(maxsize=256)
 def _regex_past_spellings(pattern: str) -> bool:
+    """Whether the regex ``pattern`` has more than ``MAX_UNIQUE_SPELLINGS`` texts (or
+    ones :func:`_finite_texts` gives up on), once per pattern."""
     return _finite_texts(_dfa_of(pattern), MAX_UNIQUE_SPELLINGS) is None
 
 
