@@ -3855,7 +3855,11 @@ class SchemaBuilder:
         bad = memo.get(names)
         if bad is None:
             bad = memo[names] = _declared_key_dfa(declared)
-        kd = _node_dfa(key)
+        kd = memo.get((key.kind, key.args)) if key.kind == "re" else None
+        if kd is None:
+            kd = _node_dfa(key)
+            if key.kind == "re":
+                memo[(key.kind, key.args)] = kd
         dfa = _difference(kd, bad)
         out = Node("dfa", (dfa,), dfa.num_states + 1)
         if key.kind == "re":
@@ -4519,7 +4523,8 @@ def _declared_key_dfa(declared: list[str]) -> DFA:
             nfa.add_codepoints(cur, q, [(ord(ch), ord(ch))])
             cur = q
         nfa.add_bytes(cur, f, b'"')
-    return minimize(determinize(nfa))
+    # not minimised: _difference's product is
+    return determinize(nfa)
 
 
 def _difference(a: DFA, b: DFA) -> DFA:
