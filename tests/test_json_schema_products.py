@@ -176,6 +176,10 @@ def test_product_memo_recursive_oneof(monkeypatch):
         calls.append(nfa.num_states)
         return real(nfa, *a, **k)
     monkeypatch.setattr(sb, "determinize", counting)
+    # equal trees share their operand DFAs by digest (SchemaBuilder.to_dfa): every tree
+    # its own digest here, so that only _memo_product saves determinisations
+    fresh = itertools.count()
+    monkeypatch.setattr(sb.SchemaBuilder, "digest", lambda self, n: next(fresh))
     with_memo = minimize(determinize(schema_to_nfa(_REC, "", max_depth=1, property_order="auto")[0]))
     n_memo = len(calls)
     calls.clear()

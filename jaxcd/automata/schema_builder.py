@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import itertools
 import json
 from collections import Counter
@@ -467,6 +468,7 @@ class Node:
     kind: str               # lit, re, seq, alt, rep, dfa, jstr, obj, list, empty
     args: tuple = ()
     size: int = 1           # rough NFA size, for the state limit
+    det: bool = field(default=False, compare=False)
 
 
 EMPTY = Node("empty")
@@ -1681,7 +1683,9 @@ class SchemaBuilder:
                 try:
                     n = self.node(self.root, "")
                 except _TooBig as e:
-                    last = e
+                    # without its traceback: its frames (this one among them) would make
+                    # a reference cycle holding this builder for the cyclic GC
+                    last = e.with_traceback(None)
                     if o == "auto" and self.auto_spent == 0:
                         # no order-free form was built before the failure: the
                         # schema's order would repeat the same steps to it
@@ -1811,7 +1815,7 @@ class SchemaBuilder:
             self._note_neg_free()
         if hit is not None:
             if isinstance(hit, Exception):
-                raise hit
+                raise copy.copy(hit)
             self.auto_spent += hit[1]
             self.narrowings += hit[2]
             return hit[0]
@@ -1829,7 +1833,9 @@ class SchemaBuilder:
         try:
             n = self._product_node(schema, path)
         except AutomatonTooLargeError as e:
-            self._product_memo[key] = e
+            # a copy, without the traceback: its frames hold this builder (a reference
+            # cycle keeping the builder's trees for the cyclic GC)
+            self._product_memo[key] = copy.copy(e)
             raise
         self._product_memo[key] = (n, self.auto_spent - spent, self.narrowings - narrowed)
         if key[2] == "schema":
@@ -2075,14 +2081,32 @@ class SchemaBuilder:
         if hit is not None and hit[0] is node:
             nfa = hit[1]
         else:
-            nfa = _node_nfa(node, self.whitespace)
+            nfa = self._shared_nfa(node)
             self._spend(nfa.num_states, path, keyword)
-        try:
-            d = determinize(nfa, max_states=self.max_product_states)
-        except AutomatonTooLargeError:
+        # determinised once per tree in a compile (its attempts rebuild equal trees)
+        memo = self._string_memo.setdefault("operand dfas", {})
+        key = (self.digest(node), self.whitespace, self.max_product_states)
+        out = memo.get(key)
+        if out is None:
+            try:
+                d = determinize(nfa, max_states=self.max_product_states)
+                out = memo[key] = (d.num_states, minimize(d))
+            except AutomatonTooLargeError:
+                out = memo[key] = (None, None)
+        if out[0] is None:
             self._product_too_large(self.max_product_states, path, keyword, "DFA states")
-        self._spend(d.num_states, path, keyword)
-        return minimize(d)
+        self._spend(out[0], path, keyword)
+        return out[1]
+
+    def _shared_nfa(self, node: Node) -> NFA:
+        """``_node_nfa(node, whitespace)``, built once per tree in a compile (shared, never
+        modified)."""
+        memo = self._string_memo.setdefault("operand nfas", {})
+        key = (self.digest(node), self.whitespace)
+        nfa = memo.get(key)
+        if nfa is None:
+            nfa = memo[key] = _node_nfa(node, self.whitespace)
+        return nfa
 
     def _spend(self, states: int, path: str, keyword: str) -> None:
         """Count the automaton states that products build (operand NFAs, their DFAs,
@@ -2405,13 +2429,19 @@ class SchemaBuilder:
             return True
         if a.size + b.size > 40 * self.max_product_states:
             return False
-        return _nfa_disjoint(self._memo_nfa(a), self._memo_nfa(b), MAX_DISJOINT_PAIRS) is True
+        na, nb = self._memo_nfa(a), self._memo_nfa(b)
+        memo = self._string_memo.setdefault("disjoint", {})
+        key = (self.digest(a), self.digest(b), self.whitespace)
+        out = memo.get(key)
+        if out is None:
+            out = memo[key] = _nfa_disjoint(na, nb, MAX_DISJOINT_PAIRS) is True
+        return out
 
     def _memo_nfa(self, node: Node) -> NFA:
         """``node``'s NFA, kept for the ``to_dfa`` that may follow a ``disjoint``."""
         hit = self._nfa_memo.get(id(node))
         if hit is None or hit[0] is not node:
-            hit = self._nfa_memo[id(node)] = (node, _node_nfa(node, self.whitespace))
+            hit = self._nfa_memo[id(node)] = (node, self._shared_nfa(node))
             self._spend(hit[1].num_states, "", "oneOf")
         return hit[1]
 
@@ -3208,12 +3238,56 @@ class SchemaBuilder:
 
     def _spaced_dfa(self, node: Node) -> DFA | None:
         """The minimal DFA of ``node`` with the free whitespace, or None past
-        ``MAX_SPACED_ITEM_STATES`` DFA states."""
-        try:
-            return minimize(determinize(_node_nfa(node, self.whitespace),
-                                        MAX_SPACED_ITEM_STATES))
-        except AutomatonTooLargeError:
-            return None
+        ``MAX_SPACED_ITEM_STATES`` DFA states (by the node's digest: the same in every
+        attempt of one compile)."""
+        memo = self._string_memo.setdefault("spaced dfas", {})
+        key = (self.digest(node), self.whitespace)
+        if key not in memo:
+            try:
+                memo[key] = minimize(determinize(_node_nfa(node, self.whitespace),
+                                                 MAX_SPACED_ITEM_STATES))
+            except AutomatonTooLargeError:
+                memo[key] = None
+        return memo[key]
+
+    def digest(self, node: Node) -> bytes:
+        """A digest of ``node``'s tree (16 bytes of BLAKE2b over its kinds and
+        arguments, DFAs by their tables): equal trees have equal digests, whichever
+        attempt of the compile built them (the memo holds the nodes: ids stay theirs)."""
+        memo = self._string_memo.setdefault("digests", {})
+        hit = memo.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        h = hashlib.blake2b(node.kind.encode(), digest_size=16)
+        self._digest_into(h, node.args, memo)
+        out = h.digest()
+        memo[id(node)] = (node, out)
+        return out
+
+    def _digest_into(self, h, x, memo: dict) -> None:
+        if isinstance(x, Node):
+            h.update(b"N" + self.digest(x))
+        elif isinstance(x, (tuple, list)):
+            h.update(b"(%d" % len(x))
+            for y in x:
+                self._digest_into(h, y, memo)
+            h.update(b")")
+        elif isinstance(x, _Member):
+            h.update(b"M" + self.digest(x.key) + self.digest(x.value)
+                     + (b"1" if x.required else b"0"))
+        elif isinstance(x, DFA):
+            hit = memo.get(id(x))
+            if hit is None or hit[0] is not x:
+                d = hashlib.blake2b(digest_size=16)
+                for a in (x.trans, x.accepting, x.byte_class):
+                    d.update(repr(a.shape).encode() + a.dtype.str.encode())
+                    d.update(np.ascontiguousarray(a).tobytes())
+                hit = memo[id(x)] = (x, d.digest())
+            h.update(b"D" + hit[1])
+        elif x is None or isinstance(x, (str, int, float)):
+            h.update(b"S" + repr(x).encode() + b"\0")
+        else:
+            raise TypeError(f"digest: unexpected node argument {type(x).__name__}")
 
     def _refuse_unique_keys(self, lo: int, path: str) -> None:
         """``minItems`` asks for more items than the sort key of ``uniqueItems`` keeps
@@ -3914,6 +3988,7 @@ class SchemaBuilder:
             obj = Node("obj", ((), seq(rx(STRING, 8), self.ws, lit(":"), self.ws, inner), 0, None),
                        inner.size + 30)
             n = alt(*scalars, arr, obj)
+        n = Node(n.kind, n.args, n.size, det=True)
         self._any_cache[key] = n
         return n
 
@@ -4550,8 +4625,24 @@ class _NFAEmitter:
         self.whitespace = whitespace
         self.compact = compact
         self._re_cache: dict[str, NFA] = {}
+        self._det_memo: dict[int, tuple] = {}
+        self._dfa_nfa: dict[int, tuple] = {}
 
     def emit(self, node: Node, src: int) -> int:
+        if node.det:
+            hit = self._det_memo.get(id(node))
+            if hit is None:
+                sub = NFA()
+                s = sub.add_state()
+                sub.start = s
+                em = _NFAEmitter(sub, self.whitespace, self.compact)
+                em._det_memo, em._dfa_nfa = self._det_memo, self._dfa_nfa
+                sub.accepting = {em._emit(node, s)}
+                hit = self._det_memo[id(node)] = (node, minimize(determinize(sub)).to_nfa())
+            return self._embed(hit[1], src)
+        return self._emit(node, src)
+
+    def _emit(self, node: Node, src: int) -> int:
         nfa = self.nfa
         k = node.kind
         if k == "lit":
@@ -4566,7 +4657,11 @@ class _NFAEmitter:
                 frag = self._re_cache[node.args[0]] = regex_to_nfa(node.args[0], re.ASCII)
             return self._embed(frag, src)
         if k == "dfa":
-            return self._embed(node.args[0].to_nfa(), src)
+            d = node.args[0]
+            hit = self._dfa_nfa.get(id(d))
+            if hit is None:                 # (the DFA kept: its id stays its own)
+                hit = self._dfa_nfa[id(d)] = (d, d.to_nfa())
+            return self._embed(hit[1], src)
         if k == "seq":
             cur = src
             for p in node.args:
@@ -4682,6 +4777,9 @@ class _NFAEmitter:
                     nfa.add_epsilon(q, tail(c, started))
                 elif ok_count(c):
                     nfa.add_epsilon(q, close_in)
+        # ``tail`` calls itself through its closure: a reference cycle that would keep
+        # this emitter and its NFA for the cyclic GC (hundreds of thousands of objects)
+        del tail
         return end
 
     def _lead(self, lead: Node | None, start: int, ws: Node) -> None:
