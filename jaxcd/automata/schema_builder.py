@@ -3251,43 +3251,9 @@ class SchemaBuilder:
         return memo[key]
 
     def digest(self, node: Node) -> bytes:
-        """A digest of ``node``'s tree (16 bytes of BLAKE2b over its kinds and
-        arguments, DFAs by their tables): equal trees have equal digests, whichever
-        attempt of the compile built them (the memo holds the nodes: ids stay theirs)."""
-        memo = self._string_memo.setdefault("digests", {})
-        hit = memo.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        h = hashlib.blake2b(node.kind.encode(), digest_size=16)
-        self._digest_into(h, node.args, memo)
-        out = h.digest()
-        memo[id(node)] = (node, out)
-        return out
-
-    def _digest_into(self, h, x, memo: dict) -> None:
-        if isinstance(x, Node):
-            h.update(b"N" + self.digest(x))
-        elif isinstance(x, (tuple, list)):
-            h.update(b"(%d" % len(x))
-            for y in x:
-                self._digest_into(h, y, memo)
-            h.update(b")")
-        elif isinstance(x, _Member):
-            h.update(b"M" + self.digest(x.key) + self.digest(x.value)
-                     + (b"1" if x.required else b"0"))
-        elif isinstance(x, DFA):
-            hit = memo.get(id(x))
-            if hit is None or hit[0] is not x:
-                d = hashlib.blake2b(digest_size=16)
-                for a in (x.trans, x.accepting, x.byte_class):
-                    d.update(repr(a.shape).encode() + a.dtype.str.encode())
-                    d.update(np.ascontiguousarray(a).tobytes())
-                hit = memo[id(x)] = (x, d.digest())
-            h.update(b"D" + hit[1])
-        elif x is None or isinstance(x, (str, int, float)):
-            h.update(b"S" + repr(x).encode() + b"\0")
-        else:
-            raise TypeError(f"digest: unexpected node argument {type(x).__name__}")
+        """:func:`_digest` of ``node``, memoised for the whole compile (equal trees have
+        equal digests, whichever attempt built them)."""
+        return _digest(node, self._string_memo.setdefault("digests", {}))
 
     def _refuse_unique_keys(self, lo: int, path: str) -> None:
         """``minItems`` asks for more items than the sort key of ``uniqueItems`` keeps
@@ -4402,6 +4368,69 @@ def _spaced(text: bytes, ws: Node) -> Node:
     return seq(*parts)
 
 
+def _digest(node: Node, memo: dict) -> bytes:
+    """A digest of ``node``'s tree: 16 bytes of BLAKE2b over its kinds and arguments
+    (DFAs by their tables), equal for equal trees. ``memo``: digests by id (it holds the
+    nodes and DFAs, so their ids stay theirs)."""
+    hit = memo.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    h = hashlib.blake2b(node.kind.encode(), digest_size=16)
+    _digest_into(h, node.args, memo)
+    out = h.digest()
+    memo[id(node)] = (node, out)
+    return out
+
+
+def _digest_into(h, x, memo: dict) -> None:
+    if isinstance(x, Node):
+        h.update(b"N" + _digest(x, memo))
+    elif isinstance(x, (tuple, list)):
+        h.update(b"(%d" % len(x))
+        for y in x:
+            _digest_into(h, y, memo)
+        h.update(b")")
+    elif isinstance(x, _Member):
+        h.update(b"M" + _digest(x.key, memo) + _digest(x.value, memo)
+                 + (b"1" if x.required else b"0"))
+    elif isinstance(x, DFA):
+        hit = memo.get(id(x))
+        if hit is None or hit[0] is not x:
+            d = hashlib.blake2b(digest_size=16)
+            for a in (x.trans, x.accepting, x.byte_class):
+                d.update(repr(a.shape).encode() + a.dtype.str.encode())
+                d.update(np.ascontiguousarray(a).tobytes())
+            hit = memo[id(x)] = (x, d.digest())
+        h.update(b"D" + hit[1])
+    elif x is None or isinstance(x, (str, int, float)):
+        h.update(b"S" + repr(x).encode() + b"\0")
+    else:
+        raise TypeError(f"digest: unexpected node argument {type(x).__name__}")
+
+
+def _child_nodes(x):
+    """The nodes in a node's arguments (members' keys and values, inside tuples)."""
+    if isinstance(x, Node):
+        yield x
+    elif isinstance(x, _Member):
+        yield x.key
+        yield x.value
+    elif isinstance(x, (tuple, list)):
+        for y in x:
+            yield from _child_nodes(y)
+
+
+def _has_capped(node: Node, seen: dict) -> bool:
+    """Whether ``node``'s tree has a ``capped`` node (``seen``: results by id)."""
+    hit = seen.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = node.kind == "capped" or any(_has_capped(c, seen)
+                                       for c in _child_nodes(node.args))
+    seen[id(node)] = (node, out)
+    return out
+
+
 def _node_dfa(node: Node, compact: bool = False) -> DFA:
     """The minimal DFA of ``node`` without whitespace in objects (and, ``compact``,
     without the free whitespace anywhere)."""
@@ -4618,12 +4647,18 @@ def _difference(a: DFA, b: DFA) -> DFA:
 # back-ends
 # ---------------------------------------------------------------------------------------
 class _NFAEmitter:
-    def __init__(self, nfa: NFA, whitespace: str, compact: bool = False):
+    def __init__(self, nfa: NFA, whitespace: str, compact: bool = False,
+                 share: bool = False):
         """``whitespace``: the regex between an object's tokens; ``compact``: leave out
-        the builder's free whitespace elsewhere too (its tagged ``ws`` nodes)."""
+        the builder's free whitespace elsewhere too (its tagged ``ws`` nodes).
+        ``share``: members with equal values and the same continuation share one copy
+        of the value (see :meth:`_obj_loose`); off where an NFA's size or its DFA's
+        decides something (products' operands, trees with ``capped`` nodes)."""
         self.nfa = nfa
         self.whitespace = whitespace
         self.compact = compact
+        self.share = share
+        self._digests: dict = {}
         self._re_cache: dict[str, NFA] = {}
         self._det_memo: dict[int, tuple] = {}
         self._dfa_nfa: dict[int, tuple] = {}
@@ -4900,9 +4935,22 @@ class _NFAEmitter:
             mask, c = work.pop()
             b = joins[mask, c]
             nc = min(c + 1, K) if counted else 0
-            for m, bit in zip(members, bits):
-                a = self.emit(m.value, self.emit(seq(m.key, colon), b))
-                nfa.add_epsilon(a, state(mask | bit, nc))
+            if not self.share:
+                for m, bit in zip(members, bits):
+                    a = self.emit(m.value, self.emit(seq(m.key, colon), b))
+                    nfa.add_epsilon(a, state(mask | bit, nc))
+            else:
+                # members with equal values and bits go on to the same state: their keys
+                # lead into one copy of the value (the same language; the DFA would
+                # have as many copies until minimisation merged them)
+                groups: dict = {}
+                for m, bit in zip(members, bits):
+                    groups.setdefault((_digest(m.value, self._digests), bit), []).append(m)
+                for (_, bit), ms in groups.items():
+                    v = nfa.add_state()
+                    for m in ms:
+                        nfa.add_epsilon(self.emit(seq(m.key, colon), b), v)
+                    nfa.add_epsilon(self.emit(ms[0].value, v), state(mask | bit, nc))
             if extra is not None:
                 nfa.add_epsilon(self.emit(extra, b), state(mask, nc))
         return end
@@ -5021,7 +5069,8 @@ def to_nfa(node: Node, whitespace: str) -> NFA:
     nfa = NFA()
     s = nfa.add_state()
     nfa.start = s
-    e = _NFAEmitter(nfa, whitespace).emit(node, s)
+    share = not _has_capped(node, {})
+    e = _NFAEmitter(nfa, whitespace, share=share).emit(node, s)
     nfa.accepting = {e}
     return nfa
 
