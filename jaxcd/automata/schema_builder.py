@@ -2082,7 +2082,7 @@ class SchemaBuilder:
             nfa = hit[1]
         else:
             nfa = self._shared_nfa(node)
-            self._spend(nfa.num_states, path, keyword)
+            self._spend(nfa.virtual_states, path, keyword)
         # determinised once per tree in a compile (its attempts rebuild equal trees)
         memo = self._string_memo.setdefault("operand dfas", {})
         key = (self.digest(node), self.whitespace, self.max_product_states)
@@ -2442,7 +2442,7 @@ class SchemaBuilder:
         hit = self._nfa_memo.get(id(node))
         if hit is None or hit[0] is not node:
             hit = self._nfa_memo[id(node)] = (node, self._shared_nfa(node))
-            self._spend(hit[1].num_states, "", "oneOf")
+            self._spend(hit[1].virtual_states, "", "oneOf")
         return hit[1]
 
     # -- dependentRequired / dependentSchemas / dependencies ----------------------------
@@ -4443,10 +4443,14 @@ def _node_dfa(node: Node, compact: bool = False) -> DFA:
 
 
 def _node_nfa(node: Node, whitespace: str) -> NFA:
+    """``node``'s NFA; ``virtual_states``: the states it would have without the
+    emitter's ``det`` copies (what the product budgets count)."""
     nfa = NFA()
     st = nfa.add_state()
     nfa.start = st
-    nfa.accepting = {_NFAEmitter(nfa, whitespace).emit(node, st)}
+    em = _NFAEmitter(nfa, whitespace, det=not _has_capped(node, {}))
+    nfa.accepting = {em.emit(node, st)}
+    nfa.virtual_states = nfa.num_states + em.saved
     return nfa
 
 
@@ -4648,33 +4652,50 @@ def _difference(a: DFA, b: DFA) -> DFA:
 # ---------------------------------------------------------------------------------------
 class _NFAEmitter:
     def __init__(self, nfa: NFA, whitespace: str, compact: bool = False,
-                 share: bool = False):
+                 share: bool = False, det: bool = False):
         """``whitespace``: the regex between an object's tokens; ``compact``: leave out
         the builder's free whitespace elsewhere too (its tagged ``ws`` nodes).
         ``share``: members with equal values and the same continuation share one copy
-        of the value (see :meth:`_obj_loose`); off where an NFA's size or its DFA's
-        decides something (products' operands, trees with ``capped`` nodes)."""
+        of the value (see :meth:`_obj_loose`); ``det``: free-form values emitted again
+        are copies of their minimal DFA (see :meth:`emit`). Both make smaller NFAs and
+        DFAs of the same language; neither is used in a tree with ``capped`` nodes, whose
+        NFA and DFA sizes decide its form. ``saved``: the NFA states that ``det`` saved
+        (the states the NFA would have without it: ``num_states + saved``)."""
         self.nfa = nfa
         self.whitespace = whitespace
         self.compact = compact
         self.share = share
+        self.det = det
+        self.saved = 0
         self._digests: dict = {}
         self._re_cache: dict[str, NFA] = {}
         self._det_memo: dict[int, tuple] = {}
         self._dfa_nfa: dict[int, tuple] = {}
 
     def emit(self, node: Node, src: int) -> int:
-        if node.det:
+        if node.det and self.det:
+            # a free-form value emitted again (the extras of every open object): a copy
+            # of its minimal DFA (built once), not of its NFA, whose subsets the
+            # determiniser would build again for each copy
+            nfa = self.nfa
             hit = self._det_memo.get(id(node))
-            if hit is None:
+            if hit is None or hit[0] is not node:
+                n0 = nfa.num_states
+                out = self._emit(node, src)
+                self._det_memo[id(node)] = (node, None, nfa.num_states - n0)
+                return out
+            if hit[1] is None:
                 sub = NFA()
                 s = sub.add_state()
                 sub.start = s
-                em = _NFAEmitter(sub, self.whitespace, self.compact)
-                em._det_memo, em._dfa_nfa = self._det_memo, self._dfa_nfa
-                sub.accepting = {em._emit(node, s)}
-                hit = self._det_memo[id(node)] = (node, minimize(determinize(sub)).to_nfa())
-            return self._embed(hit[1], src)
+                sub.accepting = {_NFAEmitter(sub, self.whitespace, self.compact)
+                                 ._emit(node, s)}
+                hit = self._det_memo[id(node)] = (node, minimize(determinize(sub)).to_nfa(),
+                                                  hit[2])
+            n0 = nfa.num_states
+            out = self._embed(hit[1], src)
+            self.saved += hit[2] - (nfa.num_states - n0)
+            return out
         return self._emit(node, src)
 
     def _emit(self, node: Node, src: int) -> int:
@@ -5070,7 +5091,7 @@ def to_nfa(node: Node, whitespace: str) -> NFA:
     s = nfa.add_state()
     nfa.start = s
     share = not _has_capped(node, {})
-    e = _NFAEmitter(nfa, whitespace, share=share).emit(node, s)
+    e = _NFAEmitter(nfa, whitespace, share=share, det=share).emit(node, s)
     nfa.accepting = {e}
     return nfa
 
