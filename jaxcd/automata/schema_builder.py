@@ -3895,11 +3895,12 @@ class SchemaBuilder:
         bad = memo.get(names)
         if bad is None:
             bad = memo[names] = _declared_key_dfa(declared)
-        kd = memo.get((key.kind, key.args)) if key.kind == "re" else None
+        kds = self._string_memo.setdefault("key dfas", {})
+        kd = kds.get(key.args) if key.kind == "re" else None
         if kd is None:
             kd = _node_dfa(key)
             if key.kind == "re":
-                memo[(key.kind, key.args)] = kd
+                kds[key.args] = kd
         dfa = _difference(kd, bad)
         out = Node("dfa", (dfa,), dfa.num_states + 1)
         if key.kind == "re":
@@ -4680,16 +4681,20 @@ class _NFAEmitter:
             nfa = self.nfa
             hit = self._det_memo.get(id(node))
             if hit is None or hit[0] is not node:
-                n0 = nfa.num_states
+                # its plain size: the states added, and those that copies of the free-form
+                # values inside it saved
+                n0, saved0 = nfa.num_states, self.saved
                 out = self._emit(node, src)
-                self._det_memo[id(node)] = (node, None, nfa.num_states - n0)
+                self._det_memo[id(node)] = (node, None,
+                                            nfa.num_states - n0 + self.saved - saved0)
                 return out
             if hit[1] is None:
                 sub = NFA()
                 s = sub.add_state()
                 sub.start = s
-                sub.accepting = {_NFAEmitter(sub, self.whitespace, self.compact)
-                                 ._emit(node, s)}
+                em = _NFAEmitter(sub, self.whitespace, self.compact)
+                em._dfa_nfa = self._dfa_nfa
+                sub.accepting = {em._emit(node, s)}
                 hit = self._det_memo[id(node)] = (node, minimize(determinize(sub)).to_nfa(),
                                                   hit[2])
             n0 = nfa.num_states
@@ -4956,22 +4961,22 @@ class _NFAEmitter:
             mask, c = work.pop()
             b = joins[mask, c]
             nc = min(c + 1, K) if counted else 0
-            if not self.share:
-                for m, bit in zip(members, bits):
-                    a = self.emit(m.value, self.emit(seq(m.key, colon), b))
-                    nfa.add_epsilon(a, state(mask | bit, nc))
-            else:
-                # members with equal values and bits go on to the same state: their keys
-                # lead into one copy of the value (the same language; the DFA would
-                # have as many copies until minimisation merged them)
-                groups: dict = {}
-                for m, bit in zip(members, bits):
-                    groups.setdefault((_digest(m.value, self._digests), bit), []).append(m)
-                for (_, bit), ms in groups.items():
-                    v = nfa.add_state()
-                    for m in ms:
-                        nfa.add_epsilon(self.emit(seq(m.key, colon), b), v)
-                    nfa.add_epsilon(self.emit(ms[0].value, v), state(mask | bit, nc))
+            # with ``share``, members with equal values and bits go on to the same
+            # state: their keys lead into one copy of the value (the same language; the
+            # DFA would have as many copies until minimisation merged them)
+            groups: dict = {}
+            for i, (m, bit) in enumerate(zip(members, bits)):
+                same = _digest(m.value, self._digests) if self.share else i
+                groups.setdefault((same, bit), []).append(m)
+            for (_, bit), ms in groups.items():
+                v = nfa.add_state() if len(ms) > 1 else None
+                for m in ms:
+                    k = self.emit(seq(m.key, colon), b)
+                    if v is None:
+                        v = k
+                    else:
+                        nfa.add_epsilon(k, v)
+                nfa.add_epsilon(self.emit(ms[0].value, v), state(mask | bit, nc))
             if extra is not None:
                 nfa.add_epsilon(self.emit(extra, b), state(mask, nc))
         return end
