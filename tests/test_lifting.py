@@ -359,3 +359,16 @@ def test_dominant_successor_against_a_loop():
                 best = max(tot.values())
                 want[q] = min(r for r, t in tot.items() if t == best)
         np.testing.assert_array_equal(_dominant_successor(trans, w), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.lists(st.integers(0, 10 ** 9), max_size=200),
+       st.lists(st.integers(0, 10 ** 9), max_size=200))
+def test_code_bitmap_is_set_membership(num_states, members, queries):
+    """The (state, byte) pair set the lift skips with: membership equals ``np.isin``."""
+    from jaxcd.automata.lifting import _code_bits, _has_code
+    limit = num_states * 256
+    members = np.array([m % limit for m in members], np.int64)
+    queries = np.array([q % limit for q in queries] + members.tolist(), np.int64)
+    bits = _code_bits(members, num_states)
+    np.testing.assert_array_equal(_has_code(bits, queries), np.isin(queries, members))

@@ -1339,6 +1339,9 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
             for j in range(0, len(ws), max_pairs):
                 _walk(trie, table, Q, ws[j:j + max_pairs], wn[j:j + max_pairs],
                       wc[j:j + max_pairs], max_pairs, out)
+    # the (state, first byte) pairs handled above, a bit per q * 256 + b: one lookup per
+    # pair below (np.isin would sort each chunk's pairs with them)
+    handled_bits = _code_bits(handled, Q)
     # the byte runs' members: walk below their exit nodes (chunked over members), but
     # for the depth-0 exits handled above
     for sigma, members, chain, exits in pending:
@@ -1350,7 +1353,9 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
             nxt = table[before, xb[:, None]]
             xi, gi = np.nonzero(nxt != Q)
             if len(handled) and len(xi):
-                keep = ~((xd[xi] == 0) & np.isin(members[g0 + gi] * 256 + xb[xi], handled))
+                d0 = np.flatnonzero(xd[xi] == 0)
+                keep = np.ones(len(xi), bool)
+                keep[d0] = ~_has_code(handled_bits, members[g0 + gi[d0]] * 256 + xb[xi[d0]])
                 xi, gi = xi[keep], gi[keep]
             if len(xi):
                 _walk(trie, table, Q, members[g0 + gi], exits[xi], nxt[xi, gi], max_pairs, out)
@@ -1363,7 +1368,7 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
             cur = table[qs[:, None], first_bytes[None, :]]
             fi, bi = np.nonzero(cur != Q)
             if len(fi) and len(handled):
-                keep = ~np.isin(qs[fi] * 256 + first_bytes[bi], handled)
+                keep = ~_has_code(handled_bits, qs[fi] * 256 + first_bytes[bi])
                 fi, bi = fi[keep], bi[keep]
             if len(fi):
                 _walk(trie, table, Q, qs[fi], first_nodes[bi], cur[fi, bi], max_pairs, out)
@@ -1419,6 +1424,20 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
         src, tok, dst = remap[src[keep]], tok[keep], remap[dst[keep]]
     return Lifted(order, src, tok, dst,
                   remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
+
+
+def _code_bits(codes: np.ndarray, num_states: int) -> np.ndarray:
+    """A set of ``q * 256 + b`` codes (``q < num_states``) as a bitmap, uint8
+    ``[num_states * 32]`` (see :func:`_has_code`)."""
+    bits = np.zeros(num_states * 32, np.uint8)
+    codes = np.asarray(codes, np.int64)
+    np.bitwise_or.at(bits, codes >> 3, np.left_shift(np.uint8(1), (codes & 7).astype(np.uint8)))
+    return bits
+
+
+def _has_code(bits: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """Membership of each code in the set of :func:`_code_bits`, bool."""
+    return (bits[codes >> 3] >> (codes & 7).astype(np.uint8)) & 1 > 0
 
 
 def _bfs_dist(num_states: int, src: np.ndarray, dst: np.ndarray, target: int) -> np.ndarray:
