@@ -789,8 +789,10 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         cur = table[chain[x_n[idx], sg[pp]], trie.node_byte[en]]
         go = cur != dead
         if len(handled):
-            code = en * G + sg[pp]
-            go &= ~((sf[pp] == 0) & np.isin(code, handled))
+            d0 = np.flatnonzero(sf[pp] == 0)
+            code = en[d0] * G + sg[pp[d0]]
+            at = np.minimum(np.searchsorted(handled, code), len(handled) - 1)
+            go[d0] &= handled[at] != code                   # (handled is sorted)
         if go.any():
             _walk(trie, table, dead, sy[pp][go], en[go], cur[go], max_pairs, out)
 
@@ -895,7 +897,9 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     itok = np.concatenate(out[1]) if out[1] else np.zeros(0, np.int64)
     idst = np.concatenate(out[2]) if out[2] else np.zeros(0, np.int64)
     refs = np.unique(delta_r)
-    sel = np.nonzero(np.isin(isrc, refs))[0]
+    is_ref = np.zeros(dead + 1, bool)                       # by state (a lookup, no sort)
+    is_ref[refs] = True
+    sel = np.flatnonzero(is_ref[isrc])
     sel = sel[_argsort_ints(isrc[sel])]
     isrc, itok, idst = isrc[sel], itok[sel], idst[sel]
     i_lo = np.searchsorted(isrc, refs)
@@ -904,7 +908,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
     bd = np.concatenate(bulk_dst) if bulk_dst else np.zeros(0, np.int64)
     br = np.concatenate(bulk_row) if bulk_row else np.zeros(0, np.int64)
     allrows = np.concatenate(rows) if rows else np.zeros((0, W), np.uint32)
-    bsel = np.nonzero(np.isin(bs, refs))[0]
+    bsel = np.flatnonzero(is_ref[bs])
     bsel = bsel[_argsort_ints(bs[bsel])]
     bs, bd, br = bs[bsel], bd[bsel], br[bsel]
     b_lo = np.searchsorted(bs, refs)
@@ -981,56 +985,85 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         xb = x.tobytes()
         first = by_content.setdefault(xb, i)
         content[i] = first
-    for g in range(len(bounds) - 1):
+    # the references' individual transitions for the bytes that act alike, copied to
+    # the group's states: groups where that leaves fewer than pack_tokens tokens at once
+    # (chunks of at most max_pairs (group, transition) pairs), the others one by one
+    same_pad = np.concatenate([same, np.zeros((n, 1), bool)], axis=1)
+    G = len(bounds) - 1
+    g_i0 = order[bounds[:-1]]                                # a member of each group
+    g_k = np.searchsorted(refs, delta_r[g_i0])
+    g_a, g_cnt = i_lo[g_k], (i_hi[g_k] - i_lo[g_k]).astype(np.int64)
+    g_m = np.diff(bounds)                                    # members per group
+    n_alike = np.zeros(G, np.int64)
+    ends = np.cumsum(g_cnt)
+    g0 = 0
+    while g0 < G:
+        g1 = max(g0 + 1, int(np.searchsorted(ends, ends[g0] - g_cnt[g0] + max_pairs,
+                                             side="right")))
+        c = g_cnt[g0:g1]
+        pg = np.repeat(np.arange(g0, g1), c)
+        pidx = np.repeat(g_a[g0:g1] - (np.cumsum(c) - c), c) + np.arange(int(c.sum()))
+        t = itok[pidx]
+        i0 = g_i0[pg]
+        ft = fb[t]
+        ok = same_pad[i0, ft] | ((ft == ext_b[i0]) & ~ext_X[i0, sb[t]])
+        n_alike[g0:g1] = np.bincount(pg[ok] - g0, minlength=g1 - g0)
+        ok &= n_alike[pg] < pack_tokens
+        pg, t, dd = pg[ok], t[ok], idst[pidx[ok]]
+        if len(pg):
+            mc = g_m[pg]
+            rep = np.repeat(np.arange(len(pg)), mc)
+            midx = np.repeat(bounds[pg] - (np.cumsum(mc) - mc), mc) + np.arange(int(mc.sum()))
+            _count(out, len(rep))
+            out[0].append(delta_q[order[midx]])
+            out[1].append(t[rep])
+            out[2].append(dd[rep])
+        g0 = g1
+    for g in np.flatnonzero(n_alike >= pack_tokens).tolist():
         members = order[bounds[g]:bounds[g + 1]]
         qs = delta_q[members]
         i0 = int(members[0])
-        k = int(np.searchsorted(refs, delta_r[i0]))
-        ok_b = np.concatenate([same[i0], [False]])
+        k = int(g_k[g])
+        ok_b = same_pad[i0]
         e_b, e_X = int(ext_b[i0]), ext_X[i0]
-
-        def alike(t):
-            """Tokens ``t`` that go from q where they go from r."""
-            return ok_b[fb[t]] | ((fb[t] == e_b) & ~e_X[sb[t]])
-        # individual transitions of r for the bytes that act alike
         a, b = i_lo[k], i_hi[k]
-        if b > a:
-            t = itok[a:b]
-            ok = alike(t)
-            t, dd = t[ok], idst[a:b][ok]
-            if len(t) >= pack_tokens and n_new < max_rows:
-                # a destination reached by many tokens: one packed row shared by the
-                # group's states, instead of a copy of each token per state (an open
-                # object's key states copy ~35,000 tokens from their reference)
-                ud, dinv, dcnt = np.unique(dd, return_inverse=True, return_counts=True)
-                big = dcnt >= pack_tokens
-                n_big = int(big.sum())
-                if n_big and n_new + n_big <= max_rows:
-                    dinv = dinv.ravel()
-                    sel = big[dinv]
-                    slot = np.cumsum(big) - 1
-                    packed = np.zeros((n_big, W), np.uint32)
-                    tb = t[sel]
-                    np.bitwise_or.at(packed.reshape(-1), slot[dinv[sel]] * W + (tb >> 5),
-                                     np.left_shift(np.uint32(1), (tb & 31).astype(np.uint32)))
-                    rid = np.empty(n_big, np.int64)
-                    for j, x in enumerate(packed):
-                        xb = x.tobytes()
-                        r_ = by_content.get(xb)
-                        if r_ is None:
-                            r_ = by_content[xb] = n_rows + n_new
-                            new_rows.append(x[None, :])
-                            n_new += 1
-                        rid[j] = r_
-                    nq.append(np.repeat(qs, n_big))
-                    nd.append(np.tile(ud[big], len(qs)))
-                    nr.append(np.tile(rid, len(qs)))
-                    t, dd = t[~sel], dd[~sel]
-            if len(t):
-                _count(out, len(t) * len(qs))
-                out[0].append(np.repeat(qs, len(t)))
-                out[1].append(np.tile(t, len(qs)))
-                out[2].append(np.tile(dd, len(qs)))
+        t = itok[a:b]
+        ft = fb[t]
+        ok = ok_b[ft] | ((ft == e_b) & ~e_X[sb[t]])
+        t, dd = t[ok], idst[a:b][ok]
+        if n_new < max_rows:
+            # a destination reached by many tokens: one packed row shared by the
+            # group's states, instead of a copy of each token per state (an open
+            # object's key states copy ~35,000 tokens from their reference)
+            ud, dinv, dcnt = np.unique(dd, return_inverse=True, return_counts=True)
+            big = dcnt >= pack_tokens
+            n_big = int(big.sum())
+            if n_big and n_new + n_big <= max_rows:
+                dinv = dinv.ravel()
+                sel = big[dinv]
+                slot = np.cumsum(big) - 1
+                packed = np.zeros((n_big, W), np.uint32)
+                tb = t[sel]
+                np.bitwise_or.at(packed.reshape(-1), slot[dinv[sel]] * W + (tb >> 5),
+                                 np.left_shift(np.uint32(1), (tb & 31).astype(np.uint32)))
+                rid = np.empty(n_big, np.int64)
+                for j, x in enumerate(packed):
+                    xb = x.tobytes()
+                    r_ = by_content.get(xb)
+                    if r_ is None:
+                        r_ = by_content[xb] = n_rows + n_new
+                        new_rows.append(x[None, :])
+                        n_new += 1
+                    rid[j] = r_
+                nq.append(np.repeat(qs, n_big))
+                nd.append(np.tile(ud[big], len(qs)))
+                nr.append(np.tile(rid, len(qs)))
+                t, dd = t[~sel], dd[~sel]
+        if len(t):
+            _count(out, len(t) * len(qs))
+            out[0].append(np.repeat(qs, len(t)))
+            out[1].append(np.tile(t, len(qs)))
+            out[2].append(np.tile(dd, len(qs)))
     # bulk transitions of the references, rows masked to the tokens that act alike:
     # one masked row per (row content, pattern of alike tokens) (groups of other
     # references with the same pattern share it; -1: empty), equal masked rows once
