@@ -1672,18 +1672,20 @@ def _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V: int):
     lrow = np.arange(E + S) - srow                          # = out_start[s] + k
     k = lrow - out_start[srow]
     rh = C[:, lrow] - C[:, out_start[srow]]
-    # group equal hash pairs; the empty set (hash 0, 0) first
+    # group equal hash pairs, numbered in the order of their first logical row: the
+    # representatives are then in (state, k) order, the empty row (state 0, k = 0, the
+    # first logical row) is 0, and _materialize_rows writes the rows in order
     key0 = rh[0]
     first, inv = _unique_first_inverse(key0)
     if not (rh[1] == rh[1][first[inv]]).all():             # equal first hash only
         pairs = np.stack([rh[0], rh[1]], 1)
         _, first, inv = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
-    empty = inv[out_start[0] + 0]                           # row base[0] (k = 0) is empty
-    perm = np.arange(len(first))
-    perm[[0, empty]] = perm[[empty, 0]]
-    inv = perm[inv]
-    first = first[perm]
+    by_first = _argsort_ints(first)
+    rank = np.empty(len(first), np.int64)
+    rank[by_first] = np.arange(len(first))
+    inv = rank[inv]
+    first = first[by_first]
     reps = np.stack([srow[first], k[first]], 1)
     return inv.astype(np.int32), reps
 
@@ -1719,6 +1721,7 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
     if len(sel) == 0:
         return out
     sel = sel[np.lexsort((reps[sel, 1], reps[sel, 0]))]
+    contiguous = bool(sel[-1] - sel[0] + 1 == len(sel) and (np.diff(sel) == 1).all())
     s, k = reps[sel, 0], reps[sel, 1]
     first = np.ones(len(sel), bool)
     first[1:] = s[1:] != s[:-1]
@@ -1736,7 +1739,8 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
         cnt = b - a
         idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
         t = ptok[idx]
-        seg = np.zeros((n, W), np.uint32)
+        # rows numbered in (state, k) order (see _dedupe_rows): written in place
+        seg = out[sel[c0]:sel[c0] + n] if contiguous else np.zeros((n, W), np.uint32)
         if len(t):                  # (a segment's tokens are distinct: one state's labels)
             np.bitwise_or.at(seg.reshape(-1), np.repeat(np.arange(n), cnt) * W + (t >> 5),
                              np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
@@ -1777,5 +1781,6 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
             fc[0] = True
         for at in _by_rank(fc)[1:]:
             seg[at] += seg[at - 1]
-        out[sel[c0:c1]] = seg
+        if not contiguous:
+            out[sel[c0:c1]] = seg
     return out
