@@ -1459,6 +1459,12 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
                   remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
 
 
+def _ranges_of(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges ``start[i] .. start[i] + count[i] - 1``."""
+    total = int(count.sum())
+    return np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
+
+
 def _code_bits(codes: np.ndarray, num_states: int) -> np.ndarray:
     """A set of ``q * 256 + b`` codes (``q < num_states``) as a bitmap, uint8
     ``[num_states * 32]`` (see :func:`_has_code`)."""
@@ -1514,15 +1520,26 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     pair += np.concatenate([lifted.dst, np.full(len(acc), final), [final], lifted.bulk_dst])
     bulk_rows, bulk_row = lifted.rows, lifted.bulk_row
     del lifted
+    # ``by_pair``: the transitions in the order of their pair (stable: a pair's
+    # individual transitions before its bulk ones, each in their own order); the
+    # pair's transitions are positions gs[u] .. gs[u + 1] - 1 there
     if S * S <= (1 << 22):                                 # dense lookup: <= 32 MB
-        present = np.bincount(pair, minlength=S * S) > 0
-        uniq = np.nonzero(present)[0]
+        count = np.bincount(pair, minlength=S * S)
+        uniq = np.nonzero(count)[0]
         lookup = np.zeros(S * S, np.int64)
         lookup[uniq] = np.arange(len(uniq))
-        edge_of_pair = lookup[pair]
+        by_pair = _argsort_ints(lookup[pair])
+        gs = np.concatenate([[0], np.cumsum(count[uniq])])
+        del count, lookup
     else:
-        first, edge_of_pair = _unique_first_inverse(pair)
-        uniq = pair[first]
+        by_pair = _argsort_ints(pair)
+        ps = pair[by_pair]
+        head = np.empty(len(ps), bool)
+        head[:1] = True
+        np.not_equal(ps[1:], ps[:-1], out=head[1:])
+        gs = np.append(np.flatnonzero(head), len(ps))
+        uniq = ps[head]
+        del ps, head
     del pair
     e_src, e_dst = uniq // S, uniq % S
     dist = _bfs_dist(S, e_src, e_dst, final)
@@ -1547,10 +1564,6 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     order = np.lexsort((e_dst2, dist2[e_dst2], e_src2))
     E_ids, e_src2, e_dst2 = E_ids[order], e_src2[order], e_dst2[order]
     E = len(E_ids)
-    edge_rank = np.full(len(uniq), -1, np.int32)
-    edge_rank[E_ids] = np.arange(E)
-    pe_all = edge_rank[edge_of_pair]
-    del edge_of_pair
 
     V = vocab.vocab_size
     W = (V + 31) // 32
@@ -1562,22 +1575,20 @@ def tensorize(dfa: DFA, vocab: Vocabulary, key: str = "") -> TensorizedAutomaton
     col = np.arange(E) - out_start[e_src2]
     out_dst[e_src2, col] = e_dst2
 
-    # labels of the live edges: individual (edge, token) pairs and bulk (edge, row) pairs
-    pe = pe_all[:n_ind]
-    ok = pe >= 0
-    pe, ptok = pe[ok], tok[ok]
-    be = pe_all[n_ind:]
-    bok = be >= 0
-    be, brow = be[bok], bulk_row[bok]
-    del pe_all, tok, ok
-    # both sorted by edge, with CSR offsets, so each edge's label is a contiguous range
-    order = _argsort_ints(pe)                           # any order within an edge
-    pe, ptok = pe[order], ptok[order]
-    pstart = np.searchsorted(pe, np.arange(E + 1))
-    order = _argsort_ints(be)
-    be, brow = be[order], brow[order]
-    bstart = np.searchsorted(be, np.arange(E + 1))
-    del order, pe
+    # labels of the live edges, in edge order, with CSR offsets (each edge's label a
+    # contiguous range): individual tokens (ptok, pstart) and bulk rows (brow, bstart,
+    # and the edge of each: be); a pair's individual transitions come first in by_pair
+    n_ind_of = np.add.reduceat((by_pair < n_ind).astype(np.int64), gs[:-1]) if len(uniq) \
+        else np.zeros(0, np.int64)
+    a, n_all = gs[E_ids], gs[E_ids + 1] - gs[E_ids]
+    ni = n_ind_of[E_ids]
+    pstart = np.concatenate([[0], np.cumsum(ni)])
+    ptok = tok[by_pair[_ranges_of(a, ni)]]
+    nb = n_all - ni
+    bstart = np.concatenate([[0], np.cumsum(nb)])
+    brow = bulk_row[by_pair[_ranges_of(a + ni, nb)] - n_ind]
+    be = np.repeat(np.arange(E), nb)
+    del by_pair, tok, gs
     row_index, reps = _dedupe_rows(ptok, pstart, be, brow, bulk_rows, out_start, V)
     R = len(reps)
     table_bytes = 4 * (R * W + S2 * D + 3 * E + 3 * S2 + 1)
