@@ -118,6 +118,15 @@ class NFA:
             raise ValueError(f"NFA: bad byte range [{lo}, {hi}]")
         self._trans[src].append((lo, hi, dst))
 
+    def add_byte_ranges(self, src: int, ranges: list[tuple[int, int, int]]) -> None:
+        """:meth:`add_byte_range` for each ``(lo, hi, dst)`` of ``ranges``, in order."""
+        n = len(self.eps)
+        self._check(src)
+        for lo, hi, d in ranges:
+            if not (0 <= d < n and 0 <= lo <= hi <= 255):
+                self.add_byte_range(src, d, lo, hi)         # raises, naming it
+        self._trans[src].extend(ranges)
+
     def add_bytes(self, src: int, dst: int, data: bytes) -> None:
         """A path spelling exactly ``data`` (epsilon if empty)."""
         self._check(src, dst)

@@ -3404,6 +3404,11 @@ class SchemaBuilder:
                 runs[-1][1] = b
             else:
                 runs.append([b, b, c])
+        # per item state, its byte ranges with a live target (in the order of the runs)
+        run_cls = np.array([c for _, _, c in runs], np.int64)
+        item_rows = [[(runs[j][0], runs[j][1], t) for j, t in enumerate(row) if t >= 0]
+                     for row in item.trans[:, run_cls].tolist()]
+        item_acc = item.accepting.tolist()
         # (keys by character, the decreasing pair too): each tier past the limits tries
         # the next; one key per type has no limit
         tiers = ([(False, False)] if self.unique_spent >= MAX_SORTED_UNIQUE_TOTAL else
@@ -3446,12 +3451,9 @@ class SchemaBuilder:
                 while todo:
                     q = todo.pop()
                     src = copy[q]
-                    if item.accepting[q]:
+                    if item_acc[q]:
                         nfa.add_epsilon(src, end)
-                    row = item.trans[q].tolist()
-                    for b, e, c in runs:
-                        if row[c] >= 0:
-                            nfa.add_byte_range(src, state_of(row[c]), b, e)
+                    nfa.add_byte_ranges(src, [(b, e, state_of(t)) for b, e, t in item_rows[q]])
                     if by_char and (nfa.num_states > MAX_SORTED_UNIQUE_STATES or
                                     self.unique_spent + nfa.num_states
                                     > MAX_SORTED_UNIQUE_TOTAL):
