@@ -1026,15 +1026,14 @@ def _trim(dfa: DFA, all_coreachable: bool = False):
 
 def _group_rows(sig: np.ndarray, mult: np.ndarray) -> np.ndarray:
     """Group ids of equal rows of ``sig`` (integer ``[n, k]``): two 64-bit polynomial
-    hashes (wrapping arithmetic, one column at a time: O(n) extra memory), verified
-    exactly; exact ``np.unique`` on a collision."""
-    h0 = np.zeros(sig.shape[0], np.int64)
-    h1 = np.zeros(sig.shape[0], np.int64)
-    for j in range(sig.shape[1]):
-        col = sig[:, j].astype(np.int64)
-        h0 += col * mult[0, j]
-        h1 += col * mult[1, j]
-    inv = _unique_first_inverse(h0 ^ (h1 * np.int64(0x9E3779B97F4A7C15 - (1 << 64))))[1]
+    hashes (wrapping arithmetic; a product with the multipliers, rows in chunks of at
+    most 8 MB of int64), verified exactly; exact ``np.unique`` on a collision."""
+    n, k = sig.shape
+    h = np.empty((2, n), np.int64)
+    step = max(1, (1 << 20) // max(k, 1))
+    for r0 in range(0, n, step):
+        h[:, r0:r0 + step] = mult[:, :k] @ sig[r0:r0 + step].T.astype(np.int64)
+    inv = _unique_first_inverse(h[0] ^ (h[1] * np.int64(0x9E3779B97F4A7C15 - (1 << 64))))[1]
     reps = np.full(int(inv.max()) + 1, -1, np.int64)
     reps[inv[::-1]] = np.arange(len(inv))[::-1]
     if not (sig == sig[reps[inv]]).all():                       # hash collision
