@@ -199,17 +199,6 @@ def test_random_nfas_match_reference(seed, n, eps_p, n_ranges):
     check(random_nfa(random.Random(seed), n, eps_p, n_ranges))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.floats(0, 0.8), st.integers(0, 3))
-def test_random_nfas_all_successors_at_once(seed, n, eps_p, n_ranges):
-    """The same NFAs with every state's runs built at once (the path of NFAs past
-    ``_SMALL_NFA`` states): overlapping states left to the lazy path, equal closures
-    joined."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fsa, "_SMALL_NFA", 0)
-        check(random_nfa(random.Random(seed), n, eps_p, n_ranges))
-
-
 def test_schema_nfa_matches_reference():
     from jaxcd.automata.json_schema import schema_to_nfa
     schema = {"type": "object", "properties": {

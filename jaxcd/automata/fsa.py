@@ -600,52 +600,6 @@ def _disjoint_runs(runs: list, interned: dict) -> list:
     return out
 
 
-def _all_successors(flat, byte_class: np.ndarray, close, closure: list, succ: list) -> None:
-    """:func:`_determinize_python`'s runs of every NFA state at once (NumPy over the flat
-    transitions): ``succ[q]`` is the list ``successors(q)`` would build, but for states
-    whose class ranges overlap (left ``None``: built on first use) and with equal
-    closures as one object (adjacent runs to equal subsets joined: the same rows)."""
-    tq, tlo, thi, td = flat
-    if len(tq) == 0:
-        return
-    # each destination's closure, once; equal closures share one id (and object)
-    ud, dinv = np.unique(td, return_inverse=True)
-    by_set: dict = {}
-    sets: list = []
-    cid_of = np.empty(len(ud), np.int64)
-    for i, d in enumerate(ud.tolist()):
-        T = closure[d]
-        if T is None:
-            T = close(d)
-        j = by_set.get(T)
-        if j is None:
-            j = by_set[T] = len(sets)
-            sets.append(T)
-        cid_of[i] = j
-    cid = cid_of[dinv.reshape(-1)]
-    live = np.array([bool(T) for T in sets], bool)[cid]          # else dead: no run
-    q, lo, hi, cid = tq[live], byte_class[tlo[live]], byte_class[thi[live]], cid[live]
-    o = np.lexsort((lo, q))
-    q, lo, hi, cid = q[o], lo[o], hi[o], cid[o]
-    same_q = np.zeros(len(q), bool)
-    same_q[1:] = q[1:] == q[:-1]
-    overlap = np.zeros(len(closure), bool)                        # by state
-    overlap[q[1:][same_q[1:] & (lo[1:] <= hi[:-1])]] = True
-    ok = ~overlap[q]
-    q, lo, hi, cid, same_q = q[ok], lo[ok], hi[ok], cid[ok], same_q[ok]
-    # join a run to the previous one of its state when adjacent and to the same subset
-    join = np.zeros(len(q), bool)
-    join[1:] = same_q[1:] & (lo[1:] == hi[:-1] + 1) & (cid[1:] == cid[:-1])
-    head = np.flatnonzero(~join)
-    last = np.append(head[1:], len(q)) - 1 if len(head) else head
-    rq, rlo, rhi, rc = q[head], lo[head], hi[last], cid[head]
-    runs = list(zip(rlo.tolist(), rhi.tolist(), [sets[c] for c in rc.tolist()]))
-    states = np.flatnonzero(~overlap)
-    bounds = np.searchsorted(rq, states).tolist() + [len(rq)]
-    for i, st in enumerate(states.tolist()):
-        succ[st] = runs[bounds[i]:bounds[i + 1]]
-
-
 def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     """:func:`determinize` state by state in plain Python (small NFAs, and the
     epsilon-heavy NFAs of JSON Schemas).
@@ -657,9 +611,7 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     its members' runs, sorted; where they overlap, each stretch of classes takes the
     union of the runs covering it. The table is written from the runs at the end."""
     n = nfa.num_states
-    flat = _flat_transitions(nfa)
-    edges = _unique_ints(np.concatenate([flat[1], flat[2] + 1, [0, 256]]))
-    byte_class = (np.searchsorted(edges, np.arange(256), side="right") - 1).astype(np.int32)
+    byte_class, _ = _byte_classes(nfa)
     C = int(byte_class.max()) + 1
     trans = nfa.trans
     eps = nfa.eps
@@ -702,8 +654,6 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         runs = succ[q] = _disjoint_runs(runs, interned)
         return runs
 
-    if n > _SMALL_NFA:
-        _all_successors(flat, byte_class, close, closure, succ)
     start = close(nfa.start)
     ids = {start: 0}
     order = [start]
