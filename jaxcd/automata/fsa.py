@@ -900,7 +900,7 @@ def _bfs_order(trans: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         if len(frontier) <= _SMALL:                     # same order, less overhead
             nxt = []
             for row in trans[frontier].tolist():
-                for t in row:
+                for t in dict.fromkeys(row):            # distinct, first-seen order
                     if not seen[t]:
                         seen[t] = True
                         nxt.append(t)
