@@ -1002,7 +1002,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
                                              side="right")))
         c = g_cnt[g0:g1]
         pg = np.repeat(np.arange(g0, g1), c)
-        pidx = np.repeat(g_a[g0:g1] - (np.cumsum(c) - c), c) + np.arange(int(c.sum()))
+        pidx = _ranges_of(g_a[g0:g1], c)
         t = itok[pidx]
         i0 = g_i0[pg]
         ft = fb[t]
@@ -1013,7 +1013,7 @@ def _lift_deltas(trie, table, dead: int, vocab, delta_q, delta_r, out, bulk_src,
         if len(pg):
             mc = g_m[pg]
             rep = np.repeat(np.arange(len(pg)), mc)
-            midx = np.repeat(bounds[pg] - (np.cumsum(mc) - mc), mc) + np.arange(int(mc.sum()))
+            midx = _ranges_of(bounds[pg], mc)
             _count(out, len(rep))
             out[0].append(delta_q[order[midx]])
             out[1].append(t[rep])
@@ -1725,16 +1725,15 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
     edge and a state's edges are contiguous) are packed once, and a row is the previous
     row of its state plus its segment (labels of one state are disjoint, so ``+`` is
     ``|``). Work: the tokens of the needed edges once, plus ``R · W`` words; scratch is
-    at most ``chunk_bytes``."""
+    at most ``chunk_bytes``. Row 0 is the empty row and rows ``1 .. R - 1`` come in
+    ``(state, k)`` order (as :func:`_dedupe_rows` numbers them): each chunk of rows is
+    built in place."""
     R = len(reps)
     out = np.zeros((R, W), np.uint32)
-    sel = np.nonzero(reps[:, 1] > 0)[0]
-    if len(sel) == 0:
+    if R <= 1:
         return out
-    sel = sel[np.lexsort((reps[sel, 1], reps[sel, 0]))]
-    contiguous = bool(sel[-1] - sel[0] + 1 == len(sel) and (np.diff(sel) == 1).all())
-    s, k = reps[sel, 0], reps[sel, 1]
-    first = np.ones(len(sel), bool)
+    s, k = reps[1:, 0], reps[1:, 1]
+    first = np.ones(R - 1, bool)
     first[1:] = s[1:] != s[:-1]
     e_hi = out_start[s].astype(np.int64) + k                 # segment: edges [e_lo, e_hi)
     e_lo = np.empty_like(e_hi)
@@ -1743,15 +1742,13 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
     per_chunk = max(1, chunk_bytes // (12 * W))
     unions: dict[bytes, np.ndarray] = {}
     max_unions = max(1, chunk_bytes // (4 * W))
-    for c0 in range(0, len(sel), per_chunk):
-        c1 = min(len(sel), c0 + per_chunk)
+    for c0 in range(0, R - 1, per_chunk):
+        c1 = min(R - 1, c0 + per_chunk)
         n = c1 - c0
         a, b = pstart[e_lo[c0:c1]], pstart[e_hi[c0:c1]]
         cnt = b - a
-        idx = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
-        t = ptok[idx]
-        # rows numbered in (state, k) order (see _dedupe_rows): written in place
-        seg = out[sel[c0]:sel[c0] + n] if contiguous else np.zeros((n, W), np.uint32)
+        t = ptok[_ranges_of(a, cnt)]
+        seg = out[1 + c0:1 + c1]                               # (a view: in place)
         if len(t):                  # (a segment's tokens are distinct: one state's labels)
             np.bitwise_or.at(seg.reshape(-1), np.repeat(np.arange(n), cnt) * W + (t >> 5),
                              np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
@@ -1759,7 +1756,7 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
         nb = bb - ba
         if nb.any():
             pi = np.repeat(np.arange(n), nb)                   # segment of each bulk row
-            pr = brow[np.repeat(ba - (np.cumsum(nb) - nb), nb) + np.arange(int(nb.sum()))]
+            pr = brow[_ranges_of(ba, nb)]
             # a segment with many bulk rows (one per first byte of the tokens into a
             # run) ORs them in one reduction, and equal sets of them (they repeat
             # across states) once, within chunk_bytes; the others one rank (j-th row of
@@ -1788,10 +1785,8 @@ def _materialize_rows(reps, ptok, pstart, brow, bstart, bulk_rows, out_start, W:
         # chunk's state)
         fc = first[c0:c1].copy()
         if not fc[0]:
-            seg[0] += out[sel[c0 - 1]]
+            seg[0] += out[c0]                                  # the row before the chunk
             fc[0] = True
         for at in _by_rank(fc)[1:]:
             seg[at] += seg[at - 1]
-        if not contiguous:
-            out[sel[c0:c1]] = seg
     return out
