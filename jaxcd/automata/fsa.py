@@ -960,6 +960,11 @@ def _trim(dfa: DFA, all_coreachable: bool = False):
         return empty_dfa(), None
     # reachable from start through co-reachable states, BFS order
     order = _bfs_order(trans, co)
+    if len(order) == Q and (order == np.arange(Q)).all():
+        # already in BFS order (a determinised DFA whose states are all co-reachable):
+        # nothing to renumber (_compress_columns copies)
+        t2, bc = _compress_columns(trans, dfa.byte_class)
+        return DFA(t2, dfa.accepting.copy(), bc), pairs
     remap = np.full(Q + 1, -1, np.int32)
     remap[order] = np.arange(len(order), dtype=np.int32)
     new_trans = trans.take(order, axis=0)
@@ -1036,6 +1041,22 @@ def _refine_round_small(affected, blockx, trans_q, size, bsig, n_ids, pred, psta
     return np.array(sorted(cand), np.int64), n_ids
 
 
+def _accept_distance(pred: np.ndarray, pstart: np.ndarray, accepting: np.ndarray) -> np.ndarray:
+    """Bytes on the shortest path from each state of a trimmed DFA to an accepting
+    state (a reverse BFS from the accepting states)."""
+    dist = np.full(len(accepting), -1, np.int64)
+    frontier = np.nonzero(accepting)[0]
+    dist[frontier] = 0
+    d = 0
+    while len(frontier):
+        d += 1
+        p = pred[_ranges(pstart, frontier)]
+        p = _unique_ints(p[dist[p] < 0])
+        dist[p] = d
+        frontier = p
+    return dist
+
+
 _FINITE_MIN_STATES = 256   # smaller DFAs: plain refinement (its small rounds are cheaper)
 
 
@@ -1056,7 +1077,8 @@ def minimize(dfa: DFA) -> DFA:
     states have the same height (longest word), so they are grouped level by level from
     the accepting sinks up, by their successors' blocks (Revuz). They are never
     equivalent to a state with an infinite language, so refinement runs only on the
-    others, with the finite blocks fixed."""
+    others, with the finite blocks fixed, from blocks of equal acceptance and distance
+    to acceptance (invariants of equivalence)."""
     dfa, pairs = _trim(dfa)
     Q = dfa.num_states
     if Q == 0:
@@ -1080,12 +1102,20 @@ def minimize(dfa: DFA) -> DFA:
         blockx[:Q][fin] = 2 + fblock[fin]
         n_ids = 2 + int(fblock[fin].max()) + 1
     inf = np.nonzero(~fin)[0]
-    blockx[inf] = dfa.accepting[inf]
-    n_acc = int(dfa.accepting[inf].sum())
     size = np.zeros(Q + 2, np.int64)                       # block ids never exceed Q + 1
-    size[0], size[1] = len(inf) - n_acc, n_acc
     if levels:
         size[:n_ids] += np.bincount(blockx[:Q][fin], minlength=n_ids)
+    # the others start in blocks of equal acceptance and distance to acceptance (both
+    # the same for equivalent states, so the fixpoint is the same), not in two: the
+    # first rounds regroup fewer states (measured: 0.31 -> 0.26 s on a 46,000-state
+    # JSON Schema DFA)
+    if len(inf):
+        dist = _accept_distance(pred, pstart, dfa.accepting)
+        _, first_inv = _unique_first_inverse(dist[inf] * 2 + dfa.accepting[inf])
+        n_init = int(first_inv.max()) + 1
+        blockx[inf] = n_ids + first_inv
+        size[n_ids:n_ids + n_init] = np.bincount(first_inv)
+        n_ids += n_init
     bsig = np.zeros((Q + 2, C), np.int32)                  # signature of unaffected members
     affected = inf
     while len(affected):
