@@ -245,3 +245,24 @@ def test_argsort_ints_is_stable_argsort(seed, n, rng_lo_hi, dtype):
 def test_argsort_ints_uint64_near_top():
     x = np.array([2**64 - 1, 2**63, 5, 2**63, 0] * 400, np.uint64)
     assert np.array_equal(fsa._argsort_ints(x), np.argsort(x, kind="stable"))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 3, 300, 5000, 70000]),
+       st.integers(1, 40), st.integers(0, 3))
+def test_compress_columns_matches_unique(seed, Q, C, agree):
+    """Classes merged and ordered as ``np.unique(trans.T, axis=0)``: tables whose
+    columns repeat, and (``agree``) columns that agree on long prefixes of rows, so the
+    order is decided past the first blocks that _lex_order reads."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(-1, 4, (Q, max(1, C // 2)), dtype=np.int32)
+    trans = base[:, rng.integers(0, base.shape[1], C)].copy()      # repeated columns
+    if agree and Q > 1:
+        cut = int(rng.integers(Q // 2, Q))
+        trans[:cut] = trans[:cut, :1]                              # equal down to ``cut``
+        trans[cut:] = rng.integers(-1, 3, (Q - cut, C), dtype=np.int32)
+    byte_class = rng.integers(0, C, 256).astype(np.int32)
+    got, bc = fsa._compress_columns(trans, byte_class)
+    want, inv = np.unique(trans.T, axis=0, return_inverse=True)
+    assert np.array_equal(got, want.T)
+    assert np.array_equal(bc, inv.reshape(-1)[byte_class])

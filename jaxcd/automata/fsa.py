@@ -716,10 +716,16 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
     if trans.shape[0] == 0:
         return np.zeros((0, 1), np.int32), np.zeros(256, np.int32)
     Q, C = trans.shape
-    # equal columns by a random projection (equal columns give equal floats), checked
-    # exactly below
-    rng = np.random.default_rng(0x636F6C73)
-    h = rng.standard_normal(Q) @ trans.astype(np.float64)
+    # equal columns by a random projection, checked exactly below. Integer weights, and
+    # blocks of rows whose sums stay below 2^52, so that the float64 sums are exact
+    # whatever order BLAS adds in: equal columns always get equal sums (random float
+    # weights did not: one pair of equal columns of a 46,000-state DFA got two)
+    rows = 1 << 12
+    wbits = max(1, 52 - 12 - int(Q).bit_length())
+    w = np.random.default_rng(0x636F6C73).integers(0, 1 << wbits, Q).astype(np.float64)
+    h = np.zeros(C)
+    for r0 in range(0, Q, rows):
+        h += w[r0:r0 + rows] @ trans[r0:r0 + rows]
     _, first, inv = np.unique(h, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     dup = np.nonzero(first[inv] != np.arange(C))[0]                 # merged columns
@@ -727,24 +733,45 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
                          == np.take(trans, first[inv[dup]], axis=1)).all():   # collision
         _, first, inv = np.unique(trans.T, axis=0, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
-    # number the distinct columns in lexicographic order (big-endian bytes compare
-    # like the integer sequences; entries are >= -1). The order is decided by the
-    # first row where two columns differ: compare prefixes of the rows first, and
-    # longer ones only while two distinct columns still agree on the prefix.
-    # (np.take along axis 1: several times faster than fancy column indexing.)
-    n = 256
-    while True:
-        cols = (np.take(trans[:n], first, axis=1).T + np.int64(1)).astype(">u4")   # [k, n]
-        keys = [row.tobytes() for row in cols]
-        if n >= Q or len(set(keys)) == len(keys):
-            break
-        n *= 16
-    perm = np.array(sorted(range(len(first)), key=keys.__getitem__), np.int64)
+    perm = _lex_order(trans, first)
     rank_first = first[perm]
     lex = np.empty(len(first), np.int64)
     lex[perm] = np.arange(len(first))
     return np.ascontiguousarray(np.take(trans, rank_first, axis=1), dtype=np.int32), \
         lex[inv].astype(np.int32)[byte_class]
+
+
+def _lex_order(trans: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Positions in ``cols`` of the distinct columns ``trans[:, cols]`` in the
+    lexicographic order of their entries, top row first (entries are >= -1: shifted
+    by one, big-endian bytes compare like the integer sequences). Rows are read in
+    blocks of growing length, each only for the columns still tied with another on
+    every row before it; a tied group is ordered by the block's rows."""
+    Q = trans.shape[0]
+    groups = [np.arange(len(cols))]                 # in order; tied on rows [0, lo)
+    lo, hi = 0, 256
+    while lo < Q and any(len(g) > 1 for g in groups):
+        hi = min(Q, hi)
+        tied = np.concatenate([g for g in groups if len(g) > 1])
+        block = (np.take(trans[lo:hi], cols[tied], axis=1).T + np.int64(1)).astype(">u4")
+        key = dict(zip(tied.tolist(), (row.tobytes() for row in block)))
+        out = []
+        for g in groups:
+            if len(g) == 1:
+                out.append(g)
+                continue
+            members = sorted(g.tolist(), key=key.__getitem__)
+            run = [members[0]]
+            for a, b in zip(members, members[1:]):
+                if key[a] != key[b]:
+                    out.append(np.array(run))
+                    run = []
+                run.append(b)
+            out.append(np.array(run))
+        groups = out
+        lo, hi = hi, hi * 16
+    # (columns equal on every row stay in their order, as a stable sort leaves them)
+    return np.concatenate(groups).astype(np.int64)
 
 
 def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
