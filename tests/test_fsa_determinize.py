@@ -266,3 +266,24 @@ def test_compress_columns_matches_unique(seed, Q, C, agree):
     want, inv = np.unique(trans.T, axis=0, return_inverse=True)
     assert np.array_equal(got, want.T)
     assert np.array_equal(bc, inv.reshape(-1)[byte_class])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2**32 - 1), st.integers(1, 300), st.integers(1, 6),
+       st.floats(0.0, 0.05))
+def test_is_empty_matches_reachability(seed, Q, C, p_acc):
+    """:func:`fsa.is_empty` against a plain depth-first search over the table."""
+    rng = np.random.default_rng(seed)
+    trans = rng.integers(-1, Q, (Q, C), dtype=np.int32)
+    trans[rng.random((Q, C)) < 0.5] = -1                           # sparse: often empty
+    accepting = rng.random(Q) < p_acc
+    seen, stack, reach_acc = {0}, [0], False
+    while stack:
+        q = stack.pop()
+        reach_acc |= bool(accepting[q])
+        for d in trans[q].tolist():
+            if d >= 0 and d not in seen:
+                seen.add(d)
+                stack.append(d)
+    dfa = DFA(trans, accepting, np.zeros(256, np.int32) % C)
+    assert fsa.is_empty(dfa) == (not reach_acc)

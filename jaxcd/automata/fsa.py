@@ -1505,9 +1505,24 @@ def difference(a: DFA, b: DFA, max_states: int | None = None) -> DFA:
 
 
 def is_empty(dfa: DFA) -> bool:
-    """True if ``L(dfa)`` is empty (no accepting state reachable from the start)."""
-    if dfa.num_states == 0:
+    """True if ``L(dfa)`` is empty (no accepting state reachable from the start): a
+    breadth-first search, one level at a time."""
+    Q = dfa.num_states
+    if Q == 0:
         return True
+    if dfa.accepting[0]:
+        return False
+    seen = np.zeros(Q + 1, bool)
+    seen[0] = seen[Q] = True                        # [Q]: dead (-1) wraps here
+    frontier = np.zeros(1, np.int64)
+    while len(frontier):
+        nxt = dfa.trans[frontier].ravel()
+        nxt = _unique_ints(nxt[~seen[nxt]])
+        if dfa.accepting[nxt].any():
+            return False
+        seen[nxt] = True
+        frontier = nxt
+    return True
     seen = {0}
     stack = [0]
     while stack:
