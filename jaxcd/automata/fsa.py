@@ -327,7 +327,9 @@ def _flat_transitions(nfa: NFA):
     lists by state, then the pending fragments' (see :attr:`NFA.trans`) as arrays."""
     rows = nfa._trans
     counts = np.fromiter(map(len, rows), np.int64, nfa.num_states)
-    flat = np.array(list(chain.from_iterable(rows)), np.int64).reshape(-1, 3)
+    # (fromiter over the flattened ints: twice as fast as np.array over the tuples)
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(rows)), np.int64,
+                       3 * int(counts.sum())).reshape(-1, 3)
     parts = [(np.repeat(np.arange(nfa.num_states), counts), flat[:, 0], flat[:, 1], flat[:, 2])]
     for first, dst, key in nfa._pending:
         q, lo, hi, d = _fragment_parts(key)[2]
