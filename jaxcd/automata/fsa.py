@@ -655,7 +655,9 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                 T = close(d)
             if T:                                         # else no important state: dead
                 runs.append((bc[lo], bc[hi], T))
-        runs = succ[q] = _disjoint_runs(runs, interned)
+        if len(runs) > 1:
+            runs = _disjoint_runs(runs, interned)
+        succ[q] = runs
         return runs
 
     start = close(nfa.start)
@@ -666,14 +668,16 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     lo_l: list[int] = []
     hi_l: list[int] = []
     dst_l: list[int] = []
+    src_add, lo_add, hi_add, dst_add = src_l.append, lo_l.append, hi_l.append, dst_l.append
+    ids_get = ids.get
     i = 0
     while i < len(order):
         S = order[i]
         if len(S) == 1:
-            for q in S:
-                runs = succ[q]
-                if runs is None:
-                    runs = successors(q)
+            q, = S
+            runs = succ[q]
+            if runs is None:
+                runs = successors(q)
         else:
             runs = []
             for q in S:
@@ -683,7 +687,7 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                 runs += r
             runs = _disjoint_runs(runs, interned)
         for lo, hi, T in runs:
-            j = ids.get(T)
+            j = ids_get(T)
             if j is None:
                 j = len(order)
                 if j >= max_states:
@@ -695,10 +699,10 @@ def _determinize_python(nfa: NFA, max_states: int, max_entries: int) -> DFA:
                                     "determinise", at_least=True)
                 ids[T] = j
                 order.append(T)
-            src_l.append(i)
-            lo_l.append(lo)
-            hi_l.append(hi)
-            dst_l.append(j)
+            src_add(i)
+            lo_add(lo)
+            hi_add(hi)
+            dst_add(j)
         i += 1
     trans_out = np.full(len(order) * C, -1, np.int32)
     if src_l:
