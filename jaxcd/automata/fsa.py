@@ -398,9 +398,8 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
     ovl[tq[1:][same[1:] & (clo[1:] <= chi[:-1])]] = True
     vec = ~ovl[tq]
     cnt = np.where(vec, chi - clo + 1, 0)
-    tot = int(cnt.sum())
     rq = np.repeat(tq.astype(np.int32), cnt)              # int32: [sum of row lengths]
-    rc = (np.repeat(clo - (np.cumsum(cnt) - cnt), cnt) + np.arange(tot)).astype(np.int32)
+    rc = _ranges_of(clo, cnt).astype(np.int32)
     rs = np.repeat(close_sid[td].astype(np.int32), cnt)
     if ovl.any():
         xq, xc, xs = [], [], []
@@ -513,7 +512,7 @@ def _determinize_batched(nfa: NFA, max_states: int, max_entries: int) -> DFA:
         qs = batch[single]
         a, b = rstart[qs], rstart[qs + 1]
         c_ = b - a
-        idx = np.repeat(a - (np.cumsum(c_) - c_), c_) + np.arange(int(c_.sum()))
+        idx = _ranges_of(a, c_)
         srcs = [np.repeat((base + np.nonzero(single)[0]).astype(np.int32), c_)]
         cls = [row_c[idx]]
         tsid = [row_s[idx]]
@@ -726,8 +725,8 @@ def _compress_columns(trans: np.ndarray, byte_class: np.ndarray):
     Q, C = trans.shape
     # equal columns by a random projection, checked exactly below. Integer weights, and
     # blocks of rows whose sums stay below 2^52, so that the float64 sums are exact
-    # whatever order BLAS adds in: equal columns always get equal sums (random float
-    # weights did not: one pair of equal columns of a 46,000-state DFA got two)
+    # whatever order BLAS adds in: equal columns always get equal sums (with float
+    # weights, BLAS may round two equal columns' sums differently)
     rows = 1 << 12
     wbits = max(1, 52 - 12 - int(Q).bit_length())
     w = np.random.default_rng(0x636F6C73).integers(0, 1 << wbits, Q).astype(np.float64)
@@ -785,10 +784,13 @@ def _lex_order(trans: np.ndarray, cols: np.ndarray) -> np.ndarray:
 def _ranges(starts: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """Concatenation of the index ranges ``starts[i] .. starts[i + 1] - 1``, ``i`` in ``idx``."""
     a = starts[idx]
-    cnt = starts[idx + 1] - a
-    csum = np.cumsum(cnt)
-    total = int(csum[-1]) if len(csum) else 0
-    return np.repeat(a - (csum - cnt), cnt) + np.arange(total)
+    return _ranges_of(a, starts[idx + 1] - a)
+
+
+def _ranges_of(start: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The concatenated index ranges ``start[i] .. start[i] + count[i] - 1``."""
+    total = int(count.sum())
+    return np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
 
 
 def _unique_ints(x: np.ndarray) -> np.ndarray:
@@ -1530,16 +1532,4 @@ def is_empty(dfa: DFA) -> bool:
             return False
         seen[nxt] = True
         frontier = nxt
-    return True
-    seen = {0}
-    stack = [0]
-    while stack:
-        q = stack.pop()
-        if dfa.accepting[q]:
-            return False
-        for d in np.unique(dfa.trans[q]):
-            d = int(d)
-            if d >= 0 and d not in seen:
-                seen.add(d)
-                stack.append(d)
     return True

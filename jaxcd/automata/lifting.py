@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import EmptyLanguageError
 from ..limits import current_limits, too_large
 from .bits import unpack_bits
-from .fsa import DFA, _argsort_ints, _group_rows, _unique_first_inverse, _unique_ints
+from .fsa import (DFA, _argsort_ints, _group_rows, _ranges_of, _unique_first_inverse,
+                  _unique_ints)
 from .tensorized import INF_DIST, TensorizedAutomaton
 
 if TYPE_CHECKING:
@@ -378,7 +379,7 @@ def _into_run(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np
     r_lo = np.searchsorted(row_x, px_)
     r_cnt = np.searchsorted(row_x, px_, side="right") - r_lo
     pr = np.repeat(np.arange(len(px_)), r_cnt)
-    ridx = np.repeat(r_lo - (np.cumsum(r_cnt) - r_cnt), r_cnt) + np.arange(int(r_cnt.sum()))
+    ridx = _ranges_of(r_lo, r_cnt)
     bdst = chain[row_m[ridx], ph[pr]]
     live = bdst != dead
     bsrc, bdst, brow = ps[pr][live], bdst[live], ridx[live]
@@ -387,7 +388,7 @@ def _into_run(trie, table: np.ndarray, dead: int, sigma: np.ndarray, members: np
     s_lo = np.searchsorted(sec_x, px_)
     s_cnt = np.searchsorted(sec_x, px_, side="right") - s_lo
     pw = np.repeat(np.arange(len(px_)), s_cnt)
-    sidx = np.repeat(s_lo - (np.cumsum(s_cnt) - s_cnt), s_cnt) + np.arange(int(s_cnt.sum()))
+    sidx = _ranges_of(s_lo, s_cnt)
     y = sec[sidx]
     cur = table[chain[depth[y] - 1, ph[pw]], node_byte[y]]
     go = cur != dead
@@ -595,7 +596,7 @@ def _first_byte_pairs(trie, ctab: np.ndarray, byte_class: np.ndarray, hit: np.nd
     si, ci = np.nonzero(hit)
     cnt = start[ci + 1] - start[ci]
     reps = np.repeat(np.arange(len(si)), cnt)
-    idx = np.repeat(start[ci] - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+    idx = _ranges_of(start[ci], cnt)
     return si[reps], order[idx]
 
 
@@ -657,7 +658,7 @@ def _fragment_run(trie, table: np.ndarray, dead: int, frag: _Fragment, byte_rep:
         e = trie.end_start
         c0 = e[x0 + 1] - e[x0]
         r0 = np.repeat(np.arange(len(x0)), c0)
-        off0 = np.repeat(e[x0] - (np.cumsum(c0) - c0), c0) + np.arange(int(c0.sum()))
+        off0 = _ranges_of(e[x0], c0)
         u_sid = np.concatenate([u_sid, r0])
         u_tok = np.concatenate([u_tok, trie.end_tokens[off0]])
         u_n = np.concatenate([u_n, np.zeros(len(r0), np.int64)])
@@ -1457,12 +1458,6 @@ def lift_transitions(dfa: DFA, vocab: Vocabulary, max_pairs: int = 1 << 18,
         src, tok, dst = remap[src[keep]], tok[keep], remap[dst[keep]]
     return Lifted(order, src, tok, dst,
                   remap[bsrc[bkeep]], remap[bdst[bkeep]], brow[bkeep], rows)
-
-
-def _ranges_of(start: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """The concatenated index ranges ``start[i] .. start[i] + count[i] - 1``."""
-    total = int(count.sum())
-    return np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
 
 
 def _code_bits(codes: np.ndarray, num_states: int) -> np.ndarray:
